@@ -1,0 +1,62 @@
+// Replays a step log against the forecasts that would have been made at each
+// step boundary and scores them:
+//   precision = forecast idle time that really was idle / forecast idle time
+//   recall    = real idle time that was forecast / real idle time
+// Real idle time is what ForEachIdleInterval finds in the logged steps, plus
+// the gaps between steps (host-side).
+//
+// Two ways to score:
+//  - kLive (default): each forecast is scored while it is the current one, from
+//    its boundary to the next forecast's (what a scheduler that re-reads the
+//    latest forecast experiences);
+//  - kHorizon: each forecast is scored over its whole horizon (clipped to the
+//    end of the log): how good the long-range predictions are.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "omni/export.h"
+#include "omni/forecast.h"
+#include "omni/stats.h"
+#include "omni/step_log.h"
+
+namespace omni {
+
+enum class Scoring { kLive, kHorizon };
+
+struct EvaluateOptions {
+  StepStatsOptions stats;
+  ForecastOptions forecast;  // events default to the log header's
+  bool events_from_header = true;
+  int stride_steps = 1;      // forecast at every stride-th boundary
+  Scoring scoring = Scoring::kLive;
+};
+
+struct OMNI_EXPORT EvaluationReport {
+  struct Score {
+    int64_t forecast_ns = 0;        // forecast idle time
+    int64_t forecast_true_ns = 0;   // ... of it really idle (any kind)
+    int64_t real_ns = 0;            // real idle time inside scored ranges
+    int64_t real_covered_ns = 0;    // ... of it forecast (any kind)
+    double precision() const;
+    double recall() const;
+  };
+  Scoring scoring = Scoring::kLive;
+  int64_t forecasts = 0;
+  int64_t windows = 0;
+  Score total;
+  std::array<Score, kNumIdleKinds> by_kind;  // indexed by IdleKind
+
+  std::string ToJson() const;
+  std::string ToTable() const;
+};
+
+// InvalidArgument for bad options or an empty log; FailedPrecondition when the
+// log never becomes stationary (no forecast could be made).
+OMNI_EXPORT absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log,
+                                                      const EvaluateOptions& options);
+
+}  // namespace omni

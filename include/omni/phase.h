@@ -1,0 +1,127 @@
+// Phases of a training step, and the fixed-size record of one step.
+//
+// A step is a time interval; phases are named intervals inside it that nest
+// (a phase ends before its parent does). Each phase says whether the devices
+// are busy during it or idle, and if idle, why (IdleKind). At any instant the
+// innermost open phase decides; time inside a step not covered by any phase is
+// host-side idle time.
+//
+// Thread safety: PhaseCatalog is not thread-safe (Telemetry guards its own);
+// StepRecord is a plain value.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "omni/export.h"
+
+namespace omni {
+
+using PhaseId = uint8_t;
+
+// Why the devices are idle. kNone means busy.
+enum class IdleKind : uint8_t {
+  kNone = 0,
+  kDataStall,       // waiting for input data
+  kCheckpoint,      // saving state
+  kEval,            // host-side evaluation work
+  kPipelineBubble,  // pipeline-parallel warm-up / cool-down
+  kHostSide,        // any other host work (logging, Python, uncovered time)
+};
+inline constexpr int kNumIdleKinds = 6;
+
+// "busy", "data_stall", "checkpoint", "eval", "pipeline_bubble", "host_side".
+OMNI_EXPORT const char* IdleKindName(IdleKind kind);
+OMNI_EXPORT absl::StatusOr<IdleKind> ParseIdleKind(std::string_view name);
+
+// Built-in phases; their ids are stable and registered in every catalog.
+namespace phase {
+inline constexpr PhaseId kDataWait = 0;        // "data_wait",   idle: data_stall
+inline constexpr PhaseId kCompute = 1;         // "compute",     busy (forward + backward)
+inline constexpr PhaseId kComm = 2;            // "comm",        busy (gradient communication)
+inline constexpr PhaseId kOptimizer = 3;       // "optimizer",   busy
+inline constexpr PhaseId kCheckpoint = 4;      // "checkpoint",  idle: checkpoint
+inline constexpr PhaseId kEval = 5;            // "eval",        idle: eval (nest busy work inside)
+inline constexpr PhaseId kPipelineBubble = 6;  // "pipeline_bubble", idle: pipeline_bubble
+inline constexpr PhaseId kHost = 7;            // "host",        idle: host_side
+inline constexpr int kNumBuiltin = 8;
+}  // namespace phase
+
+inline constexpr int kMaxPhases = 32;         // built-in + user-named
+inline constexpr int kMaxSpansPerStep = 64;   // phase intervals recorded per step
+inline constexpr int kMaxPhaseDepth = 8;      // nesting depth
+
+class OMNI_EXPORT PhaseCatalog {
+ public:
+  PhaseCatalog();  // holds the built-in phases
+
+  // Adds a user-named phase, or returns the id of an existing phase with the
+  // same name and idle kind. Errors: InvalidArgument for an empty name or one
+  // with characters other than [A-Za-z0-9_.-/]; AlreadyExists when the name is
+  // registered with another idle kind; ResourceExhausted past kMaxPhases.
+  absl::StatusOr<PhaseId> Register(std::string_view name, IdleKind idle);
+  // NotFound naming the phase when it is not registered.
+  absl::StatusOr<PhaseId> Find(std::string_view name) const;
+
+  int size() const { return size_; }
+  bool Contains(PhaseId id) const { return id < size_; }
+  // REQUIRES: Contains(id).
+  const std::string& name(PhaseId id) const { return names_[id]; }
+  IdleKind idle_kind(PhaseId id) const { return kinds_[id]; }
+
+ private:
+  std::array<std::string, kMaxPhases> names_;
+  std::array<IdleKind, kMaxPhases> kinds_{};
+  int size_ = 0;
+};
+
+// One phase interval inside a step, in absolute clock nanoseconds.
+struct PhaseSpan {
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  PhaseId phase = 0;
+  uint8_t depth = 0;  // 0 = directly inside the step
+};
+
+// How a step is attributed in the statistics: a step containing a checkpoint
+// (or else an eval) phase counts as such, not as a normal training step.
+enum class StepKind : uint8_t { kNormal = 0, kCheckpoint = 1, kEval = 2 };
+inline constexpr int kNumStepKinds = 3;
+OMNI_EXPORT const char* StepKindName(StepKind kind);
+
+// A completed step. Fixed size: recording one never allocates.
+struct OMNI_EXPORT StepRecord {
+  int64_t step = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  uint16_t num_spans = 0;
+  bool spans_truncated = false;  // more than kMaxSpansPerStep phases were opened
+  std::array<PhaseSpan, kMaxSpansPerStep> spans;  // in order of phase start
+
+  int64_t duration_ns() const { return end_ns - start_ns; }
+  StepKind kind() const;
+};
+
+// Checks a record's invariants: start <= end, spans inside the step, properly
+// nested, depths consistent, phase ids known to `catalog`. InvalidArgument
+// naming the step and span otherwise.
+OMNI_EXPORT absl::Status ValidateStepRecord(const StepRecord& rec, const PhaseCatalog& catalog);
+
+// An idle interval of a step in absolute clock nanoseconds.
+struct IdleInterval {
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  IdleKind kind = IdleKind::kHostSide;
+};
+
+// The idle intervals of a valid record under the innermost-phase rule, in time
+// order, adjacent intervals of one kind merged. Calls `out` for each.
+template <typename Fn>
+void ForEachIdleInterval(const StepRecord& rec, const PhaseCatalog& catalog, Fn&& out);
+
+}  // namespace omni
+
+#include "omni/internal/phase_inl.h"  // IWYU pragma: export

@@ -1,0 +1,68 @@
+// The JSON Lines step log: a header line, then one line per step (and a
+// "phase" line whenever a phase is registered after the header). The schema is
+// documented in docs/telemetry.md and versioned ("omni.steplog", version 1).
+//
+// Thread safety: a StepLogWriter is used by one thread at a time.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "omni/export.h"
+#include "omni/forecast.h"
+#include "omni/phase.h"
+
+namespace omni {
+
+struct StepLogHeader {
+  static constexpr int kSchemaVersion = 1;
+  int version = kSchemaVersion;
+  std::string source;  // who wrote it (e.g. "omni_train", "omni_tracegen")
+  PhaseCatalog phases;
+  // The periodic events declared by the writer, so a replay forecasts with the
+  // same knowledge the live run had.
+  PeriodicEvent checkpoint;
+  PeriodicEvent eval;
+  PipelineSchedule pipeline;
+};
+
+struct StepLog {
+  StepLogHeader header;
+  std::vector<StepRecord> steps;
+};
+
+// Reads a whole log. Errors name the file and line: NotFound / PermissionDenied
+// for the file, InvalidArgument for malformed JSON or a record that fails
+// ValidateStepRecord, FailedPrecondition for a newer schema version.
+OMNI_EXPORT absl::StatusOr<StepLog> ReadStepLog(const std::string& path);
+
+class OMNI_EXPORT StepLogWriter {
+  struct Private {};
+
+ public:
+  // Creates or truncates `path` and writes the header. Errors name the path.
+  static absl::StatusOr<std::unique_ptr<StepLogWriter>> Open(const std::string& path,
+                                                             const StepLogHeader& header);
+  StepLogWriter(Private, std::FILE* file, std::string path, int phases_announced);  // use Open
+  ~StepLogWriter();
+  StepLogWriter(const StepLogWriter&) = delete;
+  StepLogWriter& operator=(const StepLogWriter&) = delete;
+
+  // `catalog` resolves phase names (it may have grown since the header; new
+  // phases are announced with a "phase" line first).
+  absl::Status Append(const StepRecord& rec, const PhaseCatalog& catalog, bool warmup);
+  absl::Status Flush();
+  // Flushes, fsyncs and closes; idempotent.
+  absl::Status Close();
+
+ private:
+  std::FILE* file_;
+  std::string path_;
+  int phases_announced_;
+  std::string line_;  // reused buffer
+};
+
+}  // namespace omni

@@ -1,0 +1,154 @@
+// Step hooks: measure every step and its phases, keep rolling statistics,
+// forecast idle windows, and export a step log, a Perfetto trace and forecasts.
+//
+//   auto tel = omni::Telemetry::Create(options).value();
+//   for (...) {
+//     omni::StepScope step(*tel);
+//     { omni::PhaseScope p(*tel, omni::phase::kDataWait); batch = loader.Next(); }
+//     { omni::PhaseScope p(*tel, omni::phase::kCompute);  loss = Forward(batch); Backward(); }
+//     { omni::PhaseScope p(*tel, omni::phase::kOptimizer); opt.step(); }
+//   }
+//
+// The hooks (BeginStep, EndStep, BeginPhase, EndPhase, RecordPhase) are the
+// per-step path: they read the clock, write into a preallocated ring of
+// StepRecords and never allocate, lock or do I/O (on success). A worker thread
+// drains the ring: statistics, step log, trace, forecasts and sinks. Misuse
+// (a step ended twice, phases that do not nest, a non-finite duration) returns
+// an error Status, is counted, and leaves telemetry working; the step it
+// happened in is still recorded when it can be, and dropped otherwise.
+//
+// Thread safety: the hooks must be called from one thread at a time (the
+// training thread). Everything else may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "omni/clock.h"
+#include "omni/export.h"
+#include "omni/forecast.h"
+#include "omni/phase.h"
+#include "omni/sinks.h"
+#include "omni/stats.h"
+
+namespace omni {
+
+struct TelemetryOptions {
+  StepStatsOptions stats;
+  ForecastOptions forecast;
+  bool forecast_enabled = true;
+  // Forecasts are computed and published at most this often (clock time);
+  // 0 = after every step.
+  int64_t publish_interval_ns = 1'000'000'000;
+  std::string step_log_path;  // JSON Lines step log; empty = none
+  std::string trace_path;     // Chrome-trace / Perfetto JSON; empty = none
+  std::string source = "omni";
+  int ring_capacity = 256;  // completed steps buffered for the worker (power of two)
+  absl::Duration worker_poll = absl::Milliseconds(2);
+};
+
+struct TelemetryCounters {
+  int64_t steps_recorded = 0;   // handed to the worker
+  int64_t steps_dropped = 0;    // ring full, or the step was misused beyond repair
+  int64_t misuse_errors = 0;    // hook calls that returned an error
+  int64_t spans_truncated = 0;  // steps with more than kMaxSpansPerStep phases
+  int64_t steps_rejected = 0;   // records the statistics refused (e.g. clock went backwards)
+  int64_t forecasts_published = 0;
+  int64_t export_errors = 0;    // step log / trace / sink failures
+  absl::Status last_error;      // the most recent of the errors above
+};
+
+class OMNI_EXPORT Telemetry {
+ public:
+  // Errors: InvalidArgument naming the option (window, warm-up, forecast
+  // options, ring capacity); the step log or trace path not writable (naming
+  // the path and the OS error).
+  static absl::StatusOr<std::unique_ptr<Telemetry>> Create(const TelemetryOptions& options,
+                                                           const Clock* clock = Clock::Real());
+  virtual ~Telemetry() = default;  // implies Close()
+
+  // Adds a user-named phase (see PhaseCatalog::Register). Not on the per-step
+  // path: register phases before the loop. Thread-safe.
+  virtual absl::StatusOr<PhaseId> RegisterPhase(std::string_view name, IdleKind idle) = 0;
+  virtual absl::StatusOr<PhaseId> FindPhase(std::string_view name) const = 0;
+  // Adds a forecast sink. Thread-safe.
+  virtual void AddSink(std::unique_ptr<ForecastSink> sink) = 0;
+
+  // ---- per-step hooks (training thread) ----
+  // Begins step `step` (must be after the last one), or the next step.
+  // FailedPrecondition while a step is open (the open step is kept).
+  virtual absl::Status BeginStep(int64_t step) = 0;
+  virtual absl::Status BeginStep() = 0;
+  // FailedPrecondition when no step is open; phases still open are closed at
+  // this time and counted as misuse.
+  virtual absl::Status EndStep() = 0;
+  // FailedPrecondition outside a step; InvalidArgument for an unknown phase
+  // or nesting deeper than kMaxPhaseDepth.
+  virtual absl::Status BeginPhase(PhaseId phase) = 0;
+  // InvalidArgument when `phase` is not the innermost open phase (phases must
+  // nest); the open phases are left as they were.
+  virtual absl::Status EndPhase(PhaseId phase) = 0;
+  // A phase measured elsewhere (e.g. with device events) that ended now and
+  // lasted `seconds`. InvalidArgument for a non-finite or negative duration or
+  // one longer than the time since the step (or enclosing phase) began.
+  virtual absl::Status RecordPhase(PhaseId phase, double seconds) = 0;
+
+  // ---- any thread ----
+  // Waits until the worker has processed every step completed before the call
+  // and, when there were new steps, made and published a forecast for them
+  // (ignoring publish_interval). DeadlineExceeded after `timeout`.
+  virtual absl::Status Flush(absl::Duration timeout = absl::Seconds(30)) = 0;
+  virtual StatsSnapshot Snapshot() const = 0;
+  // The most recent forecast the worker made (FailedPrecondition before the
+  // statistics are stationary or when forecasting is off).
+  virtual absl::StatusOr<Forecast> LatestForecast() const = 0;
+  virtual TelemetryCounters Counters() const = 0;
+  virtual PhaseCatalog Phases() const = 0;
+  virtual const Forecaster& forecaster() const = 0;
+  // Drains the ring, closes the step log and trace (fsynced) and joins the
+  // worker. Returns the first export error seen, if any. Idempotent; the
+  // hooks return FailedPrecondition afterwards.
+  virtual absl::Status Close() = 0;
+};
+
+// RAII step: BeginStep in the constructor, EndStep in the destructor. Errors
+// are counted in Telemetry::Counters(), never thrown.
+class StepScope {
+ public:
+  explicit StepScope(Telemetry& t) : t_(t) { ok_ = t_.BeginStep().ok(); }
+  StepScope(Telemetry& t, int64_t step) : t_(t) { ok_ = t_.BeginStep(step).ok(); }
+  ~StepScope() {
+    if (ok_) t_.EndStep().IgnoreError();
+  }
+  StepScope(const StepScope&) = delete;
+  StepScope& operator=(const StepScope&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  Telemetry& t_;
+  bool ok_ = false;
+};
+
+// RAII phase inside a step.
+class PhaseScope {
+ public:
+  PhaseScope(Telemetry& t, PhaseId phase) : t_(t), phase_(phase) {
+    ok_ = t_.BeginPhase(phase_).ok();
+  }
+  ~PhaseScope() {
+    if (ok_) t_.EndPhase(phase_).IgnoreError();
+  }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  Telemetry& t_;
+  PhaseId phase_;
+  bool ok_ = false;
+};
+
+}  // namespace omni

@@ -1,0 +1,283 @@
+#include "omni/step_log.h"
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/fs.h"
+
+namespace omni {
+
+using nlohmann::json;
+using internal::ErrnoStatus;
+
+namespace {
+
+json EventJson(const PeriodicEvent& e) {
+  return {{"every_steps", e.every_steps}, {"offset", e.offset}, {"expected_ns", e.expected_ns}};
+}
+
+json PhaseJson(const PhaseCatalog& c, int id) {
+  return {{"type", "phase"},
+          {"id", id},
+          {"name", c.name(static_cast<PhaseId>(id))},
+          {"idle", std::string(IdleKindName(c.idle_kind(static_cast<PhaseId>(id))))}};
+}
+
+}  // namespace
+
+StepLogWriter::StepLogWriter(Private, std::FILE* file, std::string path, int phases_announced)
+    : file_(file), path_(std::move(path)), phases_announced_(phases_announced) {}
+
+StepLogWriter::~StepLogWriter() { Close().IgnoreError(); }
+
+absl::StatusOr<std::unique_ptr<StepLogWriter>> StepLogWriter::Open(const std::string& path,
+                                                                   const StepLogHeader& header) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return ErrnoStatus(errno, absl::StrCat("cannot open step log ", path));
+  auto w = std::make_unique<StepLogWriter>(Private{}, f, path, header.phases.size());
+  json h;
+  h["type"] = "header";
+  h["schema"] = "omni.steplog";
+  h["version"] = StepLogHeader::kSchemaVersion;
+  h["source"] = header.source;
+  h["clock"] = "CLOCK_MONOTONIC";
+  json phases = json::array();
+  for (int i = 0; i < header.phases.size(); ++i) {
+    json p = PhaseJson(header.phases, i);
+    p.erase("type");
+    phases.push_back(std::move(p));
+  }
+  h["phases"] = std::move(phases);
+  h["events"] = {{"checkpoint", EventJson(header.checkpoint)},
+                 {"eval", EventJson(header.eval)},
+                 {"pipeline",
+                  {{"stages", header.pipeline.stages},
+                   {"micro_batches", header.pipeline.micro_batches},
+                   {"stage", header.pipeline.stage},
+                   {"backward_over_forward", header.pipeline.backward_over_forward}}}};
+  const std::string line = h.dump() + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), f) != line.size()) {
+    return ErrnoStatus(errno, absl::StrCat("cannot write step log ", path));
+  }
+  return w;
+}
+
+absl::Status StepLogWriter::Append(const StepRecord& rec, const PhaseCatalog& catalog,
+                                   bool warmup) {
+  if (file_ == nullptr) return absl::FailedPreconditionError("step log is closed");
+  line_.clear();
+  for (; phases_announced_ < catalog.size(); ++phases_announced_) {
+    absl::StrAppend(&line_, PhaseJson(catalog, phases_announced_).dump(), "\n");
+  }
+  absl::StrAppend(&line_, "{\"type\":\"step\",\"step\":", rec.step, ",\"start_ns\":", rec.start_ns,
+                  ",\"end_ns\":", rec.end_ns, ",\"kind\":\"", StepKindName(rec.kind()),
+                  "\",\"warmup\":", warmup ? "true" : "false");
+  if (rec.spans_truncated) absl::StrAppend(&line_, ",\"spans_truncated\":true");
+  absl::StrAppend(&line_, ",\"spans\":[");
+  for (int i = 0; i < rec.num_spans; ++i) {
+    const PhaseSpan& s = rec.spans[i];
+    absl::StrAppend(&line_, i ? "," : "", "{\"phase\":\"", catalog.name(s.phase),
+                    "\",\"start_ns\":", s.start_ns, ",\"end_ns\":", s.end_ns,
+                    ",\"depth\":", static_cast<int>(s.depth), "}");
+  }
+  absl::StrAppend(&line_, "]}\n");
+  if (std::fwrite(line_.data(), 1, line_.size(), file_) != line_.size()) {
+    return ErrnoStatus(errno, absl::StrCat("cannot write step log ", path_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepLogWriter::Flush() {
+  if (file_ != nullptr && std::fflush(file_) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("cannot write step log ", path_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepLogWriter::Close() {
+  if (file_ == nullptr) return absl::OkStatus();
+  absl::Status st;
+  if (std::fflush(file_) != 0) {
+    st = ErrnoStatus(errno, absl::StrCat("cannot write step log ", path_));
+  } else if (::fsync(fileno(file_)) != 0) {
+    st = ErrnoStatus(errno, absl::StrCat("cannot fsync step log ", path_));
+  }
+  if (std::fclose(file_) != 0 && st.ok()) {
+    st = ErrnoStatus(errno, absl::StrCat("cannot close step log ", path_));
+  }
+  file_ = nullptr;
+  return st;
+}
+
+// ------------------------------------------------------------------ reading
+
+namespace {
+
+absl::StatusOr<int64_t> GetInt(const json& o, const char* key, const std::string& where) {
+  auto it = o.find(key);
+  if (it == o.end() || !it->is_number_integer()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": field '", key, "' missing or not an integer"));
+  }
+  return it->get<int64_t>();
+}
+
+absl::Status ReadEvent(const json& o, PeriodicEvent& e, const std::string& where) {
+  if (!o.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
+  for (auto [key, dst] : {std::pair<const char*, int64_t*>{"every_steps", &e.every_steps},
+                          {"offset", &e.offset},
+                          {"expected_ns", &e.expected_ns}}) {
+    auto v = GetInt(o, key, where);
+    if (!v.ok()) return v.status();
+    *dst = *v;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AddPhase(PhaseCatalog& cat, const json& p, const std::string& where) {
+  auto id = GetInt(p, "id", where);
+  if (!id.ok()) return id.status();
+  if (!p.contains("name") || !p["name"].is_string() || !p.contains("idle") ||
+      !p["idle"].is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": phase needs 'name' and 'idle'"));
+  }
+  auto kind = ParseIdleKind(p["idle"].get<std::string>());
+  if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", kind.status().message()));
+  const std::string name = p["name"].get<std::string>();
+  if (*id < cat.size()) {
+    if (cat.name(static_cast<PhaseId>(*id)) != name ||
+        cat.idle_kind(static_cast<PhaseId>(*id)) != *kind) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": phase ", *id, " '", name,
+                                                     "' does not match the built-in phase '",
+                                                     cat.name(static_cast<PhaseId>(*id)), "'"));
+    }
+    return absl::OkStatus();
+  }
+  if (*id != cat.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": phase id ", *id, " out of order (expected ", cat.size(), ")"));
+  }
+  auto got = cat.Register(name, *kind);
+  if (!got.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", got.status().message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<StepLog> ReadStepLog(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return ErrnoStatus(errno, absl::StrCat("cannot open step log ", path));
+  StepLog log;
+  std::string line;
+  int lineno = 0;
+  bool have_header = false;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.empty()) continue;
+    const std::string where = absl::StrCat(path, ":", lineno);
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
+    }
+    const std::string type = j.value("type", "");
+    if (!have_header) {
+      if (type != "header" || j.value("schema", "") != "omni.steplog") {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": first line is not an omni.steplog header"));
+      }
+      auto v = GetInt(j, "version", where);
+      if (!v.ok()) return v.status();
+      if (*v > StepLogHeader::kSchemaVersion) {
+        return absl::FailedPreconditionError(absl::StrCat(where, ": step log version ", *v,
+                                                          " is newer than supported version ",
+                                                          StepLogHeader::kSchemaVersion));
+      }
+      log.header.version = static_cast<int>(*v);
+      log.header.source = j.value("source", "");
+      if (!j.contains("phases") || !j["phases"].is_array()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": header has no 'phases' array"));
+      }
+      for (const json& p : j["phases"]) {
+        if (auto st = AddPhase(log.header.phases, p, where); !st.ok()) return st;
+      }
+      if (j.contains("events")) {
+        const json& ev = j["events"];
+        if (ev.contains("checkpoint")) {
+          if (auto st = ReadEvent(ev["checkpoint"], log.header.checkpoint, where + " checkpoint");
+              !st.ok()) {
+            return st;
+          }
+        }
+        if (ev.contains("eval")) {
+          if (auto st = ReadEvent(ev["eval"], log.header.eval, where + " eval"); !st.ok()) {
+            return st;
+          }
+        }
+        if (ev.contains("pipeline")) {
+          const json& p = ev["pipeline"];
+          log.header.pipeline.stages = p.value("stages", 1);
+          log.header.pipeline.micro_batches = p.value("micro_batches", 1);
+          log.header.pipeline.stage = p.value("stage", 0);
+          log.header.pipeline.backward_over_forward = p.value("backward_over_forward", 2.0);
+        }
+      }
+      have_header = true;
+      continue;
+    }
+    if (type == "phase") {
+      if (auto st = AddPhase(log.header.phases, j, where); !st.ok()) return st;
+      continue;
+    }
+    if (type != "step") continue;  // unknown line types are for newer readers
+    StepRecord rec;
+    for (auto [key, dst] : {std::pair<const char*, int64_t*>{"step", &rec.step},
+                            {"start_ns", &rec.start_ns},
+                            {"end_ns", &rec.end_ns}}) {
+      auto v = GetInt(j, key, where);
+      if (!v.ok()) return v.status();
+      *dst = *v;
+    }
+    rec.spans_truncated = j.value("spans_truncated", false);
+    if (!j.contains("spans") || !j["spans"].is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": step has no 'spans' array"));
+    }
+    if (j["spans"].size() > static_cast<size_t>(kMaxSpansPerStep)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": more than ", kMaxSpansPerStep, " spans"));
+    }
+    for (const json& s : j["spans"]) {
+      PhaseSpan& sp = rec.spans[rec.num_spans++];
+      auto ph = log.header.phases.Find(s.value("phase", ""));
+      if (!ph.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", ph.status().message()));
+      sp.phase = *ph;
+      for (auto [key, dst] : {std::pair<const char*, int64_t*>{"start_ns", &sp.start_ns},
+                              {"end_ns", &sp.end_ns}}) {
+        auto v = GetInt(s, key, where);
+        if (!v.ok()) return v.status();
+        *dst = *v;
+      }
+      auto depth = GetInt(s, "depth", where);
+      if (!depth.ok()) return depth.status();
+      if (*depth < 0 || *depth > kMaxPhaseDepth) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": span depth ", *depth, " out of range"));
+      }
+      sp.depth = static_cast<uint8_t>(*depth);
+    }
+    if (auto st = ValidateStepRecord(rec, log.header.phases); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", st.message()));
+    }
+    if (!log.steps.empty() && rec.step <= log.steps.back().step) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": step ", rec.step,
+                                                     " is not after step ", log.steps.back().step));
+    }
+    log.steps.push_back(rec);
+  }
+  if (!have_header) return absl::InvalidArgumentError(absl::StrCat(path, ": empty step log"));
+  return log;
+}
+
+}  // namespace omni

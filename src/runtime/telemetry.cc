@@ -1,0 +1,471 @@
+#include "omni/telemetry.h"
+
+#include <atomic>
+#include <cmath>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "omni/step_log.h"
+#include "runtime/trace_writer.h"
+
+namespace omni {
+namespace {
+
+constexpr uint16_t kNoSpan = 0xffff;
+
+class TelemetryImpl final : public Telemetry {
+ public:
+  TelemetryImpl(const TelemetryOptions& options, const Clock* clock, StepStats stats,
+                Forecaster forecaster)
+      : options_(options),
+        clock_(clock),
+        ring_(static_cast<size_t>(options.ring_capacity)),
+        mask_(static_cast<uint64_t>(options.ring_capacity) - 1),
+        forecaster_(std::move(forecaster)),
+        stats_(std::move(stats)) {}
+
+  ~TelemetryImpl() override { Close().IgnoreError(); }
+
+  absl::Status Start() {
+    StepLogHeader header;
+    header.source = options_.source;
+    header.phases = catalog_;
+    header.checkpoint = options_.forecast.checkpoint;
+    header.eval = options_.forecast.eval;
+    header.pipeline = options_.forecast.pipeline;
+    if (!options_.step_log_path.empty()) {
+      auto w = StepLogWriter::Open(options_.step_log_path, header);
+      if (!w.ok()) return w.status();
+      log_ = *std::move(w);
+    }
+    if (!options_.trace_path.empty()) {
+      auto w = internal::TraceWriter::Open(options_.trace_path, options_.source);
+      if (!w.ok()) return w.status();
+      trace_ = *std::move(w);
+    }
+    worker_ = std::thread([this] { WorkerLoop(); });
+    return absl::OkStatus();
+  }
+
+  // ------------------------------------------------------------ registration
+  absl::StatusOr<PhaseId> RegisterPhase(std::string_view name, IdleKind idle) override {
+    absl::MutexLock l(&mu_);
+    auto id = catalog_.Register(name, idle);
+    if (id.ok()) {
+      stats_.UpdateCatalog(catalog_);
+      num_phases_.store(catalog_.size(), std::memory_order_release);
+    }
+    return id;
+  }
+  absl::StatusOr<PhaseId> FindPhase(std::string_view name) const override {
+    absl::MutexLock l(&mu_);
+    return catalog_.Find(name);
+  }
+  void AddSink(std::unique_ptr<ForecastSink> sink) override {
+    absl::MutexLock l(&mu_);
+    sinks_.push_back(std::move(sink));
+  }
+
+  // ------------------------------------------------------------ hooks
+  absl::Status BeginStep() override { return BeginStep(last_step_ + 1); }
+
+  absl::Status BeginStep(int64_t step) override {
+    if (closed_.load(std::memory_order_relaxed)) return Misuse(Closed("BeginStep"));
+    if (step_open_) {
+      return Misuse(absl::FailedPreconditionError(
+          absl::StrCat("BeginStep(", step, ") while step ", cur_->step, " is still open")));
+    }
+    if (step <= last_step_) {
+      return Misuse(absl::InvalidArgumentError(
+          absl::StrCat("BeginStep(", step, "): not after the last step ", last_step_)));
+    }
+    const uint64_t h = head_.load(std::memory_order_relaxed);
+    if (h - cached_tail_ >= ring_.size()) cached_tail_ = tail_.load(std::memory_order_acquire);
+    if (h - cached_tail_ >= ring_.size()) {
+      cur_ = &scratch_;  // the worker is behind: this step is measured but dropped
+      cur_dropped_ = true;
+    } else {
+      cur_ = &ring_[h & mask_];
+      cur_dropped_ = false;
+    }
+    cur_->step = step;
+    cur_->num_spans = 0;
+    cur_->spans_truncated = false;
+    depth_ = 0;
+    sibling_end_[0] = 0;
+    step_open_ = true;
+    cur_->start_ns = clock_->NowNanos();
+    cur_->end_ns = cur_->start_ns;
+    sibling_end_[0] = cur_->start_ns;
+    return absl::OkStatus();
+  }
+
+  absl::Status EndStep() override {
+    const int64_t now = clock_->NowNanos();
+    if (!step_open_) {
+      return Misuse(absl::FailedPreconditionError(
+          absl::StrCat("EndStep() with no open step (last step ", last_step_, ")")));
+    }
+    absl::Status st;
+    if (depth_ > 0) {
+      st = absl::FailedPreconditionError(
+          absl::StrCat("EndStep() of step ", cur_->step, " with ", depth_,
+                       " phase(s) still open; closed them at the step end"));
+      while (depth_ > 0) CloseSpan(now);
+    }
+    cur_->end_ns = now;
+    step_open_ = false;
+    last_step_ = cur_->step;
+    if (cur_->spans_truncated) truncated_.fetch_add(1, std::memory_order_relaxed);
+    if (cur_dropped_) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      head_.store(head_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    }
+    if (!st.ok()) return Misuse(std::move(st));
+    return absl::OkStatus();
+  }
+
+  absl::Status BeginPhase(PhaseId phase) override {
+    if (auto st = CheckPhaseCall("BeginPhase", phase); !st.ok()) return st;
+    if (depth_ >= kMaxPhaseDepth) {
+      return Misuse(absl::InvalidArgumentError(absl::StrCat(
+          "BeginPhase(", static_cast<int>(phase), "): nesting deeper than ", kMaxPhaseDepth)));
+    }
+    OpenSpan(phase, clock_->NowNanos());
+    return absl::OkStatus();
+  }
+
+  absl::Status EndPhase(PhaseId phase) override {
+    const int64_t now = clock_->NowNanos();
+    if (auto st = CheckPhaseCall("EndPhase", phase); !st.ok()) return st;
+    if (depth_ == 0 || open_phase_[depth_ - 1] != phase) {
+      return Misuse(absl::InvalidArgumentError(absl::StrCat(
+          "EndPhase(", PhaseName(phase), ") in step ", cur_->step, ": ",
+          depth_ == 0 ? std::string("no phase is open")
+                      : absl::StrCat("the innermost open phase is ",
+                                     PhaseName(open_phase_[depth_ - 1])),
+          "; phases must nest")));
+    }
+    CloseSpan(now);
+    return absl::OkStatus();
+  }
+
+  absl::Status RecordPhase(PhaseId phase, double seconds) override {
+    const int64_t now = clock_->NowNanos();
+    if (auto st = CheckPhaseCall("RecordPhase", phase); !st.ok()) return st;
+    if (!std::isfinite(seconds) || seconds < 0) {
+      return Misuse(absl::InvalidArgumentError(absl::StrCat(
+          "RecordPhase(", PhaseName(phase), "): duration must be finite and >= 0, got ", seconds)));
+    }
+    if (depth_ >= kMaxPhaseDepth) {
+      return Misuse(absl::InvalidArgumentError(
+          absl::StrCat("RecordPhase(", PhaseName(phase), "): nesting deeper than ", kMaxPhaseDepth)));
+    }
+    const auto dur = static_cast<int64_t>(std::llround(seconds * 1e9));
+    const int64_t start = now - dur;
+    if (start < sibling_end_[depth_]) {
+      return Misuse(absl::InvalidArgumentError(absl::StrCat(
+          "RecordPhase(", PhaseName(phase), ", ", seconds,
+          " s): longer than the time since the enclosing phase began or the previous phase "
+          "ended (",
+          static_cast<double>(now - sibling_end_[depth_]) / 1e9, " s)")));
+    }
+    OpenSpan(phase, start);
+    CloseSpan(now);
+    return absl::OkStatus();
+  }
+
+  // ------------------------------------------------------------ any thread
+  absl::Status Flush(absl::Duration timeout) override {
+    const uint64_t target = head_.load(std::memory_order_acquire);
+    absl::MutexLock l(&wake_mu_);
+    if (worker_done_) return absl::OkStatus();
+    flush_requests_ += 1;
+    const uint64_t want = flush_requests_;
+    const auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) {
+      return worker_done_ || (processed_ >= target && flushes_served_ >= want);
+    };
+    if (!wake_mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("telemetry flush: worker did not catch up within ",
+                       absl::FormatDuration(timeout)));
+    }
+    return absl::OkStatus();
+  }
+
+  StatsSnapshot Snapshot() const override {
+    absl::MutexLock l(&mu_);
+    return SnapshotOf(stats_, options_.stats.window);
+  }
+
+  absl::StatusOr<Forecast> LatestForecast() const override {
+    absl::MutexLock l(&mu_);
+    if (!options_.forecast_enabled) return absl::FailedPreconditionError("forecasting is off");
+    if (!latest_.has_value()) return latest_error_;
+    return *latest_;
+  }
+
+  TelemetryCounters Counters() const override {
+    TelemetryCounters c;
+    c.steps_recorded = static_cast<int64_t>(head_.load(std::memory_order_acquire));
+    c.steps_dropped = dropped_.load(std::memory_order_relaxed);
+    c.misuse_errors = misuse_.load(std::memory_order_relaxed);
+    c.spans_truncated = truncated_.load(std::memory_order_relaxed);
+    absl::MutexLock l(&mu_);
+    c.steps_rejected = rejected_;
+    c.forecasts_published = published_;
+    c.export_errors = export_errors_;
+    c.last_error = last_error_;
+    return c;
+  }
+
+  PhaseCatalog Phases() const override {
+    absl::MutexLock l(&mu_);
+    return catalog_;
+  }
+
+  const Forecaster& forecaster() const override { return forecaster_; }
+
+  absl::Status Close() override {
+    if (closed_.exchange(true)) {
+      absl::MutexLock l(&mu_);
+      return first_export_error_;
+    }
+    {
+      absl::MutexLock l(&wake_mu_);
+      stop_ = true;
+    }
+    if (worker_.joinable()) worker_.join();
+    absl::MutexLock l(&mu_);
+    if (log_) RecordExportError(log_->Close());
+    if (trace_) RecordExportError(trace_->Close());
+    return first_export_error_;
+  }
+
+ private:
+  static absl::Status Closed(const char* what) {
+    return absl::FailedPreconditionError(absl::StrCat(what, "() after Close()"));
+  }
+
+  std::string PhaseName(PhaseId p) const {
+    absl::MutexLock l(&mu_);  // error path only
+    return catalog_.Contains(p) ? catalog_.name(p) : absl::StrCat("#", static_cast<int>(p));
+  }
+
+  absl::Status CheckPhaseCall(const char* what, PhaseId phase) {
+    if (closed_.load(std::memory_order_relaxed)) return Misuse(Closed(what));
+    if (!step_open_) {
+      return Misuse(absl::FailedPreconditionError(
+          absl::StrCat(what, "(", PhaseName(phase), ") outside a step")));
+    }
+    if (phase >= num_phases_.load(std::memory_order_acquire)) {
+      return Misuse(absl::InvalidArgumentError(
+          absl::StrCat(what, ": unknown phase id ", static_cast<int>(phase))));
+    }
+    return absl::OkStatus();
+  }
+
+  void OpenSpan(PhaseId phase, int64_t start) {
+    uint16_t idx = kNoSpan;
+    if (cur_->num_spans < kMaxSpansPerStep) {
+      idx = cur_->num_spans++;
+      PhaseSpan& s = cur_->spans[idx];
+      s.start_ns = start;
+      s.end_ns = start;
+      s.phase = phase;
+      s.depth = static_cast<uint8_t>(depth_);
+    } else {
+      cur_->spans_truncated = true;
+    }
+    open_span_[depth_] = idx;
+    open_phase_[depth_] = phase;
+    ++depth_;
+    sibling_end_[depth_] = start;
+  }
+
+  void CloseSpan(int64_t now) {
+    --depth_;
+    const uint16_t idx = open_span_[depth_];
+    if (idx != kNoSpan) cur_->spans[idx].end_ns = now;
+    sibling_end_[depth_] = now;
+  }
+
+  absl::Status Misuse(absl::Status st) {
+    misuse_.fetch_add(1, std::memory_order_relaxed);
+    absl::MutexLock l(&mu_);
+    last_error_ = st;
+    return st;
+  }
+
+  void RecordExportError(const absl::Status& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (st.ok()) return;
+    ++export_errors_;
+    last_error_ = st;
+    if (first_export_error_.ok()) first_export_error_ = st;
+  }
+
+  // ------------------------------------------------------------ worker
+  void WorkerLoop() {
+    while (true) {
+      bool stop = false;
+      bool flush_pending = false;
+      uint64_t flushes = 0;
+      {
+        absl::MutexLock l(&wake_mu_);
+        const auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) {
+          return stop_ || flush_requests_ > flushes_served_;
+        };
+        wake_mu_.AwaitWithTimeout(absl::Condition(&wake), options_.worker_poll);
+        stop = stop_;
+        flushes = flush_requests_;
+        flush_pending = flush_requests_ > flushes_served_;
+      }
+      const uint64_t done = Drain();
+      MaybePublish(/*force=*/stop || flush_pending);
+      absl::MutexLock l(&wake_mu_);
+      processed_ = done;
+      flushes_served_ = flushes;
+      if (stop) {
+        worker_done_ = true;
+        return;
+      }
+    }
+  }
+
+  uint64_t Drain() {
+    uint64_t t = tail_.load(std::memory_order_relaxed);
+    const uint64_t h = head_.load(std::memory_order_acquire);
+    if (t == h) return t;
+    absl::MutexLock l(&mu_);
+    for (; t < h; ++t) {
+      const StepRecord& rec = ring_[t & mask_];
+      const bool warmup = stats_.warming_up();
+      const absl::Status st = stats_.Add(rec);
+      if (!st.ok()) {
+        ++rejected_;
+        last_error_ = st;
+      }
+      if (log_) RecordExportError(log_->Append(rec, catalog_, warmup));
+      if (trace_) RecordExportError(trace_->Append(rec, catalog_, warmup));
+      ++unpublished_steps_;
+      tail_.store(t + 1, std::memory_order_release);
+    }
+    if (log_) RecordExportError(log_->Flush());
+    return t;
+  }
+
+  void MaybePublish(bool force) {
+    absl::MutexLock l(&mu_);
+    if (!options_.forecast_enabled || unpublished_steps_ == 0) return;
+    const int64_t now = clock_->NowNanos();
+    if (!force && options_.publish_interval_ns > 0 && has_published_ &&
+        now - last_publish_ns_ < options_.publish_interval_ns) {
+      return;
+    }
+    auto f = forecaster_.Predict(stats_, now);
+    if (!f.ok()) {
+      latest_error_ = f.status();
+      return;
+    }
+    unpublished_steps_ = 0;
+    has_published_ = true;
+    last_publish_ns_ = now;
+    latest_ = *std::move(f);
+    ++published_;
+    for (const auto& sink : sinks_) {
+      const absl::Status st = sink->Publish(*latest_);
+      if (!st.ok()) {
+        RecordExportError(
+            absl::Status(st.code(), absl::StrCat("forecast sink ", sink->Describe(), ": ",
+                                                 st.message())));
+      }
+    }
+  }
+
+  // Immutable after construction.
+  const TelemetryOptions options_;
+  const Clock* const clock_;
+  std::vector<StepRecord> ring_;
+  const uint64_t mask_;
+  const Forecaster forecaster_;
+
+  // Producer (training thread) state.
+  StepRecord scratch_;
+  StepRecord* cur_ = nullptr;
+  bool cur_dropped_ = false;
+  bool step_open_ = false;
+  int64_t last_step_ = -1;
+  int depth_ = 0;
+  std::array<uint16_t, kMaxPhaseDepth> open_span_{};
+  std::array<PhaseId, kMaxPhaseDepth> open_phase_{};
+  std::array<int64_t, kMaxPhaseDepth + 1> sibling_end_{};  // end of the last span per depth
+  uint64_t cached_tail_ = 0;
+
+  // Shared, lock-free.
+  std::atomic<uint64_t> head_{0};
+  std::atomic<uint64_t> tail_{0};
+  std::atomic<int> num_phases_{phase::kNumBuiltin};
+  std::atomic<bool> closed_{false};
+  std::atomic<int64_t> misuse_{0}, dropped_{0}, truncated_{0};
+
+  // Worker and readers.
+  mutable absl::Mutex mu_;
+  PhaseCatalog catalog_ ABSL_GUARDED_BY(mu_);
+  StepStats stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<ForecastSink>> sinks_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<StepLogWriter> log_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<internal::TraceWriter> trace_ ABSL_GUARDED_BY(mu_);
+  std::optional<Forecast> latest_ ABSL_GUARDED_BY(mu_);
+  absl::Status latest_error_ ABSL_GUARDED_BY(mu_) =
+      absl::FailedPreconditionError("no forecast yet: no step has been processed");
+  int64_t unpublished_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  bool has_published_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t last_publish_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t published_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t export_errors_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status last_error_ ABSL_GUARDED_BY(mu_);
+  absl::Status first_export_error_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex wake_mu_;
+  bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
+  bool worker_done_ ABSL_GUARDED_BY(wake_mu_) = false;
+  uint64_t flush_requests_ ABSL_GUARDED_BY(wake_mu_) = 0;
+  uint64_t flushes_served_ ABSL_GUARDED_BY(wake_mu_) = 0;
+  uint64_t processed_ ABSL_GUARDED_BY(wake_mu_) = 0;
+
+  std::thread worker_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Telemetry>> Telemetry::Create(const TelemetryOptions& options,
+                                                             const Clock* clock) {
+  if (clock == nullptr) return absl::InvalidArgumentError("telemetry clock is null");
+  const int cap = options.ring_capacity;
+  if (cap < 2 || cap > (1 << 20) || (cap & (cap - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring_capacity must be a power of two in [2, 1048576], got ", cap));
+  }
+  if (options.publish_interval_ns < 0) {
+    return absl::InvalidArgumentError("publish_interval must not be negative");
+  }
+  if (options.worker_poll <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("worker_poll must be positive");
+  }
+  auto stats = StepStats::Create(options.stats);
+  if (!stats.ok()) return stats.status();
+  auto forecaster = Forecaster::Create(options.forecast);
+  if (!forecaster.ok()) return forecaster.status();
+  auto impl = std::make_unique<TelemetryImpl>(options, clock, *std::move(stats),
+                                              *std::move(forecaster));
+  if (auto st = impl->Start(); !st.ok()) return st;
+  return impl;
+}
+
+}  // namespace omni

@@ -1,0 +1,78 @@
+#include "omni/evaluator.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "test_util.h"
+
+namespace omni {
+namespace {
+
+using testing::kMs;
+using testing::MakeStep;
+
+StepLog Deterministic(int n) {
+  StepLog log;
+  for (int i = 0; i < n; ++i) {
+    log.steps.push_back(MakeStep(i, i * 100, 100,
+                                 {{phase::kDataWait, 0, 20}, {phase::kCompute, 20, 90},
+                                  {phase::kOptimizer, 90, 100}}));
+  }
+  return log;
+}
+
+EvaluateOptions Opts() {
+  EvaluateOptions o;
+  o.stats.warmup.max_steps = 0;
+  o.stats.warmup.min_steps = 0;
+  o.forecast.horizon_ns = 1000 * kMs;
+  return o;
+}
+
+TEST(Evaluator, PerfectlyRegularStepsArePredictedExactly) {
+  auto r = Evaluate(Deterministic(50), Opts());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->forecasts, 49);  // the last boundary has nothing after it to score
+  EXPECT_DOUBLE_EQ(r->total.precision(), 1.0);
+  EXPECT_DOUBLE_EQ(r->total.recall(), 1.0);
+  const auto& ds = r->by_kind[static_cast<int>(IdleKind::kDataStall)];
+  EXPECT_GT(ds.forecast_ns, 0);
+  EXPECT_NE(r->ToJson().find("\"precision\":1.0"), std::string::npos);
+}
+
+TEST(Evaluator, ScoresAMissedStallAsLostRecallAndAWrongForecastAsLostPrecision) {
+  StepLog log = Deterministic(30);
+  // Step 25 has no data wait at all: forecasts of its stall were wrong; and it
+  // has a 50 ms host gap at its end that nobody forecast.
+  StepRecord& r = log.steps[25];
+  r.spans[0].end_ns = r.spans[0].start_ns;  // zero-length data wait
+  r.spans[1].start_ns = r.start_ns;
+  r.spans[1].end_ns = r.start_ns + 40 * kMs;
+  r.spans[2].start_ns = r.start_ns + 40 * kMs;
+  r.spans[2].end_ns = r.start_ns + 50 * kMs;
+  auto rep = Evaluate(log, Opts());
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_LT(rep->total.precision(), 1.0);
+  EXPECT_LT(rep->total.recall(), 1.0);
+  EXPECT_GT(rep->total.precision(), 0.9);
+  const auto& host = rep->by_kind[static_cast<int>(IdleKind::kHostSide)];
+  EXPECT_GT(host.real_ns, 0);
+  EXPECT_EQ(host.real_covered_ns, 0);
+}
+
+TEST(Evaluator, RejectsBadOptionsAndEmptyLogs) {
+  EvaluateOptions o = Opts();
+  o.stride_steps = 0;
+  EXPECT_EQ(Evaluate(Deterministic(5), o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Evaluate(StepLog{}, Opts()).status().code(), absl::StatusCode::kInvalidArgument);
+  EvaluateOptions warm;
+  warm.stats.warmup.max_steps = 1000;
+  warm.stats.warmup.max_drift = 0;
+  StepLog drifting;
+  for (int i = 0; i < 20; ++i) drifting.steps.push_back(MakeStep(i, i * 1000, 100 + i * 10, {}));
+  EXPECT_EQ(Evaluate(drifting, warm).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace omni

@@ -1,0 +1,111 @@
+#include "omni/phase.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "test_util.h"
+
+namespace omni {
+namespace {
+
+using testing::kMs;
+using testing::MakeStep;
+
+TEST(PhaseCatalog, HoldsBuiltinPhasesWithStableIds) {
+  PhaseCatalog c;
+  EXPECT_EQ(c.size(), phase::kNumBuiltin);
+  EXPECT_EQ(c.name(phase::kDataWait), "data_wait");
+  EXPECT_EQ(c.idle_kind(phase::kDataWait), IdleKind::kDataStall);
+  EXPECT_EQ(c.idle_kind(phase::kCompute), IdleKind::kNone);
+  EXPECT_EQ(*c.Find("optimizer"), phase::kOptimizer);
+}
+
+TEST(PhaseCatalog, RegistersUserPhasesOnceAndRejectsConflicts) {
+  PhaseCatalog c;
+  auto a = c.Register("attention", IdleKind::kNone);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*a, phase::kNumBuiltin);
+  EXPECT_EQ(*c.Register("attention", IdleKind::kNone), *a);
+  auto conflict = c.Register("attention", IdleKind::kHostSide);
+  EXPECT_EQ(conflict.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(conflict.status().message().find("attention"), absl::string_view::npos);
+  EXPECT_EQ(c.Register("", IdleKind::kNone).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.Register("bad name", IdleKind::kNone).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.Find("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(PhaseCatalog, RefusesMoreThanMaxPhases) {
+  PhaseCatalog c;
+  for (int i = c.size(); i < kMaxPhases; ++i) {
+    ASSERT_TRUE(c.Register("p" + std::to_string(i), IdleKind::kNone).ok());
+  }
+  EXPECT_EQ(c.Register("one_too_many", IdleKind::kNone).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(IdleKind, NamesRoundTrip) {
+  for (int i = 0; i < kNumIdleKinds; ++i) {
+    const auto k = static_cast<IdleKind>(i);
+    EXPECT_EQ(*ParseIdleKind(IdleKindName(k)), k);
+  }
+  EXPECT_FALSE(ParseIdleKind("sleepy").ok());
+}
+
+TEST(StepRecord, KindIsCheckpointThenEvalThenNormal) {
+  EXPECT_EQ(MakeStep(0, 0, 10, {{phase::kCompute, 0, 5}}).kind(), StepKind::kNormal);
+  EXPECT_EQ(MakeStep(0, 0, 10, {{phase::kEval, 0, 5}}).kind(), StepKind::kEval);
+  EXPECT_EQ(MakeStep(0, 0, 10, {{phase::kEval, 0, 5}, {phase::kCheckpoint, 5, 9}}).kind(),
+            StepKind::kCheckpoint);
+}
+
+TEST(ValidateStepRecord, AcceptsNestedSpans) {
+  PhaseCatalog c;
+  auto r = MakeStep(3, 0, 100,
+                    {{phase::kDataWait, 0, 10}, {phase::kEval, 10, 90}, {phase::kCompute, 20, 50, 1}});
+  EXPECT_TRUE(ValidateStepRecord(r, c).ok());
+}
+
+TEST(ValidateStepRecord, RejectsSpansThatDoNotNestOrLeaveTheStep) {
+  PhaseCatalog c;
+  auto overlap = MakeStep(1, 0, 100, {{phase::kCompute, 0, 50}, {phase::kOptimizer, 40, 60}});
+  EXPECT_EQ(ValidateStepRecord(overlap, c).code(), absl::StatusCode::kInvalidArgument);
+  auto outside = MakeStep(1, 0, 100, {{phase::kCompute, 0, 150}});
+  EXPECT_NE(ValidateStepRecord(outside, c).message().find("not inside the step"),
+            absl::string_view::npos);
+  auto orphan = MakeStep(1, 0, 100, {{phase::kCompute, 0, 10}, {phase::kComm, 20, 30, 1}});
+  EXPECT_FALSE(ValidateStepRecord(orphan, c).ok());
+  auto backwards = MakeStep(1, 0, 100, {});
+  backwards.end_ns = backwards.start_ns - 1;
+  EXPECT_FALSE(ValidateStepRecord(backwards, c).ok());
+  auto unknown = MakeStep(1, 0, 100, {{static_cast<PhaseId>(30), 0, 10}});
+  EXPECT_NE(ValidateStepRecord(unknown, c).message().find("unknown phase"),
+            absl::string_view::npos);
+}
+
+TEST(ForEachIdleInterval, InnermostPhaseDecidesAndUncoveredTimeIsHostSide) {
+  PhaseCatalog c;
+  // data_wait 0-10, gap 10-12, eval 12-90 with busy compute 20-50 inside, gap 90-100.
+  auto r = MakeStep(1, 1000, 100,
+                    {{phase::kDataWait, 0, 10}, {phase::kEval, 12, 90}, {phase::kCompute, 20, 50, 1}});
+  std::vector<IdleInterval> got;
+  ForEachIdleInterval(r, c, [&](const IdleInterval& iv) { got.push_back(iv); });
+  ASSERT_EQ(got.size(), 5u);
+  const int64_t base = 1000 * kMs;
+  EXPECT_EQ(got[0].kind, IdleKind::kDataStall);
+  EXPECT_EQ(got[0].start_ns, base);
+  EXPECT_EQ(got[0].end_ns, base + 10 * kMs);
+  EXPECT_EQ(got[1].kind, IdleKind::kHostSide);
+  EXPECT_EQ(got[1].end_ns - got[1].start_ns, 2 * kMs);
+  EXPECT_EQ(got[2].kind, IdleKind::kEval);
+  EXPECT_EQ(got[2].end_ns, base + 20 * kMs);
+  EXPECT_EQ(got[3].kind, IdleKind::kEval);
+  EXPECT_EQ(got[3].start_ns, base + 50 * kMs);
+  EXPECT_EQ(got[3].end_ns, base + 90 * kMs);
+  EXPECT_EQ(got[4].kind, IdleKind::kHostSide);
+  EXPECT_EQ(got[4].end_ns, base + 100 * kMs);
+}
+
+}  // namespace
+}  // namespace omni

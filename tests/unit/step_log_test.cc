@@ -1,0 +1,97 @@
+#include "omni/step_log.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.h"
+
+namespace omni {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::MakeStep;
+
+std::string TempPath(const std::string& name) {
+  return (fs::temp_directory_path() / (name + "." + std::to_string(::getpid()))).string();
+}
+
+TEST(StepLog, RoundTripsHeaderEventsPhasesAndSpans) {
+  const std::string path = TempPath("steplog_roundtrip.jsonl");
+  StepLogHeader h;
+  h.source = "test";
+  h.checkpoint = PeriodicEvent{50, 49, 123};
+  h.pipeline = PipelineSchedule{4, 8, 2, 1.5};
+  PhaseCatalog cat = h.phases;
+  auto w = StepLogWriter::Open(path, h);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Append(MakeStep(0, 0, 100, {{phase::kCompute, 0, 50}}), cat, true).ok());
+  const PhaseId user = *cat.Register("late_phase", IdleKind::kHostSide);
+  ASSERT_TRUE(
+      (*w)->Append(MakeStep(1, 100, 100, {{phase::kCompute, 0, 50}, {user, 10, 20, 1}}), cat, false)
+          .ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  auto log = ReadStepLog(path);
+  ASSERT_TRUE(log.ok()) << log.status();
+  EXPECT_EQ(log->header.source, "test");
+  EXPECT_EQ(log->header.checkpoint.every_steps, 50);
+  EXPECT_EQ(log->header.checkpoint.expected_ns, 123);
+  EXPECT_EQ(log->header.pipeline.stages, 4);
+  EXPECT_DOUBLE_EQ(log->header.pipeline.backward_over_forward, 1.5);
+  ASSERT_EQ(log->steps.size(), 2u);
+  EXPECT_EQ(log->header.phases.idle_kind(user), IdleKind::kHostSide);
+  EXPECT_EQ(log->steps[1].spans[1].phase, user);
+  EXPECT_EQ(log->steps[1].spans[1].start_ns, 110'000'000);
+  fs::remove(path);
+}
+
+TEST(StepLog, ReportsMalformedLinesWithFileAndLine) {
+  const std::string path = TempPath("steplog_bad.jsonl");
+  {
+    StepLogHeader h;
+    auto w = StepLogWriter::Open(path, h);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Close().ok());
+    std::ofstream out(path, std::ios::app);
+    out << "{\"type\":\"step\",\"step\":0,\"start_ns\":0,\"end_ns\":10,\"spans\":[]}\n";
+    out << "this is not json\n";
+  }
+  auto log = ReadStepLog(path);
+  ASSERT_FALSE(log.ok());
+  EXPECT_NE(log.status().message().find(path + ":3"), absl::string_view::npos) << log.status();
+  fs::remove(path);
+}
+
+TEST(StepLog, RefusesSpansThatDoNotNest) {
+  const std::string path = TempPath("steplog_nest.jsonl");
+  {
+    StepLogHeader h;
+    ASSERT_TRUE(StepLogWriter::Open(path, h).ok());
+    std::ofstream out(path, std::ios::app);
+    out << R"({"type":"step","step":0,"start_ns":0,"end_ns":100,"spans":[)"
+        << R"({"phase":"compute","start_ns":0,"end_ns":60,"depth":0},)"
+        << R"({"phase":"optimizer","start_ns":50,"end_ns":90,"depth":0}]})" << "\n";
+  }
+  auto log = ReadStepLog(path);
+  ASSERT_FALSE(log.ok());
+  EXPECT_NE(log.status().message().find("overlaps"), absl::string_view::npos) << log.status();
+  fs::remove(path);
+}
+
+TEST(StepLog, RefusesANewerSchemaVersionAndMissingFiles) {
+  const std::string path = TempPath("steplog_newer.jsonl");
+  {
+    std::ofstream out(path);
+    out << R"({"type":"header","schema":"omni.steplog","version":7,"phases":[]})" << "\n";
+  }
+  EXPECT_EQ(ReadStepLog(path).status().code(), absl::StatusCode::kFailedPrecondition);
+  fs::remove(path);
+  auto missing = ReadStepLog("/nonexistent/steps.jsonl");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("/nonexistent/steps.jsonl"), absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace omni

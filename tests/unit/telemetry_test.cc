@@ -1,0 +1,302 @@
+#include "omni/telemetry.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "omni/step_log.h"
+
+namespace omni {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "omni_test_XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
+
+ private:
+  std::string path_;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TelemetryOptions FastOptions() {
+  TelemetryOptions o;
+  o.stats.warmup.max_steps = 0;
+  o.stats.warmup.min_steps = 0;
+  o.publish_interval_ns = 0;
+  o.forecast.horizon_ns = 1'000'000'000;
+  return o;
+}
+
+// One step: data_wait `dw` ms, compute 50 ms, optimizer 10 ms.
+void RunStep(Telemetry& t, FakeClock& clock, int dw_ms) {
+  StepScope step(t);
+  {
+    PhaseScope p(t, phase::kDataWait);
+    clock.Advance(milliseconds(dw_ms));
+  }
+  {
+    PhaseScope p(t, phase::kCompute);
+    clock.Advance(milliseconds(50));
+  }
+  {
+    PhaseScope p(t, phase::kOptimizer);
+    clock.Advance(milliseconds(10));
+  }
+}
+
+const StatsSnapshot::Row* FindRow(const StatsSnapshot& s, const std::string& name) {
+  for (const auto& r : s.rows) {
+    if (r.name == name) return &r;
+  }
+  return nullptr;
+}
+
+TEST(Telemetry, MeasuresStepsAndPhasesOnTheInjectedClock) {
+  FakeClock clock;
+  auto tel = Telemetry::Create(FastOptions(), &clock);
+  ASSERT_TRUE(tel.ok()) << tel.status();
+  for (int i = 0; i < 10; ++i) RunStep(**tel, clock, i % 2 ? 30 : 10);
+  ASSERT_TRUE((*tel)->Flush().ok());
+  const StatsSnapshot s = (*tel)->Snapshot();
+  EXPECT_EQ(s.steps_seen, 10);
+  const auto* step = FindRow(s, "step");
+  ASSERT_NE(step, nullptr);
+  EXPECT_EQ(step->summary.count, 10);
+  EXPECT_DOUBLE_EQ(step->summary.mean, 80e6);
+  EXPECT_DOUBLE_EQ(step->summary.stddev, 10e6);
+  EXPECT_DOUBLE_EQ(step->summary.min, 70e6);
+  EXPECT_DOUBLE_EQ(step->summary.max, 90e6);
+  const auto* dw = FindRow(s, "data_wait");
+  ASSERT_NE(dw, nullptr);
+  EXPECT_DOUBLE_EQ(dw->summary.p50, 20e6);
+  EXPECT_EQ(dw->idle_kind, "data_stall");
+  EXPECT_DOUBLE_EQ(FindRow(s, "compute")->summary.mean, 50e6);
+  const TelemetryCounters c = (*tel)->Counters();
+  EXPECT_EQ(c.steps_recorded, 10);
+  EXPECT_EQ(c.misuse_errors, 0);
+  EXPECT_TRUE((*tel)->Close().ok());
+}
+
+TEST(Telemetry, PublishesForecastsAfterStationarySteps) {
+  FakeClock clock;
+  auto tel = Telemetry::Create(FastOptions(), &clock);
+  ASSERT_TRUE(tel.ok());
+  std::atomic<int> calls{0};
+  Forecast last;
+  (*tel)->AddSink(MakeCallbackSink([&](const Forecast& f) {
+    last = f;
+    calls++;
+    return absl::OkStatus();
+  }));
+  for (int i = 0; i < 5; ++i) RunStep(**tel, clock, 20);
+  ASSERT_TRUE((*tel)->Flush().ok());
+  auto f = (*tel)->LatestForecast();
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_GE(calls.load(), 1);
+  EXPECT_EQ(last.last_step, 4);
+  ASSERT_FALSE(f->windows.empty());
+  EXPECT_EQ(f->windows[0].kind, IdleKind::kDataStall);
+  EXPECT_EQ(f->windows[0].duration_ns, 20'000'000);
+  EXPECT_EQ(f->windows[0].start_ns, clock.NowNanos());
+}
+
+TEST(Telemetry, MisuseReturnsErrorsAndTelemetryKeepsWorking) {
+  FakeClock clock;
+  auto tel = Telemetry::Create(FastOptions(), &clock);
+  ASSERT_TRUE(tel.ok());
+  Telemetry& t = **tel;
+  EXPECT_EQ(t.EndStep().code(), absl::StatusCode::kFailedPrecondition);           // no step
+  EXPECT_EQ(t.BeginPhase(phase::kCompute).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(t.BeginStep(0).ok());
+  EXPECT_EQ(t.BeginStep(1).code(), absl::StatusCode::kFailedPrecondition);         // nested step
+  ASSERT_TRUE(t.BeginPhase(phase::kCompute).ok());
+  ASSERT_TRUE(t.BeginPhase(phase::kComm).ok());
+  const absl::Status nest = t.EndPhase(phase::kCompute);                           // not innermost
+  EXPECT_EQ(nest.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(nest.message().find("innermost open phase is comm"), absl::string_view::npos);
+  clock.Advance(milliseconds(5));
+  ASSERT_TRUE(t.EndPhase(phase::kComm).ok());
+  ASSERT_TRUE(t.EndPhase(phase::kCompute).ok());
+  EXPECT_EQ(t.BeginPhase(200).code(), absl::StatusCode::kInvalidArgument);       // unknown phase
+  EXPECT_EQ(t.RecordPhase(phase::kComm, std::nan("")).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.RecordPhase(phase::kComm, -1.0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.RecordPhase(phase::kComm, 10.0).code(), absl::StatusCode::kInvalidArgument);
+  clock.Advance(milliseconds(5));
+  ASSERT_TRUE(t.RecordPhase(phase::kComm, 0.004).ok());
+  ASSERT_TRUE(t.EndStep().ok());
+  EXPECT_EQ(t.EndStep().code(), absl::StatusCode::kFailedPrecondition);            // ended twice
+  EXPECT_EQ(t.BeginStep(0).code(), absl::StatusCode::kInvalidArgument);            // not after last
+  // Still works after all that.
+  ASSERT_TRUE(t.BeginStep(1).ok());
+  ASSERT_TRUE(t.BeginPhase(phase::kDataWait).ok());
+  clock.Advance(milliseconds(1));
+  EXPECT_EQ(t.EndStep().code(), absl::StatusCode::kFailedPrecondition);            // phase open
+  ASSERT_TRUE(t.Flush().ok());
+  const TelemetryCounters c = t.Counters();
+  EXPECT_EQ(c.steps_recorded, 2);
+  EXPECT_EQ(c.misuse_errors, 11);
+  EXPECT_FALSE(c.last_error.ok());
+  const StatsSnapshot s = t.Snapshot();
+  EXPECT_EQ(s.steps_seen, 2);
+  EXPECT_DOUBLE_EQ(FindRow(s, "comm")->summary.max, 9e6);  // nested 5 ms + recorded 4 ms
+  EXPECT_TRUE(t.Close().ok());
+  EXPECT_EQ(t.BeginStep(5).code(), absl::StatusCode::kFailedPrecondition);         // after Close
+}
+
+TEST(Telemetry, DropsStepsWhenTheWorkerIsBehindAndCountsThem) {
+  FakeClock clock;
+  TelemetryOptions o = FastOptions();
+  o.ring_capacity = 4;
+  o.worker_poll = absl::Hours(1);  // the worker only runs on Flush
+  auto tel = Telemetry::Create(o, &clock);
+  ASSERT_TRUE(tel.ok());
+  for (int i = 0; i < 10; ++i) RunStep(**tel, clock, 20);
+  ASSERT_TRUE((*tel)->Flush().ok());
+  const TelemetryCounters c = (*tel)->Counters();
+  EXPECT_EQ(c.steps_recorded, 4);
+  EXPECT_EQ(c.steps_dropped, 6);
+  EXPECT_EQ((*tel)->Snapshot().steps_seen, 4);
+  for (int i = 0; i < 3; ++i) RunStep(**tel, clock, 20);
+  ASSERT_TRUE((*tel)->Flush().ok());
+  EXPECT_EQ((*tel)->Counters().steps_recorded, 7);
+}
+
+TEST(Telemetry, RejectsBadOptionsNamingThem) {
+  TelemetryOptions o;
+  o.stats.window = 0;
+  EXPECT_NE(Telemetry::Create(o).status().message().find("window"), absl::string_view::npos);
+  o = TelemetryOptions{};
+  o.stats.window = -3;
+  EXPECT_EQ(Telemetry::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = TelemetryOptions{};
+  o.ring_capacity = 100;
+  EXPECT_NE(Telemetry::Create(o).status().message().find("ring_capacity"), absl::string_view::npos);
+  o = TelemetryOptions{};
+  o.forecast.k = INFINITY;
+  EXPECT_FALSE(Telemetry::Create(o).ok());
+}
+
+TEST(Telemetry, WritesStepLogAndPerfettoTrace) {
+  TempDir dir;
+  FakeClock clock;
+  TelemetryOptions o = FastOptions();
+  o.step_log_path = dir / "steps.jsonl";
+  o.trace_path = dir / "trace.json";
+  o.source = "unit-test";
+  auto tel = Telemetry::Create(o, &clock);
+  ASSERT_TRUE(tel.ok()) << tel.status();
+  auto user = (*tel)->RegisterPhase("grad_clip", IdleKind::kNone);
+  ASSERT_TRUE(user.ok());
+  for (int i = 0; i < 6; ++i) {
+    StepScope s(**tel);
+    {
+      PhaseScope p(**tel, phase::kCompute);
+      clock.Advance(milliseconds(40));
+      PhaseScope q(**tel, *user);
+      clock.Advance(milliseconds(2));
+    }
+    clock.Advance(milliseconds(1));
+  }
+  ASSERT_TRUE((*tel)->Close().ok());
+  auto log = ReadStepLog(o.step_log_path);
+  ASSERT_TRUE(log.ok()) << log.status();
+  EXPECT_EQ(log->header.source, "unit-test");
+  ASSERT_EQ(log->steps.size(), 6u);
+  EXPECT_EQ(log->header.phases.name(*user), "grad_clip");
+  EXPECT_EQ(log->steps[2].num_spans, 2);
+  EXPECT_EQ(log->steps[2].spans[1].depth, 1);
+  const auto trace = nlohmann::json::parse(ReadAll(o.trace_path));
+  ASSERT_TRUE(trace.is_array());
+  int steps = 0, grad = 0;
+  for (const auto& e : trace) {
+    if (e.value("cat", "") == "step") steps++;
+    if (e.value("name", "") == "grad_clip") grad++;
+  }
+  EXPECT_EQ(steps, 6);
+  EXPECT_EQ(grad, 6);
+}
+
+TEST(Telemetry, UnwritablePathsFailCreateNamingThePath) {
+  TelemetryOptions o;
+  o.step_log_path = "/nonexistent-dir/steps.jsonl";
+  auto t = Telemetry::Create(o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("/nonexistent-dir/steps.jsonl"), absl::string_view::npos);
+  auto sink = MakeFileSink("/nonexistent-dir/forecast.json");
+  ASSERT_FALSE(sink.ok());
+  EXPECT_NE(sink.status().message().find("/nonexistent-dir/forecast.json"), absl::string_view::npos);
+}
+
+TEST(Telemetry, FileSinkReplacesTheForecastAtomically) {
+  TempDir dir;
+  FakeClock clock;
+  auto tel = Telemetry::Create(FastOptions(), &clock);
+  auto sink = MakeFileSink(dir / "forecast.json");
+  ASSERT_TRUE(sink.ok());
+  (*tel)->AddSink(*std::move(sink));
+  for (int i = 0; i < 5; ++i) RunStep(**tel, clock, 20);
+  ASSERT_TRUE((*tel)->Flush().ok());
+  auto f = ForecastFromJson(ReadAll(dir / "forecast.json"));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->last_step, 4);
+  RunStep(**tel, clock, 20);
+  ASSERT_TRUE((*tel)->Flush().ok());
+  EXPECT_EQ(ForecastFromJson(ReadAll(dir / "forecast.json"))->last_step, 5);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(dir / "x").parent_path())) {
+    (void)e;
+    files++;
+  }
+  EXPECT_EQ(files, 1);  // no temporary left behind
+}
+
+TEST(Telemetry, SinkFailuresAreCountedAndTrainingContinues) {
+  FakeClock clock;
+  auto tel = Telemetry::Create(FastOptions(), &clock);
+  (*tel)->AddSink(MakeCallbackSink([](const Forecast&) { return absl::UnavailableError("agent down"); },
+                                   "node-agent"));
+  for (int i = 0; i < 5; ++i) RunStep(**tel, clock, 20);
+  ASSERT_TRUE((*tel)->Flush().ok());
+  RunStep(**tel, clock, 20);
+  ASSERT_TRUE((*tel)->Flush().ok());
+  const TelemetryCounters c = (*tel)->Counters();
+  EXPECT_EQ(c.steps_recorded, 6);
+  EXPECT_GE(c.export_errors, 2);
+  EXPECT_NE(c.last_error.message().find("node-agent"), absl::string_view::npos);
+  EXPECT_FALSE((*tel)->Close().ok());  // Close reports the first export error
+}
+
+TEST(Telemetry, RejectsStepsWhoseClockWentBackwards) {
+  FakeClock clock;
+  auto tel = Telemetry::Create(FastOptions(), &clock);
+  ASSERT_TRUE((*tel)->BeginStep(0).ok());
+  clock.Set(clock.NowNanos() - 1000);
+  ASSERT_TRUE((*tel)->EndStep().ok());
+  RunStep(**tel, clock, 20);
+  ASSERT_TRUE((*tel)->Flush().ok());
+  EXPECT_EQ((*tel)->Counters().steps_rejected, 1);
+  EXPECT_EQ((*tel)->Snapshot().steps_seen, 1);
+}
+
+}  // namespace
+}  // namespace omni

@@ -1,0 +1,168 @@
+// omni: the command-line tool for people who operate Omni jobs.
+//
+//   omni info                      build configuration, NCCL / device probe
+//   omni stats LOG [--json]        step and phase statistics of a step log
+//   omni forecast LOG [--at-step N] [--k K] [--horizon-s S] [--json]
+//                                  the forecast the runtime would have published
+//   omni eval LOG [--stride N] [--k K] [--horizon-s S] [--json]
+//                                  precision / recall of forecasts replayed on LOG
+//
+// Exit codes: 0 success, 1 the operation failed (message on stderr), 2 usage.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "omni/evaluator.h"
+#include "omni/nccl.h"
+#include "omni/step_log.h"
+#include "omni/version.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: omni info\n"
+    "       omni stats LOG [--window N] [--json]\n"
+    "       omni forecast LOG [--at-step N] [--k K] [--horizon-s S] [--json]\n"
+    "       omni eval LOG [--stride N] [--k K] [--horizon-s S] [--window N] [--horizon] [--json]\n"
+    "         (--horizon scores each forecast over its whole horizon instead of\n"
+    "          while it is the current one)\n";
+
+int Usage(const std::string& msg) {
+  std::fprintf(stderr, "omni: %s\n%s", msg.c_str(), kUsage);
+  return 2;
+}
+
+int Fail(const absl::Status& st) {
+  std::fprintf(stderr, "omni: %s\n", std::string(st.message()).c_str());
+  return 1;
+}
+
+struct Parsed {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> flags;
+  bool json = false;
+  bool horizon = false;
+};
+
+// Flags take one value except --json. Unknown flags are reported by name.
+bool Parse(int argc, char** argv, const std::vector<std::string>& allowed, Parsed& out,
+           std::string& err) {
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") {
+      out.json = true;
+    } else if (a == "--horizon") {
+      out.horizon = true;
+    } else if (a.rfind("--", 0) == 0) {
+      bool ok = false;
+      for (const auto& f : allowed) ok = ok || f == a;
+      if (!ok) {
+        err = "unknown flag " + a;
+        return false;
+      }
+      if (i + 1 >= argc) {
+        err = "missing value for " + a;
+        return false;
+      }
+      out.flags[a] = argv[++i];
+    } else {
+      out.positional.push_back(a);
+    }
+  }
+  return true;
+}
+
+bool Number(const Parsed& p, const std::string& flag, double& v, std::string& err) {
+  auto it = p.flags.find(flag);
+  if (it == p.flags.end()) return true;
+  char* end = nullptr;
+  v = std::strtod(it->second.c_str(), &end);
+  if (end == it->second.c_str() || *end != '\0' || !std::isfinite(v)) {
+    err = "not a number for " + flag + ": '" + it->second + "'";
+    return false;
+  }
+  return true;
+}
+
+int Info() {
+  std::printf("%s\n", omni::BuildInfo().c_str());
+  auto nccl = omni::ProbeNccl();
+  if (nccl.ok()) {
+    std::printf("nccl: runtime %d, %d CUDA device(s), shrink %s\n", nccl->runtime_version,
+                nccl->cuda_devices, nccl->supports_shrink ? "yes" : "no");
+  } else {
+    std::printf("nccl: unavailable: %s\n", std::string(nccl.status().message()).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return Usage("missing command");
+  const std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "help") {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  if (cmd == "info") return Info();
+  if (cmd != "stats" && cmd != "forecast" && cmd != "eval") return Usage("unknown command " + cmd);
+
+  Parsed p;
+  std::string err;
+  if (!Parse(argc, argv, {"--window", "--at-step", "--k", "--horizon-s", "--stride"}, p, err)) {
+    return Usage(err);
+  }
+  if (p.positional.size() != 1) return Usage(cmd + " takes exactly one step log");
+  double window = 200, at_step = -1, k = 2.0, horizon_s = 300, stride = 1;
+  if (!Number(p, "--window", window, err) || !Number(p, "--at-step", at_step, err) ||
+      !Number(p, "--k", k, err) || !Number(p, "--horizon-s", horizon_s, err) ||
+      !Number(p, "--stride", stride, err)) {
+    return Usage(err);
+  }
+
+  auto log = omni::ReadStepLog(p.positional[0]);
+  if (!log.ok()) return Fail(log.status());
+
+  omni::StepStatsOptions so;
+  so.window = static_cast<int>(window);
+  omni::ForecastOptions fo;
+  fo.k = k;
+  fo.horizon_ns = static_cast<int64_t>(horizon_s * 1e9);
+  fo.checkpoint = log->header.checkpoint;
+  fo.eval = log->header.eval;
+  fo.pipeline = log->header.pipeline;
+
+  if (cmd == "eval") {
+    omni::EvaluateOptions eo;
+    eo.stats = so;
+    eo.forecast = fo;
+    eo.stride_steps = static_cast<int>(stride);
+    eo.scoring = p.horizon ? omni::Scoring::kHorizon : omni::Scoring::kLive;
+    auto rep = omni::Evaluate(*log, eo);
+    if (!rep.ok()) return Fail(rep.status());
+    std::printf("%s\n", p.json ? rep->ToJson().c_str() : rep->ToTable().c_str());
+    return 0;
+  }
+
+  auto stats = omni::StepStats::Create(so, log->header.phases);
+  if (!stats.ok()) return Fail(stats.status());
+  for (const omni::StepRecord& rec : log->steps) {
+    if (at_step >= 0 && rec.step > at_step) break;
+    if (auto st = stats->Add(rec); !st.ok()) return Fail(st);
+  }
+  if (cmd == "stats") {
+    const omni::StatsSnapshot s = omni::SnapshotOf(*stats, so.window);
+    std::printf("%s\n", p.json ? s.ToJson().c_str() : s.ToTable().c_str());
+    return 0;
+  }
+  auto fc = omni::Forecaster::Create(fo);
+  if (!fc.ok()) return Fail(fc.status());
+  auto f = fc->Predict(*stats, stats->last_end_ns());
+  if (!f.ok()) return Fail(f.status());
+  std::printf("%s\n", p.json ? omni::ForecastToJson(*f).c_str() : omni::ForecastToTable(*f).c_str());
+  return 0;
+}
