@@ -66,7 +66,7 @@ class TelemetryImpl final : public Telemetry {
     return catalog_.Find(name);
   }
   void AddSink(std::unique_ptr<ForecastSink> sink) override {
-    absl::MutexLock l(&mu_);
+    absl::MutexLock l(&sinks_mu_);
     sinks_.push_back(std::move(sink));
   }
 
@@ -360,29 +360,36 @@ class TelemetryImpl final : public Telemetry {
   }
 
   void MaybePublish(bool force) {
-    absl::MutexLock l(&mu_);
-    if (!options_.forecast_enabled || unpublished_steps_ == 0) return;
-    const int64_t now = clock_->NowNanos();
-    if (!force && options_.publish_interval_ns > 0 && has_published_ &&
-        now - last_publish_ns_ < options_.publish_interval_ns) {
-      return;
+    std::optional<Forecast> forecast;
+    {
+      absl::MutexLock l(&mu_);
+      if (!options_.forecast_enabled || unpublished_steps_ == 0) return;
+      const int64_t now = clock_->NowNanos();
+      if (!force && options_.publish_interval_ns > 0 && has_published_ &&
+          now - last_publish_ns_ < options_.publish_interval_ns) {
+        return;
+      }
+      auto f = forecaster_.Predict(stats_, now);
+      if (!f.ok()) {
+        latest_error_ = f.status();
+        return;
+      }
+      unpublished_steps_ = 0;
+      has_published_ = true;
+      last_publish_ns_ = now;
+      latest_ = *std::move(f);
+      ++published_;
+      forecast = latest_;
     }
-    auto f = forecaster_.Predict(stats_, now);
-    if (!f.ok()) {
-      latest_error_ = f.status();
-      return;
-    }
-    unpublished_steps_ = 0;
-    has_published_ = true;
-    last_publish_ns_ = now;
-    latest_ = *std::move(f);
-    ++published_;
+    // Sinks run outside mu_: a slow or re-entrant sink (e.g. a Python
+    // callback) never blocks the hooks' error path, Snapshot or Counters.
+    absl::MutexLock s(&sinks_mu_);
     for (const auto& sink : sinks_) {
-      const absl::Status st = sink->Publish(*latest_);
+      const absl::Status st = sink->Publish(*forecast);
       if (!st.ok()) {
-        RecordExportError(
-            absl::Status(st.code(), absl::StrCat("forecast sink ", sink->Describe(), ": ",
-                                                 st.message())));
+        absl::MutexLock l(&mu_);
+        RecordExportError(absl::Status(
+            st.code(), absl::StrCat("forecast sink ", sink->Describe(), ": ", st.message())));
       }
     }
   }
@@ -417,7 +424,9 @@ class TelemetryImpl final : public Telemetry {
   mutable absl::Mutex mu_;
   PhaseCatalog catalog_ ABSL_GUARDED_BY(mu_);
   StepStats stats_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<ForecastSink>> sinks_ ABSL_GUARDED_BY(mu_);
+  // Lock order: sinks_mu_ before mu_.
+  absl::Mutex sinks_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::vector<std::unique_ptr<ForecastSink>> sinks_ ABSL_GUARDED_BY(sinks_mu_);
   std::unique_ptr<StepLogWriter> log_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<internal::TraceWriter> trace_ ABSL_GUARDED_BY(mu_);
   std::optional<Forecast> latest_ ABSL_GUARDED_BY(mu_);

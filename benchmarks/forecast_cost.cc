@@ -1,0 +1,103 @@
+// Cost of one forecaster update (StepStats::Add of a step, then Predict over
+// the default 5-minute horizon), on the shipped pipeline+checkpoint trace and
+// on a synthetic fast job (10 ms steps: 30000 steps in the horizon).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "omni/evaluator.h"
+
+namespace {
+
+double NowUs() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Cost {
+  double add_us = 0, predict_us = 0, windows = 0;
+};
+
+Cost Measure(const omni::StepLog& log, const omni::ForecastOptions& fo) {
+  auto stats = omni::StepStats::Create(omni::StepStatsOptions{}, log.header.phases);
+  auto fc = omni::Forecaster::Create(fo);
+  std::vector<double> add, pred;
+  double windows = 0;
+  int n = 0;
+  for (const omni::StepRecord& rec : log.steps) {
+    double t0 = NowUs();
+    if (!stats->Add(rec).ok()) continue;
+    add.push_back(NowUs() - t0);
+    if (stats->warming_up()) continue;
+    t0 = NowUs();
+    auto f = fc->Predict(*stats, rec.end_ns);
+    pred.push_back(NowUs() - t0);
+    if (f.ok()) windows += static_cast<double>(f->windows.size());
+    ++n;
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  return Cost{median(add), median(pred), n ? windows / n : 0};
+}
+
+omni::StepLog Synthetic(int steps) {
+  omni::StepLog log;
+  log.header.eval = omni::PeriodicEvent{500, 499, 2'000'000'000};
+  int64_t t = 0;
+  for (int s = 0; s < steps; ++s) {
+    omni::StepRecord r;
+    r.step = s;
+    r.start_ns = t;
+    const int64_t dw = 1'000'000 + (s % 7) * 300'000;
+    const auto span = [&](omni::PhaseId p, int64_t a, int64_t b) {
+      r.spans[r.num_spans++] = omni::PhaseSpan{a, b, p, 0};
+    };
+    span(omni::phase::kDataWait, t, t + dw);
+    span(omni::phase::kCompute, t + dw, t + dw + 7'000'000);
+    span(omni::phase::kOptimizer, t + dw + 7'000'000, t + dw + 8'000'000);
+    r.end_ns = t + dw + 8'000'000;
+    t = r.end_ns;
+    log.steps.push_back(r);
+  }
+  return log;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string path = argc > 1 ? argv[1] : std::string(OMNI_SOURCE_DIR "/tests/data/pipeline_ckpt.jsonl");
+  auto log = omni::ReadStepLog(path);
+  if (!log.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(log.status().message()).c_str());
+    return 1;
+  }
+  omni::ForecastOptions fo;
+  fo.checkpoint = log->header.checkpoint;
+  fo.pipeline = log->header.pipeline;
+  const Cost pipe = Measure(*log, fo);
+  omni::StepLog fast = Synthetic(2000);
+  omni::ForecastOptions fo2;
+  fo2.eval = fast.header.eval;
+  const Cost quick = Measure(fast, fo2);
+  const double t0 = NowUs();
+  omni::EvaluateOptions eo;
+  auto rep = omni::Evaluate(*log, eo);
+  const double eval_ms = (NowUs() - t0) / 1e3;
+  std::printf("pipeline trace (%zu steps): add %.2f us, predict %.2f us, %.1f windows/forecast\n",
+              log->steps.size(), pipe.add_us, pipe.predict_us, pipe.windows);
+  std::printf("10 ms steps: add %.2f us, predict %.2f us, %.1f windows/forecast\n", quick.add_us,
+              quick.predict_us, quick.windows);
+  std::printf("evaluate pipeline trace (every step): %.1f ms\n", eval_ms);
+  std::printf(
+      "{\"benchmark\":\"forecast_cost\",\"forecast_update_us\":%.2f,\"stats_add_us\":%.2f,"
+      "\"forecast_update_us_10ms_steps\":%.2f,\"windows_per_forecast\":%.1f,"
+      "\"evaluate_trace_ms\":%.1f}\n",
+      pipe.predict_us + pipe.add_us, pipe.add_us, quick.predict_us + quick.add_us, pipe.windows,
+      rep.ok() ? eval_ms : -1.0);
+  return rep.ok() ? 0 : 1;
+}

@@ -1,0 +1,104 @@
+// Cost of the step hooks, side by side with the clock reads they need.
+//
+// One step with two phases through the hooks (BeginStep, BeginPhase,
+// EndPhase, BeginPhase, EndPhase, EndStep) reads the clock 6 times. The
+// baseline is those 6 reads through the same Clock; the figure is
+//   hook_overhead_ratio = time(step through hooks) / time(6 clock reads)
+// measured in alternating rounds in one run, median over rounds (goal <= 2).
+// allocations_per_step counts operator new calls on the training thread
+// during the hook loop (goal 0); the worker thread runs as in production.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "omni/telemetry.h"
+
+namespace {
+thread_local int64_t t_allocations = 0;
+}  // namespace
+
+void* operator new(std::size_t n) {
+  ++t_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+int64_t NowNs() { return omni::Clock::Real()->NowNanos(); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 31;
+  const int iters = 20000;
+  omni::TelemetryOptions opt;
+  opt.ring_capacity = 1 << 16;
+  auto tel_or = omni::Telemetry::Create(opt);
+  if (!tel_or.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(tel_or.status().message()).c_str());
+    return 1;
+  }
+  omni::Telemetry& tel = **tel_or;
+  const omni::Clock* clock = omni::Clock::Real();
+
+  std::vector<double> clock_ns, hook_ns, ratios;
+  int64_t sink = 0;
+  int64_t allocs = 0, steps = 0;
+  int64_t step = 0;
+  for (int r = 0; r < rounds; ++r) {
+    // Baseline: the 6 clock reads one step needs.
+    int64_t t0 = NowNs();
+    for (int i = 0; i < iters; ++i) {
+      sink += clock->NowNanos();
+      sink += clock->NowNanos();
+      sink += clock->NowNanos();
+      sink += clock->NowNanos();
+      sink += clock->NowNanos();
+      sink += clock->NowNanos();
+    }
+    const double base = static_cast<double>(NowNs() - t0) / iters;
+    // The hooks.
+    const int64_t a0 = t_allocations;
+    t0 = NowNs();
+    for (int i = 0; i < iters; ++i) {
+      tel.BeginStep(step++).IgnoreError();
+      tel.BeginPhase(omni::phase::kDataWait).IgnoreError();
+      tel.EndPhase(omni::phase::kDataWait).IgnoreError();
+      tel.BeginPhase(omni::phase::kCompute).IgnoreError();
+      tel.EndPhase(omni::phase::kCompute).IgnoreError();
+      tel.EndStep().IgnoreError();
+    }
+    const double hooks = static_cast<double>(NowNs() - t0) / iters;
+    allocs += t_allocations - a0;
+    steps += iters;
+    clock_ns.push_back(base);
+    hook_ns.push_back(hooks);
+    ratios.push_back(hooks / base);
+  }
+  if (auto st = tel.Flush(); !st.ok()) return 1;
+  const omni::TelemetryCounters c = tel.Counters();
+  if (auto st = tel.Close(); !st.ok()) return 1;
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("clock reads per step: 6; rounds: %d x %d steps\n", rounds, iters);
+  std::printf("6 clock reads: %.1f ns; step with two phases through hooks: %.1f ns\n",
+              median(clock_ns), median(hook_ns));
+  std::printf("steps recorded %lld, dropped (worker behind) %lld, misuse %lld (sink %lld)\n",
+              static_cast<long long>(c.steps_recorded), static_cast<long long>(c.steps_dropped),
+              static_cast<long long>(c.misuse_errors), static_cast<long long>(sink & 1));
+  std::printf(
+      "{\"benchmark\":\"hook_overhead\",\"hook_overhead_ratio\":%.3f,\"step_hooks_ns\":%.1f,"
+      "\"clock_reads_ns\":%.1f,\"allocations_per_step\":%.4f,\"steps\":%lld,\"steps_dropped\":%lld}\n",
+      median(ratios), median(hook_ns), median(clock_ns),
+      static_cast<double>(allocs) / static_cast<double>(steps), static_cast<long long>(steps),
+      static_cast<long long>(c.steps_dropped));
+  return c.misuse_errors == 0 ? 0 : 1;
+}

@@ -1,0 +1,36 @@
+// Command-line flags of omni_train: a small hand-written parser (no LibTorch).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace omni_train {
+
+struct TrainFlags {
+  int64_t steps = 300;
+  uint64_t seed = 1;
+  int batch = 8;
+  double lr = 3e-3;
+  int threads = 1;
+  std::string log_path;       // --log: JSON Lines step log
+  std::string trace_path;     // --trace: Perfetto / Chrome trace
+  std::string forecast_path;  // --forecast: forecast file sink
+  int64_t eval_every = 50;    // 0 disables eval
+  bool text_only = false;
+  double stall_scale = 1.0;
+  int window = 200;
+  bool quiet = false;
+  bool help = false;
+};
+
+// Parses argv[1..argc). Accepts "--flag value" and "--flag=value".
+// InvalidArgument naming the flag for an unknown flag, a missing value or a
+// bad value.
+absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv);
+
+// The --help text.
+std::string Usage();
+
+}  // namespace omni_train

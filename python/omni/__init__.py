@@ -1,0 +1,320 @@
+"""Omni: step telemetry and idle-window forecasts for training jobs.
+
+This package is a thin facade over the private native module ``omni._C``
+(typed by ``_C.pyi``), which binds the torch-free C++ core::
+
+    import omni
+
+    with omni.Telemetry(step_log="steps.jsonl", forecast_file="forecast.json") as tel:
+        for batch_idx in range(num_steps):
+            with tel.step():
+                with tel.phase(omni.DATA_WAIT):
+                    batch = next(loader)
+                with tel.phase(omni.COMPUTE):
+                    loss = model(batch); loss.backward()
+                with tel.phase(omni.OPTIMIZER):
+                    opt.step()
+        print(tel.snapshot_table())
+
+Errors: a failed call raises the exception of the core's status, with the core's
+message: ``ValueError`` for invalid arguments and hook misuse that is an invalid
+argument (phases that do not nest, a non-finite duration), ``FileNotFoundError``
+for a missing file, ``RuntimeError`` for everything else (a step ended twice,
+I/O errors, timeouts). Telemetry keeps working after a misuse error.
+
+Durations are float seconds in arguments and options; the snapshot reports
+milliseconds (schema in docs/telemetry.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from . import _C
+from ._C import (
+    COMM,
+    COMPUTE,
+    CHECKPOINT,
+    DATA_WAIT,
+    EVAL,
+    HOST,
+    IDLE_KINDS,
+    MAX_PHASES,
+    NUM_BUILTIN_PHASES,
+    OPTIMIZER,
+    PIPELINE_BUBBLE,
+    STEP_KINDS,
+    FakeClock,
+    build_info,
+    default_telemetry_options,
+    evaluate,
+    nccl_library_version,
+    pipeline_bubble_fraction,
+    probe_nccl,
+    read_step_log,
+    version,
+)
+
+__version__ = _C.__version__
+
+__all__ = [
+    "Telemetry",
+    "FakeClock",
+    "evaluate",
+    "read_step_log",
+    "pipeline_bubble_fraction",
+    "probe_nccl",
+    "nccl_library_version",
+    "version",
+    "build_info",
+    "default_telemetry_options",
+    "IDLE_KINDS",
+    "STEP_KINDS",
+    "DATA_WAIT",
+    "COMPUTE",
+    "COMM",
+    "OPTIMIZER",
+    "CHECKPOINT",
+    "EVAL",
+    "PIPELINE_BUBBLE",
+    "HOST",
+    "NUM_BUILTIN_PHASES",
+    "MAX_PHASES",
+]
+
+Phase = Union[int, str]
+"""A phase: a built-in id (``omni.COMPUTE``), a registered id, or a name."""
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    if hasattr(exc, "add_note"):  # Python >= 3.11
+        exc.add_note(note)
+
+
+class _StepScope:
+    """``with tel.step():`` -- begins a step on enter, ends it on exit."""
+
+    __slots__ = ("_c", "_step")
+
+    def __init__(self, c: _C.Telemetry, step: Optional[int]) -> None:
+        self._c = c
+        self._step = step
+
+    def __enter__(self) -> None:
+        self._c.begin_step(self._step)  # misuse raises here
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None:
+            self._c.end_step()
+            return False
+        # The body raised: still end the step, but never hide the body's error
+        # behind an error from ending it.
+        try:
+            self._c.end_step()
+        except Exception as end_error:  # noqa: BLE001
+            _add_note(exc, f"omni: ending the step also failed: {end_error}")
+        return False
+
+
+class _PhaseScope:
+    """``with tel.phase(p):`` -- begins phase ``p`` on enter, ends it on exit."""
+
+    __slots__ = ("_c", "_phase")
+
+    def __init__(self, c: _C.Telemetry, phase: int) -> None:
+        self._c = c
+        self._phase = phase
+
+    def __enter__(self) -> None:
+        self._c.begin_phase(self._phase)  # misuse raises here
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None:
+            self._c.end_phase(self._phase)
+            return False
+        try:
+            self._c.end_phase(self._phase)
+        except Exception as end_error:  # noqa: BLE001
+            _add_note(exc, f"omni: ending the phase also failed: {end_error}")
+        return False
+
+
+class Telemetry:
+    """Measures every step and its phases, keeps rolling statistics, forecasts
+    idle windows, and exports a step log, a Perfetto trace and forecasts.
+
+    Keyword options (all optional; ``omni.default_telemetry_options()`` lists
+    them with their defaults; durations in seconds):
+
+    - statistics: ``window`` (steps kept per statistic), ``warmup_min_steps``,
+      ``warmup_max_steps``, ``warmup_window``, ``warmup_max_drift`` (steps
+      before the step times are stationary are left out);
+    - forecasts: ``forecast`` (bool), ``horizon_s``, ``k`` (windows are
+      bounded at mean +- k standard deviations), ``min_window_s``,
+      ``max_windows``, ``publish_interval_s`` (0 = after every step);
+    - declared periodic events: ``checkpoint_every``, ``checkpoint_offset``,
+      ``checkpoint_expected_s``, ``eval_every``, ``eval_offset``,
+      ``eval_expected_s``;
+    - pipeline schedule: ``pipeline_stages``, ``pipeline_micro_batches``,
+      ``pipeline_stage``, ``pipeline_backward_over_forward``;
+    - exports: ``step_log`` (JSON Lines path), ``trace`` (Chrome trace /
+      Perfetto JSON path), ``forecast_file`` (a JSON file replaced atomically
+      with every forecast), ``source`` (writer name in the step log);
+    - ``ring_capacity`` (completed steps buffered for the worker, a power of
+      two), ``clock`` (``None`` for the steady clock, or an ``omni.FakeClock``
+      that the telemetry keeps alive).
+
+    Raises ``ValueError`` naming the option for a bad value, ``TypeError`` for
+    an unknown option or a value of the wrong type, and an error naming the
+    path when an export file cannot be created.
+
+    The hooks (``step``, ``phase``, ``begin_*``, ``end_*``, ``record_phase``)
+    must be called from one thread at a time (the training thread); everything
+    else may be called from any thread. Forecasts and sinks are produced on a
+    worker thread; ``flush()`` waits for it.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self._c = _C.Telemetry(**options)
+
+    # ---- context managers
+
+    def __enter__(self) -> "Telemetry":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None:
+            self.close()
+            return False
+        try:
+            self.close()
+        except Exception as close_error:  # noqa: BLE001
+            _add_note(exc, f"omni: closing the telemetry also failed: {close_error}")
+        return False
+
+    def step(self, step: Optional[int] = None) -> _StepScope:
+        """A step as a context manager: ``with tel.step(): ...``.
+
+        ``step`` numbers the step (it must be after the previous one); ``None``
+        takes the next number. Errors from beginning the step (one already
+        open, telemetry closed) raise on entry; the step is ended on exit, and
+        an error ending it raises unless the body is already raising.
+        """
+        return _StepScope(self._c, step)
+
+    def phase(self, phase: Phase) -> _PhaseScope:
+        """A phase inside the current step: ``with tel.phase(omni.COMPUTE): ...``.
+
+        ``phase`` is an id or a registered name (resolved once, here). Errors
+        from beginning it raise on entry; it is ended on exit.
+        """
+        if isinstance(phase, str):
+            found = self._c.find_phase(phase)
+            if found is None:
+                raise ValueError(f"unknown phase '{phase}' (register it with register_phase)")
+            phase = found
+        return _PhaseScope(self._c, phase)
+
+    # ---- phases
+
+    def register_phase(self, name: str, idle: str = "busy") -> int:
+        """Registers a user-named phase and returns its id (or the id of the
+        phase already registered under that name with the same idle kind).
+
+        ``idle`` is one of ``omni.IDLE_KINDS``: ``"busy"`` when the devices work
+        during the phase, otherwise why they are idle (``"data_stall"``,
+        ``"checkpoint"``, ``"eval"``, ``"pipeline_bubble"``, ``"host_side"``).
+        Register phases before the training loop.
+        """
+        return self._c.register_phase(name, idle)
+
+    def find_phase(self, name: str) -> Optional[int]:
+        """The id of the phase called ``name``, or ``None``."""
+        return self._c.find_phase(name)
+
+    @property
+    def phases(self) -> List[Dict[str, Any]]:
+        """Every registered phase: ``[{"id", "name", "idle"}, ...]``."""
+        return self._c.phases()
+
+    # ---- per-step hooks (the training thread)
+
+    def begin_step(self, step: Optional[int] = None) -> None:
+        """Begins step ``step`` (after the previous one) or the next step.
+        ``RuntimeError`` while a step is open."""
+        self._c.begin_step(step)
+
+    def end_step(self) -> None:
+        """Ends the open step. ``RuntimeError`` when none is open."""
+        self._c.end_step()
+
+    def begin_phase(self, phase: Phase) -> None:
+        """Begins a phase inside the open step (phases nest)."""
+        self._c.begin_phase(phase)
+
+    def end_phase(self, phase: Phase) -> None:
+        """Ends ``phase``, which must be the innermost open phase
+        (``ValueError`` otherwise; the open phases are left as they were)."""
+        self._c.end_phase(phase)
+
+    def record_phase(self, phase: Phase, seconds: float) -> None:
+        """Records a phase measured elsewhere (e.g. with CUDA events) that
+        ended now and lasted ``seconds``. ``ValueError`` for a non-finite or
+        negative duration, or one longer than the enclosing step or phase."""
+        self._c.record_phase(phase, seconds)
+
+    # ---- any thread
+
+    def add_callback_sink(self, fn: Callable[[Dict[str, Any]], None], name: str = "callback") -> None:
+        """Calls ``fn(forecast_dict)`` with every published forecast, on the
+        worker thread (holding the GIL). An exception raised by ``fn`` is
+        counted as an export error (see ``counters()``) and never stops
+        training. ``fn`` must not call back into this telemetry."""
+        self._c.add_callback_sink(fn, name)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Waits until the worker has processed every completed step (and
+        published a forecast if one is due). ``RuntimeError`` on timeout."""
+        self._c.flush(timeout_s)
+
+    def snapshot(self) -> Dict[str, Any]:
+        """The rolling statistics as a dict (durations in milliseconds)."""
+        return self._c.snapshot()
+
+    def snapshot_table(self) -> str:
+        """The rolling statistics as a fixed-width table."""
+        return self._c.snapshot_table()
+
+    def latest_forecast(self) -> Optional[Dict[str, Any]]:
+        """The most recent forecast (schema ``omni.forecast``), or ``None``
+        before the step times are stationary or when forecasting is off."""
+        return self._c.latest_forecast()
+
+    def counters(self) -> Dict[str, Any]:
+        """Steps recorded / dropped, misuse and export errors, forecasts
+        published, and the most recent error (``last_error``, "" if none)."""
+        return self._c.counters()
+
+    @property
+    def forecast_options(self) -> Dict[str, Any]:
+        """The forecast options in effect (horizon, k, events, pipeline)."""
+        return self._c.options()
+
+    @property
+    def closed(self) -> bool:
+        return self._c.closed
+
+    def close(self) -> None:
+        """Drains the remaining steps, closes the step log and trace (fsynced)
+        and stops the worker. Raises the first export error seen, if any.
+        Idempotent; the hooks raise ``RuntimeError`` afterwards."""
+        self._c.close()
+
+    @property
+    def native(self) -> _C.Telemetry:
+        """The underlying ``omni._C.Telemetry`` (no facade overhead)."""
+        return self._c
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<omni.Telemetry {state}>"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# make demo: train the example multimodal model for a few hundred steps with
+# telemetry and forecasting on, then show what the runtime measured.
+set -euo pipefail
+BUILD="${1:-build}"
+OUT="$BUILD/demo"
+mkdir -p "$OUT"
+echo "== omni_train: 300 steps, multimodal model, heavy-tailed data loading =="
+"$BUILD/bin/omni_train" --steps 300 --seed 1 \
+  --log "$OUT/steps.jsonl" --trace "$OUT/trace.json" --forecast "$OUT/forecast.json"
+echo
+echo "== forecast quality, replayed on this run's step log (omni eval) =="
+"$BUILD/bin/omni" eval "$OUT/steps.jsonl"
+echo
+echo "Files written:"
+echo "  step log (JSON Lines):      $OUT/steps.jsonl"
+echo "  timeline (ui.perfetto.dev): $OUT/trace.json"
+echo "  latest forecast (JSON):     $OUT/forecast.json"
