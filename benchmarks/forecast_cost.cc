@@ -70,7 +70,8 @@ omni::StepLog Synthetic(int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string path = argc > 1 ? argv[1] : std::string(OMNI_SOURCE_DIR "/tests/data/pipeline_ckpt.jsonl");
+  const std::string path =
+      argc > 1 ? argv[1] : std::string(OMNI_SOURCE_DIR "/tests/data/pipeline_ckpt.jsonl");
   auto log = omni::ReadStepLog(path);
   if (!log.ok()) {
     std::fprintf(stderr, "%s\n", std::string(log.status().message()).c_str());

@@ -22,11 +22,13 @@ thread_local int64_t t_allocations = 0;
 
 void* operator new(std::size_t n) {
   ++t_allocations;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;  // NOLINT(cppcoreguidelines-no-malloc)
   throw std::bad_alloc();
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p) noexcept { std::free(p); }  // NOLINT(cppcoreguidelines-no-malloc)
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);  // NOLINT(cppcoreguidelines-no-malloc)
+}
 
 namespace {
 
@@ -96,7 +98,8 @@ int main(int argc, char** argv) {
               static_cast<long long>(c.misuse_errors), static_cast<long long>(sink & 1));
   std::printf(
       "{\"benchmark\":\"hook_overhead\",\"hook_overhead_ratio\":%.3f,\"step_hooks_ns\":%.1f,"
-      "\"clock_reads_ns\":%.1f,\"allocations_per_step\":%.4f,\"steps\":%lld,\"steps_dropped\":%lld}\n",
+      "\"clock_reads_ns\":%.1f,\"allocations_per_step\":%.4f,\"steps\":%lld,\"steps_dropped\":%lld}"
+      "\n",
       median(ratios), median(hook_ns), median(clock_ns),
       static_cast<double>(allocs) / static_cast<double>(steps), static_cast<long long>(steps),
       static_cast<long long>(c.steps_dropped));

@@ -163,6 +163,7 @@ int main(int argc, char** argv) {
   if (!fc.ok()) return Fail(fc.status());
   auto f = fc->Predict(*stats, stats->last_end_ns());
   if (!f.ok()) return Fail(f.status());
-  std::printf("%s\n", p.json ? omni::ForecastToJson(*f).c_str() : omni::ForecastToTable(*f).c_str());
+  std::printf("%s\n",
+              p.json ? omni::ForecastToJson(*f).c_str() : omni::ForecastToTable(*f).c_str());
   return 0;
 }

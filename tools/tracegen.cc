@@ -31,11 +31,12 @@ struct Args {
   double ckpt_ms = 350.0;
 };
 
+constexpr const char* kUsage =
+    "usage: omni_tracegen --out PATH [--steps N] [--seed S] [--stages P] [--micro-batches M] "
+    "[--stage R] [--ckpt-every N]\n";
+
 int Usage(const char* msg) {
-  std::fprintf(stderr,
-               "omni_tracegen: %s\nusage: omni_tracegen --out PATH [--steps N] [--seed S] "
-               "[--stages P] [--micro-batches M] [--stage R] [--ckpt-every N]\n",
-               msg);
+  std::fprintf(stderr, "omni_tracegen: %s\n%s", msg, kUsage);
   return 2;
 }
 
@@ -45,7 +46,10 @@ int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string_view k = argv[i];
-    if (k == "--help") return Usage("help") == 2 ? 0 : 0;
+    if (k == "--help") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
     if (i + 1 >= argc) return Usage(("missing value for " + std::string(k)).c_str());
     const char* v = argv[++i];
     char* end = nullptr;
@@ -74,15 +78,16 @@ int main(int argc, char** argv) {
   if (a.out.empty()) return Usage("--out is required");
   if (a.steps <= 0 || a.stages < 1 || a.micro_batches < 1 || a.stage < 0 || a.stage >= a.stages ||
       a.ckpt_every < 0) {
-    return Usage("bad numbers: need steps > 0, stages >= 1, micro-batches >= 1, 0 <= stage < stages");
+    return Usage(
+        "bad numbers: need steps > 0, stages >= 1, micro-batches >= 1, 0 <= stage < stages");
   }
 
   omni::StepLogHeader h;
   h.source = "omni_tracegen pipeline";
   h.pipeline = omni::PipelineSchedule{a.stages, a.micro_batches, a.stage, 2.0};
   if (a.ckpt_every > 0) {
-    h.checkpoint = omni::PeriodicEvent{a.ckpt_every, a.ckpt_every - 1,
-                                       static_cast<int64_t>(a.ckpt_ms * 1e6)};
+    h.checkpoint =
+        omni::PeriodicEvent{a.ckpt_every, a.ckpt_every - 1, static_cast<int64_t>(a.ckpt_ms * 1e6)};
   }
   auto w = omni::StepLogWriter::Open(a.out, h);
   if (!w.ok()) {

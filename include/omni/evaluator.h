@@ -31,16 +31,16 @@ struct EvaluateOptions {
   StepStatsOptions stats;
   ForecastOptions forecast;  // events default to the log header's
   bool events_from_header = true;
-  int stride_steps = 1;      // forecast at every stride-th boundary
+  int stride_steps = 1;  // forecast at every stride-th boundary
   Scoring scoring = Scoring::kLive;
 };
 
 struct OMNI_EXPORT EvaluationReport {
   struct Score {
-    int64_t forecast_ns = 0;        // forecast idle time
-    int64_t forecast_true_ns = 0;   // ... of it really idle (any kind)
-    int64_t real_ns = 0;            // real idle time inside scored ranges
-    int64_t real_covered_ns = 0;    // ... of it forecast (any kind)
+    int64_t forecast_ns = 0;       // forecast idle time
+    int64_t forecast_true_ns = 0;  // ... of it really idle (any kind)
+    int64_t real_ns = 0;           // real idle time inside scored ranges
+    int64_t real_covered_ns = 0;   // ... of it forecast (any kind)
     double precision() const;
     double recall() const;
   };

@@ -82,8 +82,8 @@ struct OMNI_EXPORT Forecast {
   static constexpr int kSchemaVersion = 1;
   int64_t made_at_ns = 0;
   int64_t horizon_ns = 0;
-  int64_t last_step = -1;        // last completed step the forecast is based on
-  int64_t steps_observed = 0;    // post-warm-up steps in the statistics
+  int64_t last_step = -1;      // last completed step the forecast is based on
+  int64_t steps_observed = 0;  // post-warm-up steps in the statistics
   double k = 0;
   // "When must I be gone?": the earliest plausible time (μ − k·σ) after
   // made_at at which the devices are needed again.

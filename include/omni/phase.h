@@ -50,9 +50,9 @@ inline constexpr PhaseId kHost = 7;            // "host",        idle: host_side
 inline constexpr int kNumBuiltin = 8;
 }  // namespace phase
 
-inline constexpr int kMaxPhases = 32;         // built-in + user-named
-inline constexpr int kMaxSpansPerStep = 64;   // phase intervals recorded per step
-inline constexpr int kMaxPhaseDepth = 8;      // nesting depth
+inline constexpr int kMaxPhases = 32;        // built-in + user-named
+inline constexpr int kMaxSpansPerStep = 64;  // phase intervals recorded per step
+inline constexpr int kMaxPhaseDepth = 8;     // nesting depth
 
 class OMNI_EXPORT PhaseCatalog {
  public:
@@ -98,7 +98,7 @@ struct OMNI_EXPORT StepRecord {
   int64_t start_ns = 0;
   int64_t end_ns = 0;
   uint16_t num_spans = 0;
-  bool spans_truncated = false;  // more than kMaxSpansPerStep phases were opened
+  bool spans_truncated = false;                   // more than kMaxSpansPerStep phases were opened
   std::array<PhaseSpan, kMaxSpansPerStep> spans;  // in order of phase start
 
   int64_t duration_ns() const { return end_ns - start_ns; }

@@ -58,8 +58,8 @@ struct TelemetryCounters {
   int64_t spans_truncated = 0;  // steps with more than kMaxSpansPerStep phases
   int64_t steps_rejected = 0;   // records the statistics refused (e.g. clock went backwards)
   int64_t forecasts_published = 0;
-  int64_t export_errors = 0;    // step log / trace / sink failures
-  absl::Status last_error;      // the most recent of the errors above
+  int64_t export_errors = 0;  // step log / trace / sink failures
+  absl::Status last_error;    // the most recent of the errors above
 };
 
 class OMNI_EXPORT Telemetry {

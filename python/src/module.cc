@@ -542,7 +542,9 @@ class PyTelemetry {
   // The hooks keep the GIL: the core publishes to sinks without holding the
   // lock the hooks' error path takes, so a Python sink waiting for the GIL on
   // the worker thread never blocks a hook.
-  absl::Status CallHook(const Hook& hook) { return hook(); }
+  absl::Status CallHook(const Hook& hook) {
+    return hook();
+  }
 
   // A phase given as an int id or a registered name. Unknown ids and names are
   // ValueError (InvalidArgument), like the hooks' own unknown-phase errors.

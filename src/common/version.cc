@@ -13,8 +13,7 @@ std::string BuildInfo() {
     const int v = NcclLibraryVersion();
     nccl = absl::StrCat("yes (library ", v / 10000, ".", (v / 100) % 100, ".", v % 100, ")");
   }
-  return absl::StrCat("omni ", Version(), " gloo=", OMNI_HAVE_GLOO ? "yes" : "no",
-                      " nccl=", nccl);
+  return absl::StrCat("omni ", Version(), " gloo=", OMNI_HAVE_GLOO ? "yes" : "no", " nccl=", nccl);
 }
 
 }  // namespace omni

@@ -1,6 +1,5 @@
-#include "omni/nccl.h"
-
 #include "absl/strings/str_cat.h"
+#include "omni/nccl.h"
 
 #if OMNI_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -31,8 +30,9 @@ absl::StatusOr<NcclRuntimeInfo> ProbeNccl() {
     // Clear the sticky error state so later CUDA calls are not poisoned.
     cudaGetLastError();
     return absl::FailedPreconditionError(absl::StrCat(
-        "NCCL ", info.runtime_version, " is linked but no CUDA device is usable: cudaGetDeviceCount: ",
-        cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+        "NCCL ", info.runtime_version,
+        " is linked but no CUDA device is usable: cudaGetDeviceCount: ", cudaGetErrorName(err),
+        " (", cudaGetErrorString(err), ")"));
   }
   if (n == 0) {
     return absl::FailedPreconditionError(

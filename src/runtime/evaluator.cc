@@ -1,10 +1,9 @@
 #include "omni/evaluator.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -48,7 +47,9 @@ void ForEachOverlap(const Interval* x, size_t nx, const Interval* y, size_t ny, 
 }
 
 json ScoreJson(const EvaluationReport::Score& s) {
-  const auto num = [](double v) { return std::isnan(v) ? json(nullptr) : json(std::round(v * 1e4) / 1e4); };
+  const auto num = [](double v) {
+    return std::isnan(v) ? json(nullptr) : json(std::round(v * 1e4) / 1e4);
+  };
   return {{"forecast_ms", static_cast<double>(s.forecast_ns) / 1e6},
           {"forecast_true_ms", static_cast<double>(s.forecast_true_ns) / 1e6},
           {"real_ms", static_cast<double>(s.real_ns) / 1e6},
@@ -171,10 +172,10 @@ std::string EvaluationReport::ToTable() const {
   absl::StrAppend(&out, absl::StrFormat("  %-16s %12s %12s %10s %10s\n", "kind", "forecast(ms)",
                                         "real(ms)", "precision", "recall"));
   const auto row = [&](const std::string& name, const Score& s) {
-    absl::StrAppend(&out, absl::StrFormat("  %-16s %12.1f %12.1f %10.4f %10.4f\n", name,
-                                          static_cast<double>(s.forecast_ns) / 1e6,
-                                          static_cast<double>(s.real_ns) / 1e6, s.precision(),
-                                          s.recall()));
+    absl::StrAppend(
+        &out, absl::StrFormat("  %-16s %12.1f %12.1f %10.4f %10.4f\n", name,
+                              static_cast<double>(s.forecast_ns) / 1e6,
+                              static_cast<double>(s.real_ns) / 1e6, s.precision(), s.recall()));
   };
   for (int i = 1; i < kNumIdleKinds; ++i) {
     const Score& s = by_kind[i];

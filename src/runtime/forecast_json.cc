@@ -1,7 +1,6 @@
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -53,7 +52,8 @@ absl::StatusOr<Forecast> ForecastFromJson(const std::string& text) {
   const auto need_int = [&](const json& o, const char* key) -> absl::StatusOr<int64_t> {
     auto it = o.find(key);
     if (it == o.end() || !it->is_number_integer()) {
-      return absl::InvalidArgumentError(absl::StrCat("forecast: field '", key, "' missing or not an integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("forecast: field '", key, "' missing or not an integer"));
     }
     return it->get<int64_t>();
   };
@@ -101,7 +101,8 @@ std::string ForecastToTable(const Forecast& f, int max_rows) {
   std::string out = absl::StrFormat(
       "forecast after step %d (k=%.2f, confidence >= %.3f): devices needed again in %.3f ms; "
       "%d idle windows, %.1f ms idle in the next %.0f s\n",
-      f.last_step, f.k, f.windows.empty() ? std::erf(f.k / std::sqrt(2.0)) : f.windows[0].confidence,
+      f.last_step, f.k,
+      f.windows.empty() ? std::erf(f.k / std::sqrt(2.0)) : f.windows[0].confidence,
       static_cast<double>(f.devices_needed_at_ns - f.made_at_ns) / 1e6,
       static_cast<int>(f.windows.size()), static_cast<double>(f.total_idle_ns()) / 1e6,
       static_cast<double>(f.horizon_ns) / 1e9);
@@ -110,15 +111,14 @@ std::string ForecastToTable(const Forecast& f, int max_rows) {
   int rows = 0;
   for (const IdleWindow& w : f.windows) {
     if (rows++ >= max_rows) {
-      absl::StrAppend(&out, absl::StrFormat("  ... %d more\n",
-                                            static_cast<int>(f.windows.size()) - max_rows));
+      absl::StrAppend(
+          &out, absl::StrFormat("  ... %d more\n", static_cast<int>(f.windows.size()) - max_rows));
       break;
     }
-    absl::StrAppend(&out,
-                    absl::StrFormat("  %10d %12.3f %12.3f  %-16s %6.3f\n", w.step,
-                                    static_cast<double>(w.start_ns - f.made_at_ns) / 1e6,
-                                    static_cast<double>(w.duration_ns) / 1e6,
-                                    std::string(IdleKindName(w.kind)), w.confidence));
+    absl::StrAppend(&out, absl::StrFormat("  %10d %12.3f %12.3f  %-16s %6.3f\n", w.step,
+                                          static_cast<double>(w.start_ns - f.made_at_ns) / 1e6,
+                                          static_cast<double>(w.duration_ns) / 1e6,
+                                          std::string(IdleKindName(w.kind)), w.confidence));
   }
   return out;
 }

@@ -20,8 +20,8 @@ absl::Status CheckEvent(const PeriodicEvent& e, const char* name) {
         absl::StrCat(name, ": every_steps, offset and expected_ns must not be negative"));
   }
   if (e.every_steps > 0 && e.offset >= e.every_steps) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": offset ", e.offset,
-                                                   " must be below every_steps ", e.every_steps));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": offset ", e.offset, " must be below every_steps ", e.every_steps));
   }
   return absl::OkStatus();
 }
@@ -53,10 +53,10 @@ void AddPipelinePieces(StepPlan& plan, const PipelineSchedule& ps, double mean, 
   const double tf = mean / ((m + p - 1) * (1 + ps.backward_over_forward));
   const double tb = tf * ps.backward_over_forward;
   const double lens[5] = {r * tf, m * tf, (p - 1 - r) * (tf + tb), m * tb, r * tb};
-  const IdleKind kinds[5] = {IdleKind::kPipelineBubble, IdleKind::kNone,
-                             IdleKind::kPipelineBubble, IdleKind::kNone,
-                             IdleKind::kPipelineBubble};
-  for (int i = 0; i < 5; ++i) AddPiece(plan, lens[i], mean > 0 ? var * lens[i] / mean : 0, kinds[i]);
+  const IdleKind kinds[5] = {IdleKind::kPipelineBubble, IdleKind::kNone, IdleKind::kPipelineBubble,
+                             IdleKind::kNone, IdleKind::kPipelineBubble};
+  for (int i = 0; i < 5; ++i)
+    AddPiece(plan, lens[i], mean > 0 ? var * lens[i] / mean : 0, kinds[i]);
 }
 
 StepPlan BuildPlan(const StepStats& stats, const ForecastOptions& opt, StepKind kind) {
@@ -125,7 +125,8 @@ absl::Status ValidateForecastOptions(const ForecastOptions& o) {
         absl::StrCat("forecast horizon must be positive, got ", o.horizon_ns, " ns"));
   }
   if (!std::isfinite(o.k) || o.k < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("forecast k must be finite and >= 0, got ", o.k));
+    return absl::InvalidArgumentError(
+        absl::StrCat("forecast k must be finite and >= 0, got ", o.k));
   }
   if (o.min_window_ns < 0) {
     return absl::InvalidArgumentError("forecast min_window must not be negative");
@@ -165,14 +166,16 @@ absl::StatusOr<Forecast> Forecaster::Predict(const StepStats& stats, int64_t now
   const ForecastOptions& opt = options_;
   const double k = opt.k;
   std::array<StepPlan, kNumStepKinds> plans;
-  for (int i = 0; i < kNumStepKinds; ++i) plans[i] = BuildPlan(stats, opt, static_cast<StepKind>(i));
+  for (int i = 0; i < kNumStepKinds; ++i)
+    plans[i] = BuildPlan(stats, opt, static_cast<StepKind>(i));
 
   Forecast f;
   f.made_at_ns = now_ns;
   f.horizon_ns = opt.horizon_ns;
   f.last_step = stats.last_step();
   f.steps_observed = stats.steps(StepKind::kNormal).size() +
-                     stats.steps(StepKind::kCheckpoint).size() + stats.steps(StepKind::kEval).size();
+                     stats.steps(StepKind::kCheckpoint).size() +
+                     stats.steps(StepKind::kEval).size();
   f.k = k;
   const double confidence = std::erf(k / std::sqrt(2.0));  // 1 - 2(1 - Phi(k))
   const auto horizon_end = static_cast<double>(now_ns) + static_cast<double>(opt.horizon_ns);
@@ -180,7 +183,7 @@ absl::StatusOr<Forecast> Forecaster::Predict(const StepStats& stats, int64_t now
   const auto min_window = static_cast<double>(opt.min_window_ns);
 
   double t = static_cast<double>(stats.last_end_ns());  // mean start of the next step
-  double var = 0;                                        // its variance
+  double var = 0;                                       // its variance
   bool need_known = false;
   int64_t step = stats.last_step() + 1;
   while (t < horizon_end && static_cast<int>(f.windows.size()) < opt.max_windows) {
@@ -219,7 +222,8 @@ absl::StatusOr<Forecast> Forecaster::Predict(const StepStats& stats, int64_t now
     if (k > 0 && spread > normal.max_idle && normal.step_mean > 0) {
       const double event_idle = std::max(plans[1].max_idle, plans[2].max_idle);
       if (spread > event_idle) break;
-      const int64_t next = std::min(NextOccurrence(opt.checkpoint, step), NextOccurrence(opt.eval, step));
+      const int64_t next =
+          std::min(NextOccurrence(opt.checkpoint, step), NextOccurrence(opt.eval, step));
       if (next == std::numeric_limits<int64_t>::max()) break;
       const auto skip = static_cast<double>(next - step);
       t += skip * normal.step_mean;

@@ -53,10 +53,14 @@ PhaseCatalog::PhaseCatalog() {
     const char* name;
     IdleKind kind;
   } builtins[phase::kNumBuiltin] = {
-      {"data_wait", IdleKind::kDataStall},   {"compute", IdleKind::kNone},
-      {"comm", IdleKind::kNone},             {"optimizer", IdleKind::kNone},
-      {"checkpoint", IdleKind::kCheckpoint}, {"eval", IdleKind::kEval},
-      {"pipeline_bubble", IdleKind::kPipelineBubble}, {"host", IdleKind::kHostSide},
+      {"data_wait", IdleKind::kDataStall},
+      {"compute", IdleKind::kNone},
+      {"comm", IdleKind::kNone},
+      {"optimizer", IdleKind::kNone},
+      {"checkpoint", IdleKind::kCheckpoint},
+      {"eval", IdleKind::kEval},
+      {"pipeline_bubble", IdleKind::kPipelineBubble},
+      {"host", IdleKind::kHostSide},
   };
   for (const auto& b : builtins) {
     names_[size_] = b.name;
@@ -68,7 +72,8 @@ PhaseCatalog::PhaseCatalog() {
 absl::StatusOr<PhaseId> PhaseCatalog::Register(std::string_view name, IdleKind idle) {
   if (name.empty()) return absl::InvalidArgumentError("phase name is empty");
   if (name.size() > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("phase name '", Sv(name), "' is longer than 64"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("phase name '", Sv(name), "' is longer than 64"));
   }
   for (const char c : name) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -92,8 +97,8 @@ absl::StatusOr<PhaseId> PhaseCatalog::Register(std::string_view name, IdleKind i
     }
   }
   if (size_ >= kMaxPhases) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot register phase '", Sv(name), "': all ", kMaxPhases, " phases are in use"));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot register phase '", Sv(name), "': all ",
+                                                     kMaxPhases, " phases are in use"));
   }
   names_[size_] = std::string(name);
   kinds_[size_] = idle;
@@ -118,13 +123,12 @@ StepKind StepRecord::kind() const {
 
 absl::Status ValidateStepRecord(const StepRecord& rec, const PhaseCatalog& catalog) {
   if (rec.end_ns < rec.start_ns) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("step ", rec.step, ": ends before it starts (", rec.end_ns - rec.start_ns,
-                     " ns)"));
+    return absl::InvalidArgumentError(absl::StrCat("step ", rec.step, ": ends before it starts (",
+                                                   rec.end_ns - rec.start_ns, " ns)"));
   }
   if (rec.num_spans > kMaxSpansPerStep) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", rec.step, ": ", rec.num_spans,
-                                                   " spans exceed ", kMaxSpansPerStep));
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", rec.step, ": ", rec.num_spans, " spans exceed ", kMaxSpansPerStep));
   }
   // Open spans by depth, to check nesting.
   std::array<int64_t, kMaxPhaseDepth + 1> open_end{};

@@ -1,6 +1,5 @@
-#include <nlohmann/json.hpp>
-
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -19,7 +18,8 @@ StatsSnapshot SnapshotOf(const StepStats& stats, int window) {
   s.rows.push_back({"step", "", stats.steps(StepKind::kNormal).Summarize()});
   for (const StepKind k : {StepKind::kCheckpoint, StepKind::kEval}) {
     if (!stats.steps(k).empty()) {
-      s.rows.push_back({absl::StrCat("step[", StepKindName(k), "]"), "", stats.steps(k).Summarize()});
+      s.rows.push_back(
+          {absl::StrCat("step[", StepKindName(k), "]"), "", stats.steps(k).Summarize()});
     }
   }
   const PhaseCatalog& cat = stats.catalog();
@@ -50,9 +50,10 @@ std::string StatsSnapshot::ToJson() const {
   json rs = json::array();
   for (const Row& r : rows) {
     const Summary& s = r.summary;
-    json o = {{"name", r.name},  {"count", s.count},      {"mean_ms", Ms(s.mean)},
-              {"stddev_ms", Ms(s.stddev)}, {"p50_ms", Ms(s.p50)}, {"p95_ms", Ms(s.p95)},
-              {"min_ms", Ms(s.min)}, {"max_ms", Ms(s.max)}};
+    json o = {{"name", r.name},        {"count", s.count},
+              {"mean_ms", Ms(s.mean)}, {"stddev_ms", Ms(s.stddev)},
+              {"p50_ms", Ms(s.p50)},   {"p95_ms", Ms(s.p95)},
+              {"min_ms", Ms(s.min)},   {"max_ms", Ms(s.max)}};
     if (!r.idle_kind.empty()) o["idle_kind"] = r.idle_kind;
     rs.push_back(std::move(o));
   }
@@ -61,19 +62,18 @@ std::string StatsSnapshot::ToJson() const {
 }
 
 std::string StatsSnapshot::ToTable() const {
-  std::string out = absl::StrFormat(
-      "step statistics: %d steps seen, %d warm-up steps left out%s, window %d\n", steps_seen,
-      warmup_steps, warming_up ? " (still warming up)" : "", window);
-  absl::StrAppend(&out, absl::StrFormat("  %-18s %-15s %6s %10s %10s %10s %10s %10s %10s\n",
-                                        "name", "devices", "count", "mean(ms)", "sd(ms)",
-                                        "p50(ms)", "p95(ms)", "min(ms)", "max(ms)"));
+  std::string out =
+      absl::StrFormat("step statistics: %d steps seen, %d warm-up steps left out%s, window %d\n",
+                      steps_seen, warmup_steps, warming_up ? " (still warming up)" : "", window);
+  absl::StrAppend(&out, absl::StrFormat("  %-18s %-15s %6s %10s %10s %10s %10s %10s %10s\n", "name",
+                                        "devices", "count", "mean(ms)", "sd(ms)", "p50(ms)",
+                                        "p95(ms)", "min(ms)", "max(ms)"));
   for (const Row& r : rows) {
     const Summary& s = r.summary;
-    absl::StrAppend(&out, absl::StrFormat(
-                              "  %-18s %-15s %6d %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f\n",
-                              r.name, r.idle_kind.empty() ? "" : r.idle_kind, s.count,
-                              s.mean / 1e6, s.stddev / 1e6, s.p50 / 1e6, s.p95 / 1e6,
-                              s.min / 1e6, s.max / 1e6));
+    absl::StrAppend(
+        &out, absl::StrFormat("  %-18s %-15s %6d %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f\n",
+                              r.name, r.idle_kind.empty() ? "" : r.idle_kind, s.count, s.mean / 1e6,
+                              s.stddev / 1e6, s.p50 / 1e6, s.p95 / 1e6, s.min / 1e6, s.max / 1e6));
   }
   return out;
 }

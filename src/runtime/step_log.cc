@@ -2,18 +2,17 @@
 
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cerrno>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
 
 namespace omni {
 
-using nlohmann::json;
 using internal::ErrnoStatus;
+using nlohmann::json;
 
 namespace {
 
@@ -147,7 +146,8 @@ absl::Status AddPhase(PhaseCatalog& cat, const json& p, const std::string& where
     return absl::InvalidArgumentError(absl::StrCat(where, ": phase needs 'name' and 'idle'"));
   }
   auto kind = ParseIdleKind(p["idle"].get<std::string>());
-  if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", kind.status().message()));
+  if (!kind.ok())
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", kind.status().message()));
   const std::string name = p["name"].get<std::string>();
   if (*id < cat.size()) {
     if (cat.name(static_cast<PhaseId>(*id)) != name ||
@@ -163,7 +163,8 @@ absl::Status AddPhase(PhaseCatalog& cat, const json& p, const std::string& where
         absl::StrCat(where, ": phase id ", *id, " out of order (expected ", cat.size(), ")"));
   }
   auto got = cat.Register(name, *kind);
-  if (!got.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", got.status().message()));
+  if (!got.ok())
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", got.status().message()));
   return absl::OkStatus();
 }
 
@@ -247,15 +248,17 @@ absl::StatusOr<StepLog> ReadStepLog(const std::string& path) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": step has no 'spans' array"));
     }
     if (j["spans"].size() > static_cast<size_t>(kMaxSpansPerStep)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": more than ", kMaxSpansPerStep, " spans"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": more than ", kMaxSpansPerStep, " spans"));
     }
     for (const json& s : j["spans"]) {
       PhaseSpan& sp = rec.spans[rec.num_spans++];
       auto ph = log.header.phases.Find(s.value("phase", ""));
-      if (!ph.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", ph.status().message()));
+      if (!ph.ok())
+        return absl::InvalidArgumentError(absl::StrCat(where, ": ", ph.status().message()));
       sp.phase = *ph;
-      for (auto [key, dst] : {std::pair<const char*, int64_t*>{"start_ns", &sp.start_ns},
-                              {"end_ns", &sp.end_ns}}) {
+      for (auto [key, dst] :
+           {std::pair<const char*, int64_t*>{"start_ns", &sp.start_ns}, {"end_ns", &sp.end_ns}}) {
         auto v = GetInt(s, key, where);
         if (!v.ok()) return v.status();
         *dst = *v;
@@ -263,7 +266,8 @@ absl::StatusOr<StepLog> ReadStepLog(const std::string& path) {
       auto depth = GetInt(s, "depth", where);
       if (!depth.ok()) return depth.status();
       if (*depth < 0 || *depth > kMaxPhaseDepth) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": span depth ", *depth, " out of range"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": span depth ", *depth, " out of range"));
       }
       sp.depth = static_cast<uint8_t>(*depth);
     }
@@ -271,8 +275,8 @@ absl::StatusOr<StepLog> ReadStepLog(const std::string& path) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": ", st.message()));
     }
     if (!log.steps.empty() && rec.step <= log.steps.back().step) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": step ", rec.step,
-                                                     " is not after step ", log.steps.back().step));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": step ", rec.step, " is not after step ", log.steps.back().step));
     }
     log.steps.push_back(rec);
   }

@@ -80,8 +80,8 @@ bool StepStats::UpdateWarmup(double step_ns) {
 absl::Status StepStats::Add(const StepRecord& rec) {
   if (auto st = ValidateStepRecord(rec, catalog_); !st.ok()) return st;
   if (steps_seen_ > 0 && rec.step <= last_step_) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", rec.step,
-                                                   " is not after the last step ", last_step_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", rec.step, " is not after the last step ", last_step_));
   }
   ++steps_seen_;
   last_step_ = rec.step;

@@ -20,12 +20,12 @@ constexpr uint16_t kNoSpan = 0xffff;
 class TelemetryImpl final : public Telemetry {
  public:
   TelemetryImpl(const TelemetryOptions& options, const Clock* clock, StepStats stats,
-                Forecaster forecaster)
+                const Forecaster& forecaster)
       : options_(options),
         clock_(clock),
         ring_(static_cast<size_t>(options.ring_capacity)),
         mask_(static_cast<uint64_t>(options.ring_capacity) - 1),
-        forecaster_(std::move(forecaster)),
+        forecaster_(forecaster),
         stats_(std::move(stats)) {}
 
   ~TelemetryImpl() override { Close().IgnoreError(); }
@@ -146,9 +146,9 @@ class TelemetryImpl final : public Telemetry {
     if (depth_ == 0 || open_phase_[depth_ - 1] != phase) {
       return Misuse(absl::InvalidArgumentError(absl::StrCat(
           "EndPhase(", PhaseName(phase), ") in step ", cur_->step, ": ",
-          depth_ == 0 ? std::string("no phase is open")
-                      : absl::StrCat("the innermost open phase is ",
-                                     PhaseName(open_phase_[depth_ - 1])),
+          depth_ == 0
+              ? std::string("no phase is open")
+              : absl::StrCat("the innermost open phase is ", PhaseName(open_phase_[depth_ - 1])),
           "; phases must nest")));
     }
     CloseSpan(now);
@@ -163,8 +163,8 @@ class TelemetryImpl final : public Telemetry {
           "RecordPhase(", PhaseName(phase), "): duration must be finite and >= 0, got ", seconds)));
     }
     if (depth_ >= kMaxPhaseDepth) {
-      return Misuse(absl::InvalidArgumentError(
-          absl::StrCat("RecordPhase(", PhaseName(phase), "): nesting deeper than ", kMaxPhaseDepth)));
+      return Misuse(absl::InvalidArgumentError(absl::StrCat(
+          "RecordPhase(", PhaseName(phase), "): nesting deeper than ", kMaxPhaseDepth)));
     }
     const auto dur = static_cast<int64_t>(std::llround(seconds * 1e9));
     const int64_t start = now - dur;
@@ -191,9 +191,8 @@ class TelemetryImpl final : public Telemetry {
       return worker_done_ || (processed_ >= target && flushes_served_ >= want);
     };
     if (!wake_mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("telemetry flush: worker did not catch up within ",
-                       absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "telemetry flush: worker did not catch up within ", absl::FormatDuration(timeout)));
     }
     return absl::OkStatus();
   }
@@ -471,8 +470,8 @@ absl::StatusOr<std::unique_ptr<Telemetry>> Telemetry::Create(const TelemetryOpti
   if (!stats.ok()) return stats.status();
   auto forecaster = Forecaster::Create(options.forecast);
   if (!forecaster.ok()) return forecaster.status();
-  auto impl = std::make_unique<TelemetryImpl>(options, clock, *std::move(stats),
-                                              *std::move(forecaster));
+  auto impl =
+      std::make_unique<TelemetryImpl>(options, clock, *std::move(stats), *forecaster);
   if (auto st = impl->Start(); !st.ok()) return st;
   return impl;
 }

@@ -33,22 +33,22 @@ absl::Status TraceWriter::Append(const StepRecord& rec, const PhaseCatalog& cata
   if (base_ns_ < 0) base_ns_ = rec.start_ns;
   const auto us = [&](int64_t ns) { return static_cast<double>(ns - base_ns_) / 1e3; };
   buf_.clear();
-  absl::StrAppend(&buf_,
-                  absl::StrFormat(",\n{\"name\":\"step %d\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":1,"
-                                  "\"tid\":1,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"step\":%d,"
-                                  "\"kind\":\"%s\",\"warmup\":%s}}",
-                                  rec.step, us(rec.start_ns),
-                                  static_cast<double>(rec.duration_ns()) / 1e3, rec.step,
-                                  std::string(StepKindName(rec.kind())), warmup ? "true" : "false"));
+  absl::StrAppend(
+      &buf_,
+      absl::StrFormat(",\n{\"name\":\"step %d\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":1,"
+                      "\"tid\":1,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"step\":%d,"
+                      "\"kind\":\"%s\",\"warmup\":%s}}",
+                      rec.step, us(rec.start_ns), static_cast<double>(rec.duration_ns()) / 1e3,
+                      rec.step, std::string(StepKindName(rec.kind())), warmup ? "true" : "false"));
   for (int i = 0; i < rec.num_spans; ++i) {
     const PhaseSpan& s = rec.spans[i];
     const IdleKind k = catalog.idle_kind(s.phase);
-    absl::StrAppend(&buf_,
-                    absl::StrFormat(",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":1,"
-                                    "\"tid\":1,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"step\":%d}}",
-                                    catalog.name(s.phase),
-                                    k == IdleKind::kNone ? "busy" : "idle", us(s.start_ns),
-                                    static_cast<double>(s.end_ns - s.start_ns) / 1e3, rec.step));
+    absl::StrAppend(
+        &buf_, absl::StrFormat(",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":1,"
+                               "\"tid\":1,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"step\":%d}}",
+                               catalog.name(s.phase), k == IdleKind::kNone ? "busy" : "idle",
+                               us(s.start_ns), static_cast<double>(s.end_ns - s.start_ns) / 1e3,
+                               rec.step));
   }
   if (std::fwrite(buf_.data(), 1, buf_.size(), file_) != buf_.size()) {
     return ErrnoStatus(errno, absl::StrCat("cannot write trace file ", path_));

@@ -15,9 +15,9 @@ using testing::MakeStep;
 StepLog Deterministic(int n) {
   StepLog log;
   for (int i = 0; i < n; ++i) {
-    log.steps.push_back(MakeStep(i, i * 100, 100,
-                                 {{phase::kDataWait, 0, 20}, {phase::kCompute, 20, 90},
-                                  {phase::kOptimizer, 90, 100}}));
+    log.steps.push_back(MakeStep(
+        i, i * 100, 100,
+        {{phase::kDataWait, 0, 20}, {phase::kCompute, 20, 90}, {phase::kOptimizer, 90, 100}}));
   }
   return log;
 }

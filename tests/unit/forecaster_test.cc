@@ -1,9 +1,8 @@
-#include "omni/forecast.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "omni/forecast.h"
 #include "test_util.h"
 
 namespace omni {
@@ -22,7 +21,8 @@ StepStats Stats() {
 // data_wait [0, dw), compute [dw, dw+50), optimizer 10 ms.
 StepRecord Step(int64_t step, int64_t start_ms, int64_t dw) {
   return MakeStep(step, start_ms, dw + 60,
-                  {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + 50},
+                  {{phase::kDataWait, 0, dw},
+                   {phase::kCompute, dw, dw + 50},
                    {phase::kOptimizer, dw + 50, dw + 60}});
 }
 
@@ -82,9 +82,12 @@ TEST(Forecaster, ForecastsMeasuredCheckpointAtItsDeclaredStep) {
   int64_t t = 0;
   for (int i = 0; i < 30; ++i) {
     if (i % 10 == 9) {
-      ASSERT_TRUE(stats.Add(MakeStep(i, t, 280, {{phase::kDataWait, 0, 20}, {phase::kCompute, 20, 70},
-                                                 {phase::kOptimizer, 70, 80},
-                                                 {phase::kCheckpoint, 80, 280}}))
+      ASSERT_TRUE(stats
+                      .Add(MakeStep(i, t, 280,
+                                    {{phase::kDataWait, 0, 20},
+                                     {phase::kCompute, 20, 70},
+                                     {phase::kOptimizer, 70, 80},
+                                     {phase::kCheckpoint, 80, 280}}))
                       .ok());
       t += 280;
     } else {
@@ -136,8 +139,9 @@ TEST(Forecaster, PipelineBubblesMatchTheScheduleFraction) {
     StepStats stats = Stats();
     int64_t t = 0;
     for (int i = 0; i < 10; ++i, t += 160) {
-      ASSERT_TRUE(stats.Add(MakeStep(i, t, 160, {{phase::kCompute, 0, 150}, {phase::kOptimizer, 150, 160}}))
-                      .ok());
+      ASSERT_TRUE(
+          stats.Add(MakeStep(i, t, 160, {{phase::kCompute, 0, 150}, {phase::kOptimizer, 150, 160}}))
+              .ok());
     }
     ForecastOptions o = Opts(160 * 5, 0.0);
     o.pipeline = PipelineSchedule{4, 12, stage, 2.0};

@@ -1,7 +1,6 @@
-#include "omni/nccl.h"
-
 #include <gtest/gtest.h>
 
+#include "omni/nccl.h"
 #include "omni/version.h"
 
 namespace omni {

@@ -62,8 +62,8 @@ TEST(StepRecord, KindIsCheckpointThenEvalThenNormal) {
 
 TEST(ValidateStepRecord, AcceptsNestedSpans) {
   PhaseCatalog c;
-  auto r = MakeStep(3, 0, 100,
-                    {{phase::kDataWait, 0, 10}, {phase::kEval, 10, 90}, {phase::kCompute, 20, 50, 1}});
+  auto r = MakeStep(
+      3, 0, 100, {{phase::kDataWait, 0, 10}, {phase::kEval, 10, 90}, {phase::kCompute, 20, 50, 1}});
   EXPECT_TRUE(ValidateStepRecord(r, c).ok());
 }
 
@@ -87,8 +87,9 @@ TEST(ValidateStepRecord, RejectsSpansThatDoNotNestOrLeaveTheStep) {
 TEST(ForEachIdleInterval, InnermostPhaseDecidesAndUncoveredTimeIsHostSide) {
   PhaseCatalog c;
   // data_wait 0-10, gap 10-12, eval 12-90 with busy compute 20-50 inside, gap 90-100.
-  auto r = MakeStep(1, 1000, 100,
-                    {{phase::kDataWait, 0, 10}, {phase::kEval, 12, 90}, {phase::kCompute, 20, 50, 1}});
+  auto r =
+      MakeStep(1, 1000, 100,
+               {{phase::kDataWait, 0, 10}, {phase::kEval, 12, 90}, {phase::kCompute, 20, 50, 1}});
   std::vector<IdleInterval> got;
   ForEachIdleInterval(r, c, [&](const IdleInterval& iv) { got.push_back(iv); });
   ASSERT_EQ(got.size(), 5u);

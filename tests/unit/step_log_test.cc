@@ -72,7 +72,8 @@ TEST(StepLog, RefusesSpansThatDoNotNest) {
     std::ofstream out(path, std::ios::app);
     out << R"({"type":"step","step":0,"start_ns":0,"end_ns":100,"spans":[)"
         << R"({"phase":"compute","start_ns":0,"end_ns":60,"depth":0},)"
-        << R"({"phase":"optimizer","start_ns":50,"end_ns":90,"depth":0}]})" << "\n";
+        << R"({"phase":"optimizer","start_ns":50,"end_ns":90,"depth":0}]})"
+        << "\n";
   }
   auto log = ReadStepLog(path);
   ASSERT_FALSE(log.ok());
@@ -84,7 +85,8 @@ TEST(StepLog, RefusesANewerSchemaVersionAndMissingFiles) {
   const std::string path = TempPath("steplog_newer.jsonl");
   {
     std::ofstream out(path);
-    out << R"({"type":"header","schema":"omni.steplog","version":7,"phases":[]})" << "\n";
+    out << R"({"type":"header","schema":"omni.steplog","version":7,"phases":[]})"
+        << "\n";
   }
   EXPECT_EQ(ReadStepLog(path).status().code(), absl::StatusCode::kFailedPrecondition);
   fs::remove(path);

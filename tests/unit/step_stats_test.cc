@@ -12,7 +12,9 @@ using testing::MakeStep;
 StepRecord Normal(int64_t step, int64_t start_ms, int64_t dur_ms) {
   const int64_t dw = dur_ms / 5;
   return MakeStep(step, start_ms, dur_ms,
-                  {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dur_ms - 5}, {phase::kOptimizer, dur_ms - 5, dur_ms}});
+                  {{phase::kDataWait, 0, dw},
+                   {phase::kCompute, dw, dur_ms - 5},
+                   {phase::kOptimizer, dur_ms - 5, dur_ms}});
 }
 
 StepStatsOptions NoWarmup() {
@@ -62,9 +64,12 @@ TEST(StepStats, CheckpointStepIsAttributedToCheckpointNotToStepTime) {
   auto stats = StepStats::Create(NoWarmup());
   int64_t t = 0;
   for (int i = 0; i < 5; ++i, t += 100) ASSERT_TRUE(stats->Add(Normal(i, t, 100)).ok());
-  ASSERT_TRUE(stats->Add(MakeStep(5, t, 500, {{phase::kDataWait, 0, 20}, {phase::kCompute, 20, 95},
-                                              {phase::kOptimizer, 95, 100},
-                                              {phase::kCheckpoint, 100, 500}}))
+  ASSERT_TRUE(stats
+                  ->Add(MakeStep(5, t, 500,
+                                 {{phase::kDataWait, 0, 20},
+                                  {phase::kCompute, 20, 95},
+                                  {phase::kOptimizer, 95, 100},
+                                  {phase::kCheckpoint, 100, 500}}))
                   .ok());
   EXPECT_EQ(stats->steps(StepKind::kNormal).size(), 5);
   EXPECT_DOUBLE_EQ(stats->steps(StepKind::kNormal).Summarize().max, 100.0 * kMs);
@@ -76,9 +81,12 @@ TEST(StepStats, CheckpointStepIsAttributedToCheckpointNotToStepTime) {
 TEST(StepStats, WorkNestedInEvalDoesNotInflateComputeStatistics) {
   auto stats = StepStats::Create(NoWarmup());
   ASSERT_TRUE(stats->Add(MakeStep(0, 0, 100, {{phase::kCompute, 0, 60}})).ok());
-  ASSERT_TRUE(stats->Add(MakeStep(1, 100, 300, {{phase::kCompute, 0, 60}, {phase::kEval, 100, 300},
-                                                {phase::kCompute, 100, 200, 1}}))
-                  .ok());
+  ASSERT_TRUE(
+      stats
+          ->Add(MakeStep(
+              1, 100, 300,
+              {{phase::kCompute, 0, 60}, {phase::kEval, 100, 300}, {phase::kCompute, 100, 200, 1}}))
+          .ok());
   EXPECT_EQ(stats->phase_total(phase::kCompute).size(), 2);
   EXPECT_DOUBLE_EQ(stats->phase_total(phase::kCompute).Summarize().max, 60.0 * kMs);
   // The eval's own idle time is what remains after its nested busy compute.

@@ -1,13 +1,13 @@
 #include "omni/telemetry.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "omni/step_log.h"
@@ -125,32 +125,32 @@ TEST(Telemetry, MisuseReturnsErrorsAndTelemetryKeepsWorking) {
   auto tel = Telemetry::Create(FastOptions(), &clock);
   ASSERT_TRUE(tel.ok());
   Telemetry& t = **tel;
-  EXPECT_EQ(t.EndStep().code(), absl::StatusCode::kFailedPrecondition);           // no step
+  EXPECT_EQ(t.EndStep().code(), absl::StatusCode::kFailedPrecondition);  // no step
   EXPECT_EQ(t.BeginPhase(phase::kCompute).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(t.BeginStep(0).ok());
-  EXPECT_EQ(t.BeginStep(1).code(), absl::StatusCode::kFailedPrecondition);         // nested step
+  EXPECT_EQ(t.BeginStep(1).code(), absl::StatusCode::kFailedPrecondition);  // nested step
   ASSERT_TRUE(t.BeginPhase(phase::kCompute).ok());
   ASSERT_TRUE(t.BeginPhase(phase::kComm).ok());
-  const absl::Status nest = t.EndPhase(phase::kCompute);                           // not innermost
+  const absl::Status nest = t.EndPhase(phase::kCompute);  // not innermost
   EXPECT_EQ(nest.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(nest.message().find("innermost open phase is comm"), absl::string_view::npos);
   clock.Advance(milliseconds(5));
   ASSERT_TRUE(t.EndPhase(phase::kComm).ok());
   ASSERT_TRUE(t.EndPhase(phase::kCompute).ok());
-  EXPECT_EQ(t.BeginPhase(200).code(), absl::StatusCode::kInvalidArgument);       // unknown phase
+  EXPECT_EQ(t.BeginPhase(200).code(), absl::StatusCode::kInvalidArgument);  // unknown phase
   EXPECT_EQ(t.RecordPhase(phase::kComm, std::nan("")).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(t.RecordPhase(phase::kComm, -1.0).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(t.RecordPhase(phase::kComm, 10.0).code(), absl::StatusCode::kInvalidArgument);
   clock.Advance(milliseconds(5));
   ASSERT_TRUE(t.RecordPhase(phase::kComm, 0.004).ok());
   ASSERT_TRUE(t.EndStep().ok());
-  EXPECT_EQ(t.EndStep().code(), absl::StatusCode::kFailedPrecondition);            // ended twice
-  EXPECT_EQ(t.BeginStep(0).code(), absl::StatusCode::kInvalidArgument);            // not after last
+  EXPECT_EQ(t.EndStep().code(), absl::StatusCode::kFailedPrecondition);  // ended twice
+  EXPECT_EQ(t.BeginStep(0).code(), absl::StatusCode::kInvalidArgument);  // not after last
   // Still works after all that.
   ASSERT_TRUE(t.BeginStep(1).ok());
   ASSERT_TRUE(t.BeginPhase(phase::kDataWait).ok());
   clock.Advance(milliseconds(1));
-  EXPECT_EQ(t.EndStep().code(), absl::StatusCode::kFailedPrecondition);            // phase open
+  EXPECT_EQ(t.EndStep().code(), absl::StatusCode::kFailedPrecondition);  // phase open
   ASSERT_TRUE(t.Flush().ok());
   const TelemetryCounters c = t.Counters();
   EXPECT_EQ(c.steps_recorded, 2);
@@ -160,7 +160,7 @@ TEST(Telemetry, MisuseReturnsErrorsAndTelemetryKeepsWorking) {
   EXPECT_EQ(s.steps_seen, 2);
   EXPECT_DOUBLE_EQ(FindRow(s, "comm")->summary.max, 9e6);  // nested 5 ms + recorded 4 ms
   EXPECT_TRUE(t.Close().ok());
-  EXPECT_EQ(t.BeginStep(5).code(), absl::StatusCode::kFailedPrecondition);         // after Close
+  EXPECT_EQ(t.BeginStep(5).code(), absl::StatusCode::kFailedPrecondition);  // after Close
 }
 
 TEST(Telemetry, DropsStepsWhenTheWorkerIsBehindAndCountsThem) {
@@ -244,7 +244,8 @@ TEST(Telemetry, UnwritablePathsFailCreateNamingThePath) {
   EXPECT_NE(t.status().message().find("/nonexistent-dir/steps.jsonl"), absl::string_view::npos);
   auto sink = MakeFileSink("/nonexistent-dir/forecast.json");
   ASSERT_FALSE(sink.ok());
-  EXPECT_NE(sink.status().message().find("/nonexistent-dir/forecast.json"), absl::string_view::npos);
+  EXPECT_NE(sink.status().message().find("/nonexistent-dir/forecast.json"),
+            absl::string_view::npos);
 }
 
 TEST(Telemetry, FileSinkReplacesTheForecastAtomically) {
@@ -273,8 +274,8 @@ TEST(Telemetry, FileSinkReplacesTheForecastAtomically) {
 TEST(Telemetry, SinkFailuresAreCountedAndTrainingContinues) {
   FakeClock clock;
   auto tel = Telemetry::Create(FastOptions(), &clock);
-  (*tel)->AddSink(MakeCallbackSink([](const Forecast&) { return absl::UnavailableError("agent down"); },
-                                   "node-agent"));
+  (*tel)->AddSink(MakeCallbackSink(
+      [](const Forecast&) { return absl::UnavailableError("agent down"); }, "node-agent"));
   for (int i = 0; i < 5; ++i) RunStep(**tel, clock, 20);
   ASSERT_TRUE((*tel)->Flush().ok());
   RunStep(**tel, clock, 20);

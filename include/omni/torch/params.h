@@ -4,9 +4,9 @@
 // Thread safety: functions only read the module; do not mutate it concurrently.
 #pragma once
 
-#include <cstdint>
-
 #include <torch/torch.h>
+
+#include <cstdint>
 
 #include "absl/status/statusor.h"
 #include "omni/torch/export.h"

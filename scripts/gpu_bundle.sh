@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Collects the Debian-packaged build dependencies that the GPU host lacks
+# (abseil, nlohmann-json, xxhash) into .gpu-deps/ (git-ignored), so that the
+# device tool can carry them: run(carry=[".gpu-deps"], "bash tests/gpu/run.sh").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+D=.gpu-deps
+rm -rf "$D"
+mkdir -p "$D/include" "$D/lib/cmake" "$D/share/cmake"
+cp -r /usr/include/absl "$D/include/"
+cp -r /usr/include/nlohmann "$D/include/"
+cp /usr/include/xxhash.h /usr/include/xxh3.h "$D/include/"
+cp -a /usr/lib/x86_64-linux-gnu/libabsl_*.so* "$D/lib/"
+cp -a /usr/lib/x86_64-linux-gnu/libxxhash.so* "$D/lib/" 2>/dev/null || true
+cp /usr/lib/x86_64-linux-gnu/libxxhash.a "$D/lib/"
+cp -r /usr/lib/x86_64-linux-gnu/cmake/absl "$D/lib/cmake/"
+cp -r /usr/share/cmake/nlohmann_json "$D/share/cmake/" 2>/dev/null || \
+  cp -r /usr/lib/x86_64-linux-gnu/cmake/nlohmann_json "$D/lib/cmake/"
+# The abseil CMake files name /usr paths; point them at the bundle.
+grep -rl '/usr/lib/x86_64-linux-gnu' "$D/lib/cmake/absl" | xargs sed -i "s#/usr/lib/x86_64-linux-gnu#\${_IMPORT_PREFIX}/lib#g"
+grep -rl '"/usr/include"' "$D/lib/cmake/absl" | xargs -r sed -i 's#"/usr/include"#"${_IMPORT_PREFIX}/include"#g'
+du -sh "$D"
