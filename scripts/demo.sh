@@ -5,10 +5,12 @@ set -euo pipefail
 BUILD="${1:-build}"
 OUT="$BUILD/demo"
 mkdir -p "$OUT"
-echo "== omni_train: 300 steps, multimodal model, heavy-tailed data loading =="
+echo "== omni_train: 300 steps, multimodal model, heavy-tailed data loading, eval every 50 steps =="
 "$BUILD/bin/omni_train" --steps 300 --seed 1 \
   --log "$OUT/steps.jsonl" --trace "$OUT/trace.json" --forecast "$OUT/forecast.json"
 echo
+echo "== the forecast the runtime made one step before the last eval (omni forecast --at-step 298) =="
+"$BUILD/bin/omni" forecast "$OUT/steps.jsonl" --at-step 298
 echo "== forecast quality, replayed on this run's step log (omni eval) =="
 "$BUILD/bin/omni" eval "$OUT/steps.jsonl"
 echo

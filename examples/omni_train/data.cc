@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <exception>
 #include <utility>
 
@@ -63,15 +64,15 @@ constexpr uint64_t kSaltCaption = 0x63617074696F6EULL;
 uint64_t SampleKey(uint64_t stream, uint64_t index) { return (stream << 56) ^ index; }
 
 // One 3x3 box-smoothing pass (clamped borders) over a kChannels x n x n image.
-void SmoothPass(const std::vector<float>& in, std::vector<float>& out, int n) {
-  for (int c = 0; c < kChannels; ++c) {
-    const float* src = in.data() + static_cast<size_t>(c) * n * n;
-    float* dst = out.data() + static_cast<size_t>(c) * n * n;
-    for (int y = 0; y < n; ++y) {
-      const float* rows[3] = {src + std::max(y - 1, 0) * n, src + y * n,
-                              src + std::min(y + 1, n - 1) * n};
-      for (int x = 0; x < n; ++x) {
-        const int xl = std::max(x - 1, 0), xr = std::min(x + 1, n - 1);
+void SmoothPass(const std::vector<float>& in, std::vector<float>& out, ptrdiff_t n) {
+  for (ptrdiff_t c = 0; c < kChannels; ++c) {
+    const float* src = in.data() + c * n * n;
+    float* dst = out.data() + c * n * n;
+    for (ptrdiff_t y = 0; y < n; ++y) {
+      const float* rows[3] = {src + std::max<ptrdiff_t>(y - 1, 0) * n, src + y * n,
+                              src + std::min<ptrdiff_t>(y + 1, n - 1) * n};
+      for (ptrdiff_t x = 0; x < n; ++x) {
+        const ptrdiff_t xl = std::max<ptrdiff_t>(x - 1, 0), xr = std::min<ptrdiff_t>(x + 1, n - 1);
         float s = 0;
         for (const float* r : rows) s += r[xl] + r[x] + r[xr];
         dst[y * n + x] = s * (1.0f / 9.0f);
@@ -136,14 +137,13 @@ void MakeSample(const DataConfig& config, uint64_t stream, uint64_t index, bool 
 
   // Box-downsample to 16x16 and normalize.
   constexpr float kNorm = 1.0f / (kSourceScale * kSourceScale);
-  for (int c = 0; c < kChannels; ++c) {
-    for (int y = 0; y < kImageSize; ++y) {
-      for (int x = 0; x < kImageSize; ++x) {
+  for (size_t c = 0; c < kChannels; ++c) {
+    for (size_t y = 0; y < kImageSize; ++y) {
+      for (size_t x = 0; x < kImageSize; ++x) {
         float s = 0;
-        for (int dy = 0; dy < kSourceScale; ++dy) {
-          for (int dx = 0; dx < kSourceScale; ++dx) {
-            s += source[(static_cast<size_t>(c) * kSource + y * kSourceScale + dy) * kSource +
-                        x * kSourceScale + dx];
+        for (size_t dy = 0; dy < kSourceScale; ++dy) {
+          for (size_t dx = 0; dx < kSourceScale; ++dx) {
+            s += source[(c * kSource + y * kSourceScale + dy) * kSource + x * kSourceScale + dx];
           }
         }
         image[(c * kImageSize + y) * kImageSize + x] = (s * kNorm - 0.5f) * 4.0f;

@@ -38,7 +38,7 @@ namespace omni_train {
 namespace {
 
 constexpr int kPrefetchBatches = 2;
-constexpr int kEvalSamples = 32;
+constexpr int kEvalSamples = 256;  // held-out set: eval steps are long, as in real jobs
 constexpr int kBootstrapRounds = 1000;
 constexpr int kTemperatures = 64;  // calibration sweep over [0.5, 2.5]
 constexpr int kProgressEvery = 50;
@@ -77,10 +77,10 @@ EvalResult ScoreEval(const torch::Tensor& logits_in, const torch::Tensor& target
   const int64_t b = logits.size(0), n = logits.size(1), v = logits.size(2);
   const float* lp = logits.data_ptr<float>();
   const int64_t* tp = targets.data_ptr<int64_t>();
-  const int64_t offset = kTextLen - n;  // targets are caption tokens offset..
+  const int64_t offset = kTextLen - n;  // target j is caption token offset + j
 
   constexpr int kBins = 10;
-  std::vector<double> bin_conf(kBins), bin_acc(kBins), bin_n(kBins);
+  std::vector<double> bin_conf(kBins), bin_acc(kBins);
   std::vector<double> per_sample_clean(static_cast<size_t>(b));
   double nll = 0, correct = 0, clean = 0;
   for (int64_t i = 0; i < b; ++i) {
@@ -103,7 +103,6 @@ EvalResult ScoreEval(const torch::Tensor& logits_in, const torch::Tensor& target
       const int bin = std::min(kBins - 1, static_cast<int>(conf * kBins));
       bin_conf[static_cast<size_t>(bin)] += conf;
       bin_acc[static_cast<size_t>(bin)] += hit ? 1 : 0;
-      bin_n[static_cast<size_t>(bin)] += 1;
     }
     per_sample_clean[si] = sample_clean / static_cast<double>(n);
     clean += sample_clean;
@@ -288,11 +287,12 @@ int Run(const TrainFlags& flags) {
       std::printf("no forecast: %s\n", forecast.status().ToString().c_str());
     }
     const omni::TelemetryCounters counters = tel.Counters();
-    if (counters.misuse_errors > 0 || counters.steps_dropped > 0 || counters.export_errors > 0) {
+    if (counters.misuse_errors > 0 || counters.steps_dropped > 0 || counters.steps_rejected > 0 ||
+        counters.export_errors > 0) {
       std::printf("telemetry: %" PRId64 " misuse errors, %" PRId64 " steps dropped, %" PRId64
-                  " export errors (last: %s)\n",
-                  counters.misuse_errors, counters.steps_dropped, counters.export_errors,
-                  counters.last_error.ToString().c_str());
+                  " rejected, %" PRId64 " export errors (last: %s)\n",
+                  counters.misuse_errors, counters.steps_dropped, counters.steps_rejected,
+                  counters.export_errors, counters.last_error.ToString().c_str());
     }
     if (!flags.log_path.empty()) std::printf("step log: %s\n", flags.log_path.c_str());
     if (!flags.trace_path.empty()) std::printf("trace:    %s\n", flags.trace_path.c_str());

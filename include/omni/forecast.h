@@ -10,7 +10,8 @@
 // i.e. busy steps are predicted as μ + k·σ before an idle window and idle
 // phases as μ − k·σ, so the window is idle with probability at least
 // 1 − 2·(1 − Φ(k)) (the reported confidence; 0.954 for k = 2). Windows shorter
-// than min_window are not published.
+// than min_window are not published. The step level follows drift (see
+// level_window); its uncertainty grows linearly with the lead time.
 //
 // Thread safety: Forecaster is immutable after Create and may be shared.
 #pragma once
@@ -59,6 +60,12 @@ struct ForecastOptions {
   double k = 2.0;
   int64_t min_window_ns = 1'000'000;  // 1 ms
   int max_windows = 4096;
+  // The level of each step kind's duration is the mean of its newest
+  // `level_window` steps, so forecasts follow a drifting step time. The
+  // level's own uncertainty (its standard error, plus its distance from the
+  // whole window's mean as a measure of drift) adds up linearly over future
+  // steps, on top of the random √n spread.
+  int level_window = 50;
   PeriodicEvent checkpoint;  // steps that contain the checkpoint phase
   PeriodicEvent eval;        // steps that contain the eval phase
   PipelineSchedule pipeline;

@@ -37,6 +37,8 @@ class OMNI_EXPORT RollingWindow {
   bool empty() const { return count_ == 0; }
   double mean() const;
   double stddev() const;  // population standard deviation
+  // Mean of the newest min(k, size()) values (0 when empty). O(k).
+  double RecentMean(int k) const;
   Summary Summarize() const;
   // Values oldest first.
   std::vector<double> Values() const;

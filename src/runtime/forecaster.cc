@@ -37,6 +37,7 @@ struct StepPlan {
   std::vector<Piece> pieces;
   double step_mean = 0;
   double step_var = 0;
+  double level_sd = 0;  // uncertainty of step_mean itself
   double max_idle = 0;  // longest idle piece
 };
 
@@ -84,13 +85,18 @@ StepPlan BuildPlan(const StepStats& stats, const ForecastOptions& opt, StepKind 
   }
   AddPiece(plan, stats.uncovered().mean(), std::pow(stats.uncovered().stddev(), 2),
            IdleKind::kHostSide);
+  const auto level = [&](const RollingWindow& w) {
+    const int n = std::min(opt.level_window, w.size());
+    plan.step_mean = w.RecentMean(n);
+    plan.step_var = w.stddev() * w.stddev();
+    const double drift = plan.step_mean - w.mean();
+    plan.level_sd = std::sqrt(drift * drift + plan.step_var / std::max(n, 1));
+  };
   if (measured) {
-    plan.step_mean = own.mean();
-    plan.step_var = own.stddev() * own.stddev();
+    level(own);
     return plan;
   }
-  plan.step_mean = normal.mean();
-  plan.step_var = normal.stddev() * normal.stddev();
+  level(normal);
   // An event step not yet measured: the declared duration, with a 10%
   // standard deviation, appended to a normal step.
   const PeriodicEvent& ev = kind == StepKind::kCheckpoint ? opt.checkpoint : opt.eval;
@@ -130,6 +136,10 @@ absl::Status ValidateForecastOptions(const ForecastOptions& o) {
   }
   if (o.min_window_ns < 0) {
     return absl::InvalidArgumentError("forecast min_window must not be negative");
+  }
+  if (o.level_window <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forecast level_window must be positive, got ", o.level_window));
   }
   if (o.max_windows <= 0) {
     return absl::InvalidArgumentError("forecast max_windows must be positive");
@@ -183,14 +193,15 @@ absl::StatusOr<Forecast> Forecaster::Predict(const StepStats& stats, int64_t now
   const auto min_window = static_cast<double>(opt.min_window_ns);
 
   double t = static_cast<double>(stats.last_end_ns());  // mean start of the next step
-  double var = 0;                                       // its variance
+  double var = 0;                                       // its random variance
+  double level = 0;  // accumulated level uncertainty (adds linearly)
   bool need_known = false;
   int64_t step = stats.last_step() + 1;
   while (t < horizon_end && static_cast<int>(f.windows.size()) < opt.max_windows) {
     const StepKind kind = KindAt(opt, step);
     const StepPlan& plan = plans[static_cast<int>(kind)];
     if (plan.step_mean <= 0) break;  // zero-length steps: nothing to place
-    double pt = t, pv = var;
+    double pt = t, pv = var + level * level;
     for (const Piece& pc : plan.pieces) {
       const double end_t = pt + pc.mean, end_v = pv + pc.var;
       if (pc.kind == IdleKind::kNone) {
@@ -213,11 +224,12 @@ absl::StatusOr<Forecast> Forecaster::Predict(const StepStats& stats, int64_t now
     }
     t += plan.step_mean;
     var += plan.step_var;
+    level += plan.level_sd;
     ++step;
     // Once the accumulated uncertainty is wider than any idle piece of a
     // normal step, none can be published any more: jump to the next event
     // step (or stop when those cannot be published either).
-    const double spread = 2 * k * std::sqrt(var);
+    const double spread = 2 * k * std::sqrt(var + level * level);
     const StepPlan& normal = plans[0];
     if (k > 0 && spread > normal.max_idle && normal.step_mean > 0) {
       const double event_idle = std::max(plans[1].max_idle, plans[2].max_idle);
@@ -228,6 +240,7 @@ absl::StatusOr<Forecast> Forecaster::Predict(const StepStats& stats, int64_t now
       const auto skip = static_cast<double>(next - step);
       t += skip * normal.step_mean;
       var += skip * normal.step_var;
+      level += skip * normal.level_sd;
       step = next;
     }
   }

@@ -45,6 +45,15 @@ double RollingWindow::stddev() const {
   return var > 0 ? std::sqrt(var) : 0.0;
 }
 
+double RollingWindow::RecentMean(int k) const {
+  k = std::min(k, count_);
+  if (k <= 0) return 0.0;
+  const int cap = capacity();
+  double sum = 0;
+  for (int i = 1; i <= k; ++i) sum += values_[static_cast<size_t>((next_ - i + cap) % cap)];
+  return sum / k;
+}
+
 std::vector<double> RollingWindow::Values() const {
   std::vector<double> out;
   out.reserve(static_cast<size_t>(count_));

@@ -470,8 +470,7 @@ absl::StatusOr<std::unique_ptr<Telemetry>> Telemetry::Create(const TelemetryOpti
   if (!stats.ok()) return stats.status();
   auto forecaster = Forecaster::Create(options.forecast);
   if (!forecaster.ok()) return forecaster.status();
-  auto impl =
-      std::make_unique<TelemetryImpl>(options, clock, *std::move(stats), *forecaster);
+  auto impl = std::make_unique<TelemetryImpl>(options, clock, *std::move(stats), *forecaster);
   if (auto st = impl->Start(); !st.ok()) return st;
   return impl;
 }

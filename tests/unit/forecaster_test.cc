@@ -77,6 +77,28 @@ TEST(Forecaster, UncertaintyShrinksWindowsByKSigmaAndAccumulates) {
   EXPECT_EQ(f0->windows[0].confidence, 0.0);
 }
 
+TEST(Forecaster, FollowsADriftingStepTimeWithTheRecentLevel) {
+  StepStats stats = Stats();
+  int64_t t = 0;
+  for (int i = 0; i < 150; ++i) {
+    const int64_t dw = i < 100 ? 40 : 20;  // steps of 100 ms, then of 80 ms
+    ASSERT_TRUE(stats.Add(Step(i, t, dw)).ok());
+    t += dw + 60;
+  }
+  // The whole window (200) averages 93.3 ms; the newest 50 steps are 80 ms.
+  auto f = Forecaster::Create(Opts(1000, 0.0))->Predict(stats, t * kMs);
+  ASSERT_TRUE(f.ok());
+  ASSERT_GE(f->windows.size(), 3u);
+  EXPECT_EQ(f->windows[1].start_ns - f->windows[0].start_ns, 80 * kMs);
+  EXPECT_EQ(f->windows[2].start_ns - f->windows[1].start_ns, 80 * kMs);
+  // With k = 2 the drift (13.3 ms per step) counts as level uncertainty that
+  // grows linearly: the next step's 20 ms stall is already uncertain by more
+  // than its length, so only the window of the first step is published.
+  auto f2 = Forecaster::Create(Opts(1000, 2.0))->Predict(stats, t * kMs);
+  ASSERT_TRUE(f2.ok());
+  EXPECT_EQ(f2->windows.size(), 1u);
+}
+
 TEST(Forecaster, ForecastsMeasuredCheckpointAtItsDeclaredStep) {
   StepStats stats = Stats();
   int64_t t = 0;
