@@ -6,8 +6,8 @@ BUILD="${1:-build}"
 mapfile -t files < <(git ls-files '*.cc' '*.h' | grep -v '^tests/consumer/')
 echo "lint: clang-format on ${#files[@]} files"
 clang-format --dry-run -Werror "${files[@]}"
-# clang-tidy on the torch-free sources (LibTorch headers make it slow and noisy).
-mapfile -t tidy < <(git ls-files 'src/common/*.cc' 'src/runtime/*.cc' 'src/elastic/*.cc' 'tools/*.cc' 'benchmarks/*.cc')
+# clang-tidy on the library, tools, benchmarks and examples.
+mapfile -t tidy < <(git ls-files 'src/*.cc' 'tools/*.cc' 'benchmarks/*.cc' 'examples/*.cc')
 echo "lint: clang-tidy on ${#tidy[@]} files"
 printf '%s\n' "${tidy[@]}" | xargs -P 2 -n 4 clang-tidy -p "$BUILD" --quiet 2>&1 | \
   grep -v "warnings generated" | tee "$BUILD/clang-tidy.log" || true
