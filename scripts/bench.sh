@@ -17,6 +17,18 @@ for b in "$BUILD"/bin/bench_*; do
     status=1
   fi
 done
+for py in benchmarks/*.py; do
+  [ -f "$py" ] || continue
+  [ -x "$BUILD/bin/omni_train" ] || continue
+  name=$(basename "$py" .py)
+  echo "== $name =="
+  if /usr/bin/python3 "$py" "$BUILD" | tee "$BUILD/bench/$name.log"; then
+    tail -n 1 "$BUILD/bench/$name.log" >> "$out"
+  else
+    echo "$name failed" >&2
+    status=1
+  fi
+done
 echo
 echo "== figures ($out) =="
 cat "$out"

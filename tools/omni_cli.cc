@@ -6,15 +6,23 @@
 //                                  the forecast the runtime would have published
 //   omni eval LOG [--stride N] [--k K] [--horizon-s S] [--json]
 //                                  precision / recall of forecasts replayed on LOG
+//   omni ckpt ls DIR               checkpoints under DIR: step, shards, bytes, created, valid
+//   omni ckpt verify DIR|STEPDIR   every checksum of one checkpoint (or of all under DIR)
+//   omni ckpt show STEPDIR         a checkpoint's manifest and entries
 //
 // Exit codes: 0 success, 1 the operation failed (message on stderr), 2 usage.
+#include <sys/stat.h>
+
+#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "omni/checkpoint.h"
 #include "omni/evaluator.h"
 #include "omni/nccl.h"
 #include "omni/step_log.h"
@@ -28,7 +36,10 @@ constexpr const char* kUsage =
     "       omni forecast LOG [--at-step N] [--k K] [--horizon-s S] [--json]\n"
     "       omni eval LOG [--stride N] [--k K] [--horizon-s S] [--window N] [--horizon] [--json]\n"
     "         (--horizon scores each forecast over its whole horizon instead of\n"
-    "          while it is the current one)\n";
+    "          while it is the current one)\n"
+    "       omni ckpt ls DIR\n"
+    "       omni ckpt verify DIR|STEPDIR   (exit 1 naming the first bad file / key)\n"
+    "       omni ckpt show STEPDIR\n";
 
 int Usage(const std::string& msg) {
   std::fprintf(stderr, "omni: %s\n%s", msg.c_str(), kUsage);
@@ -99,6 +110,89 @@ int Info() {
   return 0;
 }
 
+// ---------------------------------------------------------------- omni ckpt
+
+std::string UtcTime(int64_t unix_ms) {
+  if (unix_ms <= 0) return "-";
+  const auto secs = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  char buf[32];
+  if (gmtime_r(&secs, &tm) == nullptr ||
+      std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm) == 0) {
+    return "-";
+  }
+  return buf;
+}
+
+// A step directory: has a manifest, or is named like one.
+bool IsStepDir(const std::string& path) {
+  struct stat st;
+  if (::stat((path + "/manifest.json").c_str(), &st) == 0) return true;
+  std::string base = path;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  base = base.substr(base.rfind('/') == std::string::npos ? 0 : base.rfind('/') + 1);
+  return base.rfind("step-", 0) == 0;
+}
+
+int CkptLs(const std::string& dir) {
+  auto all = omni::ScanCheckpoints(dir);
+  if (!all.ok()) return Fail(all.status());
+  if (all->empty()) {
+    std::printf("no checkpoints in %s\n", dir.c_str());
+    return 0;
+  }
+  std::printf("%-12s  %6s  %14s  %-20s  %s\n", "STEP", "SHARDS", "BYTES", "CREATED (UTC)", "VALID");
+  for (const omni::CheckpointStatus& c : *all) {
+    const bool ok = c.status.ok();
+    const std::string valid = ok ? "yes" : "no: " + std::string(c.status.message());
+    std::printf("%-12" PRId64 "  %6d  %14" PRId64 "  %-20s  %s\n", c.info.step,
+                ok || c.info.format_version > 0 ? c.info.world_size : 0, c.info.bytes,
+                UtcTime(c.info.created_unix_ms).c_str(), valid.c_str());
+  }
+  return 0;
+}
+
+int CkptVerify(const std::string& path) {
+  std::vector<std::string> dirs;
+  if (IsStepDir(path)) {
+    dirs.push_back(path);
+  } else {
+    auto all = omni::ScanCheckpoints(path);
+    if (!all.ok()) return Fail(all.status());
+    for (const omni::CheckpointStatus& c : *all) dirs.push_back(c.info.path);
+    if (dirs.empty()) std::printf("no checkpoints in %s\n", path.c_str());
+  }
+  int bad = 0;
+  for (const std::string& d : dirs) {
+    const absl::Status st = omni::VerifyCheckpoint(d);
+    if (st.ok()) {
+      std::printf("OK   %s\n", d.c_str());
+    } else {
+      ++bad;
+      std::string msg(st.message());  // names the file (and key), usually under d
+      if (msg.rfind(d, 0) != 0) msg.insert(0, d + ": ");
+      std::printf("BAD  %s\n", msg.c_str());
+    }
+  }
+  return bad == 0 ? 0 : 1;
+}
+
+int Ckpt(int argc, char** argv) {
+  if (argc < 3) return Usage("ckpt needs a subcommand: ls, verify or show");
+  const std::string sub = argv[2];
+  if (argc != 4) return Usage("ckpt " + sub + " takes exactly one directory");
+  const std::string path = argv[3];
+  if (sub == "ls") return CkptLs(path);
+  if (sub == "verify") return CkptVerify(path);
+  if (sub == "show") {
+    auto text = omni::DescribeCheckpoint(path);
+    if (!text.ok()) return Fail(text.status());
+    std::printf("%s", text->c_str());
+    return 0;
+  }
+  return Usage("unknown ckpt subcommand " + sub);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,6 +203,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "info") return Info();
+  if (cmd == "ckpt") return Ckpt(argc, argv);
   if (cmd != "stats" && cmd != "forecast" && cmd != "eval") return Usage("unknown command " + cmd);
 
   Parsed p;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstddef>
 #include <exception>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -178,17 +180,26 @@ std::vector<int64_t> CaptionOf(const DataConfig& config, int label, int quadrant
 }
 
 Batch MakeBatch(const DataConfig& config, uint64_t stream, int64_t batch_index, bool decode) {
+  std::vector<int64_t> indices(static_cast<size_t>(config.batch));
+  for (size_t i = 0; i < indices.size(); ++i) {
+    indices[i] = batch_index * config.batch + static_cast<int64_t>(i);
+  }
+  return MakeBatchOf(config, stream, batch_index, indices, decode);
+}
+
+Batch MakeBatchOf(const DataConfig& config, uint64_t stream, int64_t batch_index,
+                  const std::vector<int64_t>& indices, bool decode) {
   Batch b;
   b.index = batch_index;
-  b.size = config.batch;
-  const size_t n = static_cast<size_t>(config.batch);
+  b.size = static_cast<int>(indices.size());
+  const size_t n = indices.size();
   constexpr size_t kImageFloats = static_cast<size_t>(kChannels) * kImageSize * kImageSize;
   if (!config.text_only) b.images.resize(n * kImageFloats);
   b.text.resize(n * kTextLen);
   b.labels.resize(n);
   b.quadrants.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    const uint64_t index = static_cast<uint64_t>(batch_index) * n + i;
+    const auto index = static_cast<uint64_t>(indices[i]);
     int64_t passes = 0;
     double checksum = 0;
     MakeSample(config, stream, index, decode,
@@ -201,8 +212,11 @@ Batch MakeBatch(const DataConfig& config, uint64_t stream, int64_t batch_index, 
   return b;
 }
 
-DataLoader::DataLoader(const DataConfig& config, int64_t num_batches, int prefetch)
+DataLoader::DataLoader(const DataConfig& config, const omni::DistributedSampler& sampler,
+                       omni::SamplerCursor start, int64_t num_batches, int prefetch)
     : config_(config),
+      sampler_(sampler),
+      start_(start),
       num_batches_(num_batches),
       prefetch_(static_cast<size_t>(std::max(prefetch, 1))),
       thread_([this] { Run(); }) {}
@@ -221,6 +235,7 @@ bool DataLoader::CanPush() const { return queue_.size() < prefetch_ || stop_; }
 void DataLoader::Run() {
   std::string error;
   try {
+    omni::SamplerCursor cursor = start_;
     for (int64_t i = 0; i < num_batches_; ++i) {
       // Wait for a free slot first: at most prefetch_ batches are ready or
       // being built ahead of the trainer.
@@ -228,7 +243,10 @@ void DataLoader::Run() {
         absl::MutexLock lock(&mu_, absl::Condition(this, &DataLoader::CanPush));
         if (stop_) break;
       }
-      Batch b = MakeBatch(config_, kTrainStream, i, /*decode=*/true);
+      absl::StatusOr<std::vector<int64_t>> indices = sampler_.BatchAt(cursor, 0, 1);
+      if (!indices.ok()) throw std::runtime_error(std::string(indices.status().message()));
+      Batch b = MakeBatchOf(config_, kTrainStream, i, *indices, /*decode=*/true);
+      cursor = sampler_.Next(cursor);
       absl::MutexLock lock(&mu_);
       if (stop_) break;
       total_passes_ += b.decode_passes;

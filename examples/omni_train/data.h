@@ -27,6 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "omni/sampler.h"
 
 namespace omni_train {
 
@@ -36,6 +37,10 @@ inline constexpr int kSourceScale = 4;  // decoded at 64 x 64, then downsampled
 inline constexpr int kTextLen = 16;
 inline constexpr int kVocab = 64;
 inline constexpr int kClasses = 8;
+// Training samples per epoch; the order of each epoch comes from
+// omni::DistributedSampler (seed, epoch), so a resumed or resized run sees
+// every sample exactly once per epoch.
+inline constexpr int64_t kDatasetSize = 4096;
 
 struct DataConfig {
   uint64_t seed = 1;
@@ -63,20 +68,27 @@ struct Batch {
 // The decode pass count of one sample (deterministic in seed and index).
 int64_t DecodePasses(const DataConfig& config, uint64_t stream, uint64_t index);
 
-// Builds samples [first, first + count) of `stream`; with `decode`, spends the
-// heavy-tailed decode cost on each image.
+// Builds samples [batch_index * batch, (batch_index + 1) * batch) of
+// `stream`; with `decode`, spends the heavy-tailed decode cost on each image.
 Batch MakeBatch(const DataConfig& config, uint64_t stream, int64_t batch_index, bool decode);
+// Builds the samples `indices` of `stream`.
+Batch MakeBatchOf(const DataConfig& config, uint64_t stream, int64_t batch_index,
+                  const std::vector<int64_t>& indices, bool decode);
 
 // The per-class caption tokens, for host-side eval scoring.
 std::vector<int64_t> CaptionOf(const DataConfig& config, int label, int quadrant);
 
-// A background thread that builds training batches 0, 1, ... num_batches-1 in
-// order, at most `prefetch` of them ahead of the trainer (ready or being
-// built). The destructor stops and
-// joins the thread.
+// A background thread that builds the next `num_batches` training batches
+// that `sampler` yields from cursor `start`, in order, at most `prefetch` of
+// them ahead of the trainer (ready or being built). It uses its own copy of
+// the sampler and never moves the trainer's: the trainer commits a batch when
+// it consumes it, so prefetched but unconsumed samples are not counted as
+// seen (a checkpoint saves the committed cursor; a resume rebuilds them). The
+// destructor stops and joins the thread.
 class DataLoader {
  public:
-  DataLoader(const DataConfig& config, int64_t num_batches, int prefetch);
+  DataLoader(const DataConfig& config, const omni::DistributedSampler& sampler,
+             omni::SamplerCursor start, int64_t num_batches, int prefetch);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -94,6 +106,8 @@ class DataLoader {
   bool CanPush() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DataConfig config_;
+  const omni::DistributedSampler sampler_;
+  const omni::SamplerCursor start_;
   const int64_t num_batches_;
   const size_t prefetch_;
   mutable absl::Mutex mu_;

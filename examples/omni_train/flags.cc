@@ -60,9 +60,23 @@ with Omni telemetry. The same command gives bit-identical parameters.
   --quiet           print only the final line
   --help            print this help
 
+Checkpoints and preemption:
+  --ckpt-dir DIR    save checkpoints to DIR and resume from the newest valid one there
+  --ckpt-every N    checkpoint every N steps (default 0: only when preempted)
+  --keep K          keep the newest K checkpoints (default 3)
+  --async-ckpt      write periodic checkpoints on a background thread
+  --loss-log PATH   append "step=<N> loss=<loss>" for every step to PATH
+  --notice-file F   watch F for a scheduler's notice {"deadline_unix_ms": T} / {"yield_in_s": S}
+On SIGTERM, SIGUSR1 or SIGINT (or a notice), training stops at the last step
+boundary from which a checkpoint still fits before the deadline (30 s after
+the signal, or OMNI_PREEMPT_GRACE_S), saves and exits with 75; if even a save
+cannot fit it exits with 76 without saving. A second signal saves at the next
+boundary. Started again with the same flags it resumes where it stopped.
+
 The last line of stdout is always
   final step=<N> params_xxh3=<16 hex digits> loss=<last training loss>
-Exit codes: 0 success, 1 runtime error, 2 bad command line.
+Exit codes: 0 success, 1 runtime error, 2 bad command line, 75 preempted after
+saving a checkpoint (resumable), 76 preempted without a checkpoint.
 )";
 }
 
@@ -84,19 +98,21 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
     }
 
     // Boolean flags.
-    if (name == "text-only" || name == "quiet" || name == "help") {
+    if (name == "text-only" || name == "quiet" || name == "help" || name == "async-ckpt") {
       if (has_value) {
         return absl::InvalidArgumentError(absl::StrCat("flag --", name, " takes no value"));
       }
       if (name == "text-only") f.text_only = true;
       if (name == "quiet") f.quiet = true;
       if (name == "help") f.help = true;
+      if (name == "async-ckpt") f.async_ckpt = true;
       continue;
     }
 
     static constexpr absl::string_view kValued[] = {
-        "steps", "seed",     "batch",      "lr",          "threads", "log",
-        "trace", "forecast", "eval-every", "stall-scale", "window"};
+        "steps",      "seed",     "batch",      "lr",          "threads", "log",
+        "trace",      "forecast", "eval-every", "stall-scale", "window",  "ckpt-dir",
+        "ckpt-every", "keep",     "loss-log",   "notice-file"};
     bool known = false;
     for (absl::string_view k : kValued) known = known || k == name;
     if (!known) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
@@ -135,12 +151,25 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
     } else if (name == "window") {
       if (auto s = ParseInt(name, value, 1, 1 << 24, &n); !s.ok()) return s;
       f.window = static_cast<int>(n);
+    } else if (name == "ckpt-every") {
+      if (auto s = ParseInt(name, value, 0, int64_t{1} << 40, &n); !s.ok()) return s;
+      f.ckpt_every = n;
+    } else if (name == "keep") {
+      if (auto s = ParseInt(name, value, 1, 1 << 20, &n); !s.ok()) return s;
+      f.keep = static_cast<int>(n);
     } else {  // paths
       if (value.empty()) return BadValue(name, value, "a non-empty path");
-      std::string& path =
-          name == "log" ? f.log_path : (name == "trace" ? f.trace_path : f.forecast_path);
+      std::string& path = name == "log"        ? f.log_path
+                          : name == "trace"    ? f.trace_path
+                          : name == "forecast" ? f.forecast_path
+                          : name == "ckpt-dir" ? f.ckpt_dir
+                          : name == "loss-log" ? f.loss_log
+                                               : f.notice_file;
       path = std::string(value);
     }
+  }
+  if (f.ckpt_every > 0 && f.ckpt_dir.empty()) {
+    return absl::InvalidArgumentError("flag --ckpt-every needs --ckpt-dir");
   }
   return f;
 }

@@ -23,6 +23,13 @@ struct TrainFlags {
   int window = 200;
   bool quiet = false;
   bool help = false;
+  // Checkpoints and preemption.
+  std::string ckpt_dir;     // --ckpt-dir: resume from / save to (empty = off)
+  int64_t ckpt_every = 0;   // --ckpt-every: periodic checkpoint every N steps (0 = off)
+  int keep = 3;             // --keep: newest checkpoints kept
+  bool async_ckpt = false;  // --async-ckpt: periodic checkpoints written in the background
+  std::string loss_log;     // --loss-log: append "step=<N> loss=<%.9g>" per step
+  std::string notice_file;  // --notice-file: scheduler notice (omni::PreemptionOptions)
 };
 
 // Parses argv[1..argc). Accepts "--flag value" and "--flag=value".

@@ -1,0 +1,194 @@
+// Checkpoints: one directory per step,
+//
+//   <dir>/step-000000001200/manifest.json
+//   <dir>/step-000000001200/rank-00000.safetensors   (one shard per rank)
+//
+// manifest.json (format "omni.checkpoint", version 1):
+//
+//   {"format":"omni.checkpoint","version":1,"step":1200,"world_size":1,
+//    "library_version":"0.1.0","job_id":"...","created_unix_ms":...,
+//    "metadata":{"k":"v"},
+//    "shards":[{"rank":0,"file":"rank-00000.safetensors","bytes":N,
+//               "header_bytes":H,"header_xxh3":"16hex","xxh3":"16hex"}],
+//    "entries":{"model/w":{"shard":0,"dtype":"F32","shape":[4,4],
+//                          "data_offsets":[0,64],"xxh3":"16hex"}}}
+//
+// Checksums are XXH3-64 (seed 0) as 16 hex digits: per entry, of its bytes;
+// per shard, `header_xxh3` of its first H bytes (length prefix, JSON header
+// and padding) and `xxh3` of its entries' checksums (8 bytes little-endian
+// each, in data order). The entries fill the data section back to back and
+// the file size is recorded, so every byte of a shard is covered (and the
+// data is hashed once, while it is written). data_offsets are relative to
+// the data section, as in safetensors. With world_size > 1 the same key may
+// occur in several shards, so entry names are "<rank>:<key>" and each entry
+// also carries "key" (':' never occurs in a key).
+//
+// Shards are plain safetensors files (readable by any safetensors reader):
+// an 8-byte little-endian header length, a JSON header padded with spaces to
+// a multiple of 8, then the tensors' bytes back to back; the header's
+// "__metadata__" holds format, step, rank, world_size, job_id and a random
+// save_id.
+//
+// Commit: everything is written under <dir>/.tmp-step-<step>, each file
+// fsynced, the manifest last, the directory fsynced, then renamed into place
+// (an existing checkpoint of the same step is replaced atomically) and the
+// parent fsynced: a directory without a valid manifest is not a checkpoint.
+// With world_size > 1 (ranks sharing `dir`) every rank writes its shard and a
+// fragment describing it into the temporary directory; rank 0 waits for all
+// fragments (polling, bounded by shard_timeout), writes the manifest and
+// renames; the other ranks wait (bounded) until the manifest holding their
+// shard is in place. All ranks must Open before any of them saves (any
+// collective between Open and the first save guarantees it), and save the
+// same steps in the same order.
+//
+// Retention (rank 0, after each commit) renames what it drops to
+// <dir>/.trash-* and deletes it on the background thread. Open removes what
+// crashed writers left: temporary and trash directories, and files of ranks
+// whose lock no live process holds.
+//
+// Restore: each rank reads its own shard. Ranks choose independently; in a
+// multi-rank job, agree on a step (e.g. the minimum over ranks of
+// RestoreResult::info.step) and pass it to Restore when they differ.
+//
+// Thread safety: a CheckpointManager is used by one thread (the training
+// thread); its asynchronous writer runs on a thread of its own, joined on
+// destruction. A forked child inherits the writer lock until it exits or
+// execs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "omni/export.h"
+#include "omni/state.h"
+
+namespace omni {
+
+struct CheckpointOptions {
+  std::string dir;  // root directory (created if missing)
+  int rank = 0;
+  int world_size = 1;
+  std::string job_id;  // recorded in the manifest; a restore refuses another job's
+  // Retention: keep the newest keep_last checkpoints, plus every one whose
+  // step is a multiple of keep_every (0 = none). keep_last >= 1.
+  int keep_last = 3;
+  int64_t keep_every = 0;
+  // Asynchronous saves: the host memory a pending snapshot may hold; a state
+  // larger than this is saved synchronously.
+  size_t max_snapshot_bytes = size_t{8} << 30;
+  // When a new asynchronous save is requested while one is still being
+  // written: wait for it (true) or skip the new one (false).
+  bool wait_for_pending = true;
+  // How long rank 0 waits for the other ranks' shards before giving up.
+  absl::Duration shard_timeout = absl::Minutes(5);
+};
+
+struct CheckpointInfo {
+  int64_t step = 0;
+  std::string path;  // the step directory
+  int world_size = 1;
+  int format_version = 0;
+  std::string library_version;
+  std::string job_id;
+  int64_t bytes = 0;  // all shards
+  int64_t created_unix_ms = 0;
+  std::map<std::string, std::string> metadata;
+};
+
+struct SaveStats {
+  int64_t bytes = 0;        // this rank's shard; its data only when background; 0 if skipped
+  double snapshot_s = 0;    // time the caller was blocked copying state (async)
+  double write_s = 0;       // time to write, fsync and commit (0 while in the background)
+  bool background = false;  // SaveAsync: the write continues on the background thread
+  bool skipped = false;     // SaveAsync with wait_for_pending = false found one pending
+};
+
+class OMNI_EXPORT CheckpointManager {
+ public:
+  // Creates the directory, takes the writer lock for (dir, rank) — an flock
+  // that the kernel releases when a writer dies, so a crash never leaves it
+  // stuck; FailedPrecondition naming the directory when another live process
+  // holds it — and removes temporary and orphaned files left by crashed
+  // writers.
+  static absl::StatusOr<std::unique_ptr<CheckpointManager>> Open(const CheckpointOptions& options);
+  virtual ~CheckpointManager() = default;
+
+  // Saves `state` as checkpoint `step` (0 <= step < 10^12), durable when
+  // this returns OK; a checkpoint of the same step is replaced. Tensors are
+  // streamed from the caller's memory to the file (no copy of the state is
+  // held). On any error (e.g. ResourceExhausted for a full disk, naming the
+  // file) the partial files are removed and every earlier checkpoint is
+  // untouched. Waits for a pending asynchronous save first (its error stays
+  // latched for WaitForPending). Rank 0 applies retention after a
+  // successful commit (best effort: a checkpoint that cannot be removed now
+  // is removed by a later save).
+  virtual absl::StatusOr<SaveStats> Save(int64_t step, const StateRegistry& state,
+                                         const std::map<std::string, std::string>& metadata) = 0;
+  // Copies the state into host memory now and writes it on the background
+  // thread; returns once the copy is taken (SaveStats::snapshot_s is the
+  // training-thread stall, SaveStats::background is true). A state larger
+  // than max_snapshot_bytes is saved synchronously instead (background
+  // false). While an earlier write is pending, waits for it
+  // (wait_for_pending) or returns OK at once with skipped = true and
+  // bytes = 0. Errors of a background write latch: the next SaveAsync (or
+  // WaitForPending) returns the error once, without starting a new save.
+  virtual absl::StatusOr<SaveStats> SaveAsync(
+      int64_t step, const StateRegistry& state,
+      const std::map<std::string, std::string>& metadata) = 0;
+  // Waits for a pending asynchronous save; returns its result (OK when none
+  // is pending and no error is latched). DeadlineExceeded naming the step
+  // when it is still being written after `timeout`.
+  virtual absl::Status WaitForPending(absl::Duration timeout = absl::InfiniteDuration()) = 0;
+
+  // Valid checkpoints (manifest present and consistent, every shard file of
+  // the recorded size; checksums are not read), newest first.
+  virtual absl::StatusOr<std::vector<CheckpointInfo>> List() const = 0;
+
+  // Loads the newest valid checkpoint (or `step`) into `state`. This rank's
+  // shard is verified (sizes, header against manifest, every checksum)
+  // before any object is loaded, so a corrupt shard never causes a partial
+  // load; a checkpoint that fails verification is reported in `skipped`
+  // (naming the file and key) and the previous one is tried. Not skipped,
+  // but returned: FailedPrecondition for a newer format version (naming the
+  // version and path), another job's checkpoint (both job ids, when both are
+  // set) or a checkpoint without a shard for this rank; the error of a
+  // Stateful's Load (other shapes or missing keys, naming the key and file),
+  // after which earlier checkpoints stay loadable by `step`. With `step`,
+  // only that checkpoint is tried and its verification error is returned.
+  // NotFound when there is no valid checkpoint (listing what was skipped).
+  // Waits for a pending asynchronous save first.
+  struct RestoreResult {
+    CheckpointInfo info;
+    std::vector<std::string> skipped;  // why newer checkpoints were not used
+  };
+  virtual absl::StatusOr<RestoreResult> Restore(const StateRegistry& state,
+                                                std::optional<int64_t> step = std::nullopt) = 0;
+};
+
+// For tools: every valid checkpoint under `dir`, newest first (as List).
+OMNI_EXPORT absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& dir);
+
+// For tools: every step directory under `dir`, newest first, valid or not.
+// `status` says why one is not a valid checkpoint (the cheap checks of List;
+// `info` holds what the manifest told, if anything).
+struct CheckpointStatus {
+  CheckpointInfo info;
+  absl::Status status;
+};
+OMNI_EXPORT absl::StatusOr<std::vector<CheckpointStatus>> ScanCheckpoints(const std::string& dir);
+
+// Verifies the manifest, every shard (size, header) and every checksum of
+// the checkpoint at `path` (a step directory). DataLoss naming the file and
+// key at the first mismatch; FailedPrecondition for a newer format version.
+OMNI_EXPORT absl::Status VerifyCheckpoint(const std::string& path);
+// A human-readable description of the checkpoint at `path` (manifest and
+// entries).
+OMNI_EXPORT absl::StatusOr<std::string> DescribeCheckpoint(const std::string& path);
+
+}  // namespace omni

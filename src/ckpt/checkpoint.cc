@@ -1,0 +1,1510 @@
+#include "omni/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>  // renameat2
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "ckpt/safetensors.h"
+#include "common/fs.h"
+#include "common/strings.h"
+#include "omni/hash.h"
+#include "omni/version.h"
+
+namespace omni {
+namespace {
+
+using ckpt::Fd;
+using ckpt::ShardSummary;
+using ckpt::TensorEntry;
+using internal::ErrnoStatus;
+using internal::Sv;
+using nlohmann::json;
+using nlohmann::ordered_json;
+using Metadata = std::map<std::string, std::string>;
+
+constexpr const char* kFormat = "omni.checkpoint";
+constexpr const char* kFragmentFormat = "omni.checkpoint.fragment";
+constexpr int kVersion = 1;
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kAborted = "ABORTED";
+constexpr const char* kTmpPrefix = ".tmp-step-";
+constexpr const char* kTrashPrefix = ".trash-";
+constexpr int64_t kMaxStep = 999'999'999'999;  // 12 digits
+constexpr uint64_t kDefaultHeaderReserve = uint64_t{1} << 20;
+
+// ---------------------------------------------------------------- names
+
+std::string Join(const std::string& dir, const std::string& name) {
+  return dir.empty() || dir.back() == '/' ? dir + name : absl::StrCat(dir, "/", name);
+}
+
+std::string StepDirName(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%012" PRId64, step);
+  return buf;
+}
+
+std::string TmpDirName(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), ".tmp-step-%012" PRId64, step);
+  return buf;
+}
+
+std::string RankPrefix(int rank) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "rank-%05d.", rank);
+  return buf;
+}
+
+std::string ShardFileName(int rank) { return RankPrefix(rank) + "safetensors"; }
+std::string FragmentName(int rank) { return RankPrefix(rank) + "json"; }
+
+std::string LockName(int rank) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), ".lock-rank-%05d", rank);
+  return buf;
+}
+
+bool AllDigits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// The step of "step-000000001200" (exactly 12 digits).
+std::optional<int64_t> ParseStepDir(std::string_view name) {
+  if (name.size() != 17 || name.substr(0, 5) != "step-" || !AllDigits(name.substr(5))) {
+    return std::nullopt;
+  }
+  return std::stoll(std::string(name.substr(5)));
+}
+
+// The rank owning a file of a temporary directory: "rank-00003.*" → 3;
+// the manifest and the abort marker belong to rank 0; -1 otherwise.
+int OwnerOf(std::string_view name) {
+  if (name.size() > 11 && name.substr(0, 5) == "rank-" && AllDigits(name.substr(5, 5)) &&
+      name[10] == '.') {
+    return std::stoi(std::string(name.substr(5, 5)));
+  }
+  if (name.substr(0, std::strlen(kManifest)) == kManifest || name == kAborted) return 0;
+  return -1;
+}
+
+// ---------------------------------------------------------------- small I/O
+
+struct DirCloser {
+  void operator()(DIR* d) const { ::closedir(d); }
+};
+
+absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) {
+  std::unique_ptr<DIR, DirCloser> d(::opendir(dir.c_str()));
+  if (!d) return ErrnoStatus(errno, absl::StrCat("list ", dir));
+  std::vector<std::string> out;
+  errno = 0;
+  while (const dirent* e = ::readdir(d.get())) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") out.push_back(name);
+  }
+  if (errno != 0) return ErrnoStatus(errno, absl::StrCat("list ", dir));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", path));
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, absl::StrCat("read ", path));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+// Writes a new file and fsyncs it (inside a temporary directory, where no
+// reader looks, so no rename is needed).
+absl::Status WriteFileSynced(const std::string& path, std::string_view contents) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", path));
+  if (absl::Status st = ckpt::PwriteAll(fd.get(), contents.data(), contents.size(), 0, path);
+      !st.ok()) {
+    return st;
+  }
+  if (::fsync(fd.get()) != 0) return ErrnoStatus(errno, absl::StrCat("fsync ", path));
+  return fd.Close(path);
+}
+
+void RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t RandomId() {
+  uint64_t v = 0;
+  if (::getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
+    v = static_cast<uint64_t>(NowUnixMs()) * 0x9E3779B97F4A7C15ull ^
+        static_cast<uint64_t>(::getpid());
+  }
+  return v;
+}
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+// Runs a callback into user code (Stateful::Save / Load), turning an
+// exception into a Status so that none crosses the API (or kills the
+// background thread).
+template <typename Fn>
+absl::Status Guard(const char* what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("exception while ", what, " the state: ", e.what()));
+  } catch (...) {
+    return absl::InternalError(absl::StrCat("unknown exception while ", what, " the state"));
+  }
+}
+
+// Bounded polling: 1 ms, doubling to 50 ms.
+class Poller {
+ public:
+  explicit Poller(absl::Duration timeout) : deadline_(absl::Now() + timeout) {}
+  bool Expired() const { return absl::Now() >= deadline_; }
+  void Wait() {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+    delay_ms_ = std::min(delay_ms_ * 2, 50);
+  }
+
+ private:
+  absl::Time deadline_;
+  int delay_ms_ = 1;
+};
+
+// ---------------------------------------------------------------- manifest
+
+struct ShardRecord {
+  int rank = 0;
+  std::string file;
+  uint64_t bytes = 0;
+  uint64_t header_bytes = 0;
+  uint64_t header_xxh3 = 0;
+  uint64_t xxh3 = 0;
+};
+
+struct Manifest {
+  std::string dir;  // the step directory it was read from
+  int version = kVersion;
+  int64_t step = 0;
+  int world_size = 1;
+  std::string library_version;
+  std::string job_id;
+  int64_t created_unix_ms = 0;
+  Metadata metadata;
+  std::vector<ShardRecord> shards;
+  std::vector<std::vector<TensorEntry>> entries;  // per shard, in file order
+
+  std::string ManifestPath() const { return Join(dir, kManifest); }
+  std::string ShardPath(int rank) const { return Join(dir, shards[rank].file); }
+  int64_t TotalBytes() const {
+    int64_t n = 0;
+    for (const ShardRecord& s : shards) n += static_cast<int64_t>(s.bytes);
+    return n;
+  }
+  CheckpointInfo Info() const {
+    CheckpointInfo i;
+    i.step = step;
+    i.path = dir;
+    i.world_size = world_size;
+    i.format_version = version;
+    i.library_version = library_version;
+    i.job_id = job_id;
+    i.bytes = TotalBytes();
+    i.created_unix_ms = created_unix_ms;
+    i.metadata = metadata;
+    return i;
+  }
+};
+
+// `shard` < 0: none (fragments); with_key: the key inside the shard.
+ordered_json EntryJson(const TensorEntry& e, int shard = -1, bool with_key = false) {
+  ordered_json j;
+  if (shard >= 0) j["shard"] = shard;
+  if (with_key) j["key"] = e.key;
+  j["dtype"] = DTypeName(e.dtype);
+  j["shape"] = e.shape;
+  j["data_offsets"] = {e.begin, e.end};
+  j["xxh3"] = HexDigest(e.xxh3);
+  return j;
+}
+
+ordered_json RecordJson(const ShardRecord& r) {
+  ordered_json j;
+  j["rank"] = r.rank;
+  j["file"] = r.file;
+  j["bytes"] = r.bytes;
+  j["header_bytes"] = r.header_bytes;
+  j["header_xxh3"] = HexDigest(r.header_xxh3);
+  j["xxh3"] = HexDigest(r.xxh3);
+  return j;
+}
+
+// An object written field by field, in order (ordered_json looks keys up
+// linearly, too slow for tens of thousands of entries).
+class ObjectText {
+ public:
+  void Add(const std::string& key, const std::string& value_json) {
+    absl::StrAppend(&text_, text_.empty() ? "{\n" : ",\n", indent_, Quote(key), ": ", value_json);
+  }
+  template <typename T>
+  void Value(const std::string& key, const T& value) {
+    Add(key, ordered_json(value).dump(-1, ' ', false, ordered_json::error_handler_t::replace));
+  }
+  std::string Close(const std::string& outer_indent = "") {
+    return text_.empty() ? "{}" : absl::StrCat(text_, "\n", outer_indent, "}");
+  }
+  explicit ObjectText(std::string indent = " ") : indent_(std::move(indent)) {}
+
+ private:
+  static std::string Quote(const std::string& s) {
+    return ordered_json(s).dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+  }
+  std::string indent_;
+  std::string text_;
+};
+
+std::string Compact(const ordered_json& j) {
+  return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+std::string ManifestJson(const Manifest& m) {
+  ObjectText top;
+  top.Value("format", kFormat);
+  top.Value("version", m.version);
+  top.Value("step", m.step);
+  top.Value("world_size", m.world_size);
+  top.Value("library_version", m.library_version);
+  top.Value("job_id", m.job_id);
+  top.Value("created_unix_ms", m.created_unix_ms);
+  ObjectText md("  ");
+  for (const auto& [k, v] : m.metadata) md.Value(k, v);
+  top.Add("metadata", md.Close(" "));
+  std::string shards = "[";
+  for (const ShardRecord& r : m.shards) {
+    absl::StrAppend(&shards, shards.size() > 1 ? ",\n  " : "\n  ", Compact(RecordJson(r)));
+  }
+  top.Add("shards", shards + "\n ]");
+  ObjectText entries("  ");
+  for (size_t s = 0; s < m.entries.size(); ++s) {
+    for (const TensorEntry& e : m.entries[s]) {
+      entries.Add(m.world_size > 1 ? absl::StrCat(s, ":", e.key) : e.key,
+                  Compact(EntryJson(e, static_cast<int>(s), m.world_size > 1)));
+    }
+  }
+  top.Add("entries", entries.Close(" "));
+  return top.Close() + "\n";
+}
+
+// Parsing: every structural problem is DataLoss naming `path` (and the key);
+// json type errors are caught and reported the same way.
+class Parser {
+ public:
+  explicit Parser(std::string path) : path_(std::move(path)) {}
+  absl::Status Error(std::string_view what) const {
+    return absl::DataLossError(absl::StrCat(path_, ": ", Sv(what)));
+  }
+  absl::StatusOr<uint64_t> Hex(const json& v, std::string_view what) const {
+    if (!v.is_string()) return Error(absl::StrCat(Sv(what), " is not a string"));
+    const std::string s = v.get<std::string>();
+    uint64_t out = 0;
+    if (s.size() != 16) return Error(absl::StrCat(Sv(what), " is not 16 hex digits"));
+    for (char c : s) {
+      int d = -1;
+      if (c >= '0' && c <= '9') d = c - '0';
+      if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+      if (d < 0) return Error(absl::StrCat(Sv(what), " is not 16 lowercase hex digits"));
+      out = (out << 4) | static_cast<uint64_t>(d);
+    }
+    return out;
+  }
+  absl::StatusOr<uint64_t> Unsigned(const json& obj, const char* field,
+                                    std::string_view what) const {
+    if (!obj.contains(field) || !obj[field].is_number_unsigned()) {
+      return Error(absl::StrCat(Sv(what), ": '", field, "' missing or not a non-negative integer"));
+    }
+    return obj[field].get<uint64_t>();
+  }
+  absl::StatusOr<TensorEntry> Entry(const json& v, const std::string& key) const {
+    const std::string where = absl::StrCat("key '", key, "'");
+    if (!v.is_object() || !v.contains("dtype") || !v["dtype"].is_string() || !v.contains("shape") ||
+        !v["shape"].is_array() || !v.contains("data_offsets") || !v["data_offsets"].is_array() ||
+        v["data_offsets"].size() != 2 || !v.contains("xxh3")) {
+      return Error(absl::StrCat(where, ": needs dtype, shape, data_offsets and xxh3"));
+    }
+    TensorEntry e;
+    e.key = key;
+    if (!IsValidStateKey(key)) return Error(absl::StrCat(where, " is malformed"));
+    absl::StatusOr<DType> dt = ParseDType(v["dtype"].get<std::string>());
+    if (!dt.ok()) return Error(absl::StrCat(where, ": ", dt.status().message()));
+    e.dtype = *dt;
+    for (const json& d : v["shape"]) {
+      if (!d.is_number_integer()) return Error(absl::StrCat(where, ": shape is not integers"));
+      e.shape.push_back(d.get<int64_t>());
+    }
+    const json& off = v["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+      return Error(absl::StrCat(where, ": data_offsets are not non-negative integers"));
+    }
+    e.begin = off[0].get<uint64_t>();
+    e.end = off[1].get<uint64_t>();
+    absl::StatusOr<size_t> want = TensorBytes(e.dtype, e.shape);
+    if (!want.ok()) return Error(absl::StrCat(where, ": ", want.status().message()));
+    if (e.end < e.begin || e.end - e.begin != *want) {
+      return Error(absl::StrCat(where, ": data_offsets [", e.begin, ",", e.end, "] do not hold ",
+                                DTypeName(e.dtype), " ", ckpt::ShapeString(e.shape)));
+    }
+    absl::StatusOr<uint64_t> h = Hex(v["xxh3"], absl::StrCat(where, " xxh3"));
+    if (!h.ok()) return h.status();
+    e.xxh3 = *h;
+    return e;
+  }
+  absl::StatusOr<ShardRecord> Record(const json& v, std::string_view what) const {
+    if (!v.is_object() || !v.contains("rank") || !v["rank"].is_number_integer() ||
+        !v.contains("file") || !v["file"].is_string()) {
+      return Error(absl::StrCat(Sv(what), ": needs rank and file"));
+    }
+    ShardRecord r;
+    r.rank = v["rank"].get<int>();
+    r.file = v["file"].get<std::string>();
+    if (r.file != ShardFileName(r.rank)) {
+      return Error(absl::StrCat(Sv(what), ": file '", r.file, "' is not ", ShardFileName(r.rank)));
+    }
+    absl::StatusOr<uint64_t> bytes = Unsigned(v, "bytes", what);
+    if (!bytes.ok()) return bytes.status();
+    absl::StatusOr<uint64_t> hb = Unsigned(v, "header_bytes", what);
+    if (!hb.ok()) return hb.status();
+    if (!v.contains("header_xxh3") || !v.contains("xxh3")) {
+      return Error(absl::StrCat(Sv(what), ": needs header_xxh3 and xxh3"));
+    }
+    absl::StatusOr<uint64_t> hh = Hex(v["header_xxh3"], absl::StrCat(Sv(what), " header_xxh3"));
+    if (!hh.ok()) return hh.status();
+    absl::StatusOr<uint64_t> dh = Hex(v["xxh3"], absl::StrCat(Sv(what), " xxh3"));
+    if (!dh.ok()) return dh.status();
+    r.bytes = *bytes;
+    r.header_bytes = *hb;
+    r.header_xxh3 = *hh;
+    r.xxh3 = *dh;
+    if (r.header_bytes < 16 || r.header_bytes % 8 != 0 || r.header_bytes > r.bytes) {
+      return Error(absl::StrCat(Sv(what), ": header_bytes ", r.header_bytes, " is impossible"));
+    }
+    return r;
+  }
+  // Entries of one shard: back to back, filling its data section, and
+  // matching the shard's digest.
+  absl::Status CheckLayout(std::vector<TensorEntry>& entries, const ShardRecord& r) const {
+    std::sort(entries.begin(), entries.end(), ckpt::ByOffset);
+    uint64_t pos = 0;
+    for (const TensorEntry& e : entries) {
+      if (e.begin != pos) {
+        return Error(
+            absl::StrCat(r.file, ": key '", e.key, "' starts at ", e.begin, ", expected ", pos));
+      }
+      pos = e.end;
+    }
+    if (pos != r.bytes - r.header_bytes) {
+      return Error(absl::StrCat(r.file, ": entries hold ", pos, " bytes, the data section ",
+                                r.bytes - r.header_bytes));
+    }
+    if (ckpt::EntriesDigest(entries) != r.xxh3) {
+      return Error(absl::StrCat(r.file, ": xxh3 of the entries does not match the shard's"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string path_;
+};
+
+absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& step_dir) {
+  const std::string path = Join(step_dir, kManifest);
+  Parser p(path);
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return p.Error("not valid JSON");
+  Manifest m;
+  m.dir = step_dir;
+  try {
+    if (!j.contains("format") || j["format"] != kFormat) {
+      return p.Error("not an omni checkpoint manifest (format is not \"omni.checkpoint\")");
+    }
+    if (!j.contains("version") || !j["version"].is_number_integer()) {
+      return p.Error("no format version");
+    }
+    m.version = j["version"].get<int>();
+    if (m.version > kVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          step_dir, ": checkpoint format version ", m.version, " is newer than this library (omni ",
+          Version(), " reads version ", kVersion, "); upgrade omni to read it"));
+    }
+    if (m.version < 1) return p.Error(absl::StrCat("format version ", m.version, " is invalid"));
+    if (!j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0) {
+      return p.Error("no valid step");
+    }
+    m.step = j["step"].get<int64_t>();
+    if (!j.contains("world_size") || !j["world_size"].is_number_integer() ||
+        j["world_size"].get<int64_t>() < 1 || j["world_size"].get<int64_t>() > 99999) {
+      return p.Error("no valid world_size");
+    }
+    m.world_size = j["world_size"].get<int>();
+    if (j.contains("library_version") && j["library_version"].is_string()) {
+      m.library_version = j["library_version"].get<std::string>();
+    }
+    if (j.contains("job_id") && j["job_id"].is_string()) m.job_id = j["job_id"].get<std::string>();
+    if (j.contains("created_unix_ms") && j["created_unix_ms"].is_number_integer()) {
+      m.created_unix_ms = j["created_unix_ms"].get<int64_t>();
+    }
+    if (j.contains("metadata")) {
+      if (!j["metadata"].is_object()) return p.Error("metadata is not an object");
+      for (const auto& [k, v] : j["metadata"].items()) {
+        if (!v.is_string()) return p.Error(absl::StrCat("metadata '", k, "' is not a string"));
+        m.metadata[k] = v.get<std::string>();
+      }
+    }
+    if (!j.contains("shards") || !j["shards"].is_array() ||
+        j["shards"].size() != static_cast<size_t>(m.world_size)) {
+      return p.Error(absl::StrCat("needs one shard per rank (world_size ", m.world_size, ")"));
+    }
+    for (size_t i = 0; i < j["shards"].size(); ++i) {
+      absl::StatusOr<ShardRecord> r = p.Record(j["shards"][i], absl::StrCat("shard ", i));
+      if (!r.ok()) return r.status();
+      if (r->rank != static_cast<int>(i)) {
+        return p.Error(absl::StrCat("shard ", i, " has rank ", r->rank));
+      }
+      m.shards.push_back(*r);
+    }
+    if (!j.contains("entries") || !j["entries"].is_object()) return p.Error("no entries");
+    m.entries.resize(m.shards.size());
+    std::vector<std::unordered_set<std::string>> seen(m.shards.size());
+    for (const auto& [name, v] : j["entries"].items()) {
+      if (!v.is_object() || !v.contains("shard") || !v["shard"].is_number_unsigned() ||
+          v["shard"].get<uint64_t>() >= m.shards.size()) {
+        return p.Error(absl::StrCat("entry '", name, "': no valid shard"));
+      }
+      const size_t s = v["shard"].get<size_t>();
+      std::string key = name;
+      if (v.contains("key")) {
+        if (!v["key"].is_string()) return p.Error(absl::StrCat("entry '", name, "': bad key"));
+        key = v["key"].get<std::string>();
+      }
+      absl::StatusOr<TensorEntry> e = p.Entry(v, key);
+      if (!e.ok()) return e.status();
+      if (!seen[s].insert(key).second) {
+        return p.Error(absl::StrCat("key '", key, "' appears twice in shard ", s));
+      }
+      m.entries[s].push_back(*std::move(e));
+    }
+    for (size_t s = 0; s < m.shards.size(); ++s) {
+      if (absl::Status st = p.CheckLayout(m.entries[s], m.shards[s]); !st.ok()) return st;
+    }
+  } catch (const json::exception& ex) {
+    return p.Error(absl::StrCat("malformed: ", ex.what()));
+  }
+  return m;
+}
+
+// NotFound when the directory has no manifest (not a checkpoint).
+absl::StatusOr<Manifest> LoadManifest(const std::string& step_dir) {
+  absl::StatusOr<std::string> text = ReadFile(Join(step_dir, kManifest));
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) {
+      return absl::NotFoundError(absl::StrCat(step_dir, ": no manifest.json (not a checkpoint)"));
+    }
+    return text.status();
+  }
+  absl::StatusOr<Manifest> m = ParseManifest(*text, step_dir);
+  if (!m.ok()) return m.status();
+  const std::string base = std::filesystem::path(step_dir).filename().string();
+  const std::optional<int64_t> dir_step = ParseStepDir(base);
+  if (dir_step && *dir_step != m->step) {
+    return absl::DataLossError(absl::StrCat(m->ManifestPath(), ": step ", m->step,
+                                            " does not match the directory name ", base));
+  }
+  return m;
+}
+
+// Cheap checks of every shard: present, of the recorded size.
+absl::Status CheckShardFiles(const Manifest& m) {
+  for (size_t r = 0; r < m.shards.size(); ++r) {
+    const std::string path = m.ShardPath(static_cast<int>(r));
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
+    if (static_cast<uint64_t>(st.st_size) != m.shards[r].bytes) {
+      return absl::DataLossError(absl::StrCat(path, ": ", st.st_size, " bytes, the manifest says ",
+                                              m.shards[r].bytes, " (truncated or replaced?)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Full verification of one shard: size, header against the manifest, every
+// checksum.
+absl::Status VerifyShard(const Manifest& m, int rank) {
+  const std::string path = m.ShardPath(rank);
+  const ShardRecord& rec = m.shards[rank];
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", path));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size != rec.bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": ", size, " bytes, the manifest says ",
+                                            rec.bytes, " (truncated or replaced?)"));
+  }
+  absl::StatusOr<ckpt::ShardHeader> h = ckpt::ReadShardHeader(fd.get(), path, size);
+  if (!h.ok()) return h.status();
+  if (h->header_bytes != rec.header_bytes || h->header_xxh3 != rec.header_xxh3) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": header differs from the one the manifest records (header_xxh3 ",
+                     HexDigest(h->header_xxh3), ", manifest ", HexDigest(rec.header_xxh3), ")"));
+  }
+  const std::vector<TensorEntry>& want = m.entries[rank];
+  if (h->entries.size() != want.size()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": ", h->entries.size(), " tensors, the manifest lists ", want.size()));
+  }
+  for (size_t i = 0; i < want.size(); ++i) {  // both sorted by offset
+    const TensorEntry& a = h->entries[i];
+    const TensorEntry& b = want[i];
+    if (a.key != b.key || a.dtype != b.dtype || a.shape != b.shape || a.begin != b.begin ||
+        a.end != b.end) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": key '", b.key, "' is ", DTypeName(b.dtype), " ", ckpt::ShapeString(b.shape),
+          " at [", b.begin, ",", b.end, "] in the manifest, but the file has key '", a.key, "' ",
+          DTypeName(a.dtype), " ", ckpt::ShapeString(a.shape), " at [", a.begin, ",", a.end, "]"));
+    }
+  }
+  return ckpt::VerifyShardData(fd.get(), path, rec.header_bytes, want);
+}
+
+// Every step directory under `dir`, newest first.
+absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> StepDirs(const std::string& dir) {
+  absl::StatusOr<std::vector<std::string>> names = ListDir(dir);
+  if (!names.ok()) return names.status();
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const std::string& n : *names) {
+    if (std::optional<int64_t> s = ParseStepDir(n)) out.emplace_back(*s, Join(dir, n));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+absl::StatusOr<std::vector<CheckpointStatus>> Scan(const std::string& dir) {
+  absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> dirs = StepDirs(dir);
+  if (!dirs.ok()) return dirs.status();
+  std::vector<CheckpointStatus> out;
+  for (const auto& [step, path] : *dirs) {
+    CheckpointStatus cs;
+    cs.info.step = step;
+    cs.info.path = path;
+    absl::StatusOr<Manifest> m = LoadManifest(path);
+    if (!m.ok()) {
+      cs.status = m.status();
+    } else {
+      cs.info = m->Info();
+      cs.status = CheckShardFiles(*m);
+    }
+    out.push_back(std::move(cs));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- fragments
+
+std::string FragmentJson(int64_t step, const ShardRecord& r, const std::vector<TensorEntry>& es) {
+  ObjectText top;
+  top.Value("format", kFragmentFormat);
+  top.Value("version", kVersion);
+  top.Value("step", step);
+  top.Add("shard", Compact(RecordJson(r)));
+  ObjectText entries("  ");
+  for (const TensorEntry& e : es) entries.Add(e.key, Compact(EntryJson(e)));
+  top.Add("entries", entries.Close(" "));
+  return top.Close() + "\n";
+}
+
+absl::Status ParseFragment(const std::string& text, const std::string& path, int64_t step, int rank,
+                           ShardRecord& rec, std::vector<TensorEntry>& entries) {
+  Parser p(path);
+  const json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return p.Error("not valid JSON");
+  try {
+    if (!j.contains("format") || j["format"] != kFragmentFormat || !j.contains("version") ||
+        j["version"] != kVersion) {
+      return p.Error("not a version 1 checkpoint fragment");
+    }
+    if (!j.contains("step") || j["step"] != step) {
+      return p.Error(absl::StrCat("is not for step ", step));
+    }
+    if (!j.contains("shard") || !j.contains("entries") || !j["entries"].is_object()) {
+      return p.Error("needs shard and entries");
+    }
+    absl::StatusOr<ShardRecord> r = p.Record(j["shard"], "shard");
+    if (!r.ok()) return r.status();
+    if (r->rank != rank) return p.Error(absl::StrCat("is for rank ", r->rank));
+    rec = *r;
+    entries.clear();
+    for (const auto& [key, v] : j["entries"].items()) {
+      absl::StatusOr<TensorEntry> e = p.Entry(v, key);
+      if (!e.ok()) return e.status();
+      entries.push_back(*std::move(e));
+    }
+    return p.CheckLayout(entries, rec);
+  } catch (const json::exception& ex) {
+    return p.Error(absl::StrCat("malformed: ", ex.what()));
+  }
+}
+
+// ---------------------------------------------------------------- snapshot
+
+// Anonymous memory, unmapped on destruction. 2 MiB-aligned and advised for
+// transparent huge pages: a snapshot then takes a few hundred page faults
+// instead of one per 4 KiB (3x faster copies of a large state).
+class HostBlock {
+ public:
+  static constexpr size_t kAlign = size_t{2} << 20;
+  static absl::StatusOr<HostBlock> Map(size_t size) {
+    size = (size + kAlign - 1) / kAlign * kAlign;
+    const size_t mapped = size + kAlign;
+    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      return ErrnoStatus(errno, absl::StrCat("map ", size, " bytes for a checkpoint snapshot"));
+    }
+    const auto base = reinterpret_cast<uintptr_t>(p);
+    char* aligned = static_cast<char*>(p) + (kAlign - base % kAlign) % kAlign;
+#ifdef MADV_HUGEPAGE
+    ::madvise(aligned, size, MADV_HUGEPAGE);  // a hint; fine to fail
+#endif
+    return HostBlock(static_cast<char*>(p), mapped, aligned, size);
+  }
+  HostBlock(HostBlock&& o) noexcept
+      : map_(std::exchange(o.map_, nullptr)), mapped_(o.mapped_), p_(o.p_), size_(o.size_) {}
+  HostBlock& operator=(HostBlock&& o) noexcept {
+    if (this != &o) {
+      Unmap();
+      map_ = std::exchange(o.map_, nullptr);
+      mapped_ = o.mapped_;
+      p_ = o.p_;
+      size_ = o.size_;
+    }
+    return *this;
+  }
+  HostBlock(const HostBlock&) = delete;
+  HostBlock& operator=(const HostBlock&) = delete;
+  ~HostBlock() { Unmap(); }
+  char* data() const { return p_; }
+  size_t size() const { return size_; }
+
+ private:
+  HostBlock(char* map, size_t mapped, char* p, size_t size)
+      : map_(map), mapped_(mapped), p_(p), size_(size) {}
+  void Unmap() {
+    if (map_ != nullptr) ::munmap(map_, mapped_);
+    map_ = nullptr;
+  }
+  char* map_ = nullptr;
+  size_t mapped_ = 0;
+  char* p_ = nullptr;
+  size_t size_ = 0;
+};
+
+// A state copied into host memory, written later by the background thread.
+struct Snapshot {
+  struct Item {
+    std::string key;
+    DType dtype;
+    std::vector<int64_t> shape;
+    const char* data;
+    size_t nbytes;
+  };
+  int64_t step = 0;
+  Metadata metadata;
+  std::vector<Item> items;
+  std::vector<HostBlock> blocks;
+  uint64_t bytes = 0;
+};
+
+class SnapshotWriter final : public StateWriter {
+ public:
+  SnapshotWriter(Snapshot& snap, size_t limit) : snap_(snap), limit_(limit) {}
+  absl::Status PutTensor(std::string_view key, DType dtype, std::vector<int64_t> shape,
+                         const void* data, size_t nbytes) override {
+    if (absl::Status st = ckpt::CheckPut(key, dtype, shape, data, nbytes); !st.ok()) return st;
+    if (!keys_.insert(std::string(key)).second) {
+      return absl::InvalidArgumentError(absl::StrCat("duplicate key '", Sv(key), "'"));
+    }
+    if (snap_.bytes + nbytes > limit_) {
+      over_limit_ = true;
+      return absl::ResourceExhaustedError("snapshot exceeds max_snapshot_bytes");
+    }
+    char* dst = nullptr;
+    if (nbytes > 0) {
+      if (used_ + nbytes > cap_) {
+        absl::StatusOr<HostBlock> b = HostBlock::Map(std::max(nbytes, size_t{64} << 20));
+        if (!b.ok()) return b.status();
+        used_ = 0;
+        cap_ = b->size();
+        snap_.blocks.push_back(*std::move(b));
+      }
+      dst = snap_.blocks.back().data() + used_;
+      std::memcpy(dst, data, nbytes);
+      used_ += (nbytes + 63) / 64 * 64;
+    }
+    snap_.items.push_back({std::string(key), dtype, std::move(shape), dst, nbytes});
+    snap_.bytes += nbytes;
+    return absl::OkStatus();
+  }
+  absl::Status PutBytes(std::string_view key, std::string_view bytes) override {
+    return PutTensor(key, DType::kU8, {static_cast<int64_t>(bytes.size())}, bytes.data(),
+                     bytes.size());
+  }
+  bool over_limit() const { return over_limit_; }
+
+ private:
+  Snapshot& snap_;
+  size_t limit_;
+  size_t used_ = 0;
+  size_t cap_ = 0;
+  bool over_limit_ = false;
+  std::unordered_set<std::string> keys_;
+};
+
+// ---------------------------------------------------------------- the manager
+
+class CheckpointManagerImpl final : public CheckpointManager {
+ public:
+  CheckpointManagerImpl(CheckpointOptions options, Fd lock, struct timespec session)
+      : opt_(std::move(options)), lock_(std::move(lock)), session_(session) {}
+  ~CheckpointManagerImpl() override;
+
+  void CleanUp();
+  void LearnHeaderReserve();
+
+  absl::StatusOr<SaveStats> Save(int64_t step, const StateRegistry& state,
+                                 const Metadata& metadata) override;
+  absl::StatusOr<SaveStats> SaveAsync(int64_t step, const StateRegistry& state,
+                                      const Metadata& metadata) override;
+  absl::Status WaitForPending(absl::Duration timeout) override;
+  absl::StatusOr<std::vector<CheckpointInfo>> List() const override;
+  absl::StatusOr<RestoreResult> Restore(const StateRegistry& state,
+                                        std::optional<int64_t> step) override;
+
+ private:
+  using Fill = std::function<absl::Status(ckpt::ShardWriter&)>;
+  // Writes this rank's shard for `step` and takes part in the commit.
+  absl::StatusOr<SaveStats> Write(int64_t step, const Metadata& metadata, const Fill& fill,
+                                  const std::vector<TensorEntry>* plan);
+  absl::Status CommitRank0(int64_t step, const std::string& tmp, const Metadata& metadata,
+                           const ShardRecord& mine, std::vector<TensorEntry> my_entries);
+  absl::Status WaitForCommit(int64_t step, const std::string& tmp, const ShardRecord& mine);
+  absl::Status Publish(const std::string& tmp, const std::string& final_dir);
+  void RemoveOwnFiles(const std::string& tmp) const;
+  void AbortTmp(const std::string& tmp) const;
+  void ApplyRetention(int64_t saved_step);
+  void DeleteLater(const std::string& path);
+  void RemoveAbortedTmpDirs(int64_t except_step);
+  absl::Status CheckStep(int64_t step) const;
+  // Waits until no asynchronous save is pending (the latched error stays).
+  void WaitIdle();
+  void WorkerLoop();
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !pending_; }
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return job_ != nullptr || !trash_.empty() || stop_;
+  }
+  void StartWorker() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!worker_.joinable()) worker_ = std::thread([this] { WorkerLoop(); });
+  }
+
+  const CheckpointOptions opt_;
+  Fd lock_;
+  const struct timespec session_;  // the lock file's mtime at Open (rank 0)
+  std::atomic<uint64_t> header_reserve_{kDefaultHeaderReserve};
+
+  absl::Mutex mu_;
+  bool pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<Snapshot> job_ ABSL_GUARDED_BY(mu_);
+  absl::Status latched_ ABSL_GUARDED_BY(mu_);
+  // Directories renamed out of the way by retention, deleted in the
+  // background (deleting a large file takes tens of milliseconds).
+  std::vector<std::string> trash_ ABSL_GUARDED_BY(mu_);
+  std::thread worker_ ABSL_GUARDED_BY(mu_);  // started on first use
+};
+
+bool TimespecBefore(const struct timespec& a, const struct timespec& b) {
+  return a.tv_sec != b.tv_sec ? a.tv_sec < b.tv_sec : a.tv_nsec < b.tv_nsec;
+}
+
+CheckpointManagerImpl::~CheckpointManagerImpl() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  std::thread worker;
+  {
+    absl::MutexLock l(&mu_);
+    worker = std::move(worker_);
+  }
+  // The worker finishes a pending write and the deletions first.
+  if (worker.joinable()) worker.join();
+}
+
+absl::Status CheckpointManagerImpl::CheckStep(int64_t step) const {
+  if (step < 0 || step > kMaxStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint step ", step, " is outside [0, ", kMaxStep, "]"));
+  }
+  return absl::OkStatus();
+}
+
+// Files of crashed writers: in temporary directories, what belongs to this
+// rank (its lock is ours now), and for rank 0 the manifest and abort marker,
+// files of ranks outside the world whose lock is free, and directories that
+// were being deleted.
+void CheckpointManagerImpl::CleanUp() {
+  absl::StatusOr<std::vector<std::string>> names = ListDir(opt_.dir);
+  if (!names.ok()) return;
+  for (const std::string& name : *names) {
+    const std::string path = Join(opt_.dir, name);
+    if (opt_.rank == 0 && name.rfind(kTrashPrefix, 0) == 0) {
+      RemoveTree(path);
+      continue;
+    }
+    if (name.rfind(kTmpPrefix, 0) != 0) continue;
+    absl::StatusOr<std::vector<std::string>> files = ListDir(path);
+    if (!files.ok()) continue;
+    for (const std::string& f : *files) {
+      const int owner = OwnerOf(f);
+      bool remove = owner == opt_.rank || (opt_.world_size == 1 && owner < 0);
+      Fd other_lock;
+      if (!remove && opt_.rank == 0 && owner >= opt_.world_size) {
+        // A rank of an earlier, larger world: its files are orphaned when
+        // no live process holds its lock.
+        other_lock = Fd(::open(Join(opt_.dir, LockName(owner)).c_str(), O_RDONLY | O_CLOEXEC));
+        remove = !other_lock.valid() ? errno == ENOENT
+                                     : ::flock(other_lock.get(), LOCK_EX | LOCK_NB) == 0;
+      }
+      if (remove) RemoveTree(Join(path, f));
+    }
+    ::rmdir(path.c_str());  // only when empty
+  }
+}
+
+void CheckpointManagerImpl::LearnHeaderReserve() {
+  absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> dirs = StepDirs(opt_.dir);
+  if (!dirs.ok()) return;
+  for (const auto& d : *dirs) {
+    absl::StatusOr<uint64_t> n = ckpt::HeaderJsonBytes(Join(d.second, ShardFileName(opt_.rank)));
+    if (!n.ok()) continue;
+    header_reserve_ = ckpt::HeaderBytesFor(*n + *n / 4 + 4096);
+    return;
+  }
+}
+
+void CheckpointManagerImpl::RemoveOwnFiles(const std::string& tmp) const {
+  absl::StatusOr<std::vector<std::string>> files = ListDir(tmp);
+  if (!files.ok()) return;
+  for (const std::string& f : *files) {
+    const int owner = OwnerOf(f);
+    if (owner == opt_.rank || (opt_.world_size == 1)) RemoveTree(Join(tmp, f));
+  }
+}
+
+// After a failed save: remove what this rank wrote; rank 0 tells the others.
+void CheckpointManagerImpl::AbortTmp(const std::string& tmp) const {
+  if (opt_.world_size == 1) {
+    RemoveTree(tmp);
+    return;
+  }
+  RemoveOwnFiles(tmp);
+  if (opt_.rank == 0) {
+    Fd fd(::open(Join(tmp, kAborted).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+  }
+  ::rmdir(tmp.c_str());
+}
+
+absl::Status CheckpointManagerImpl::Publish(const std::string& tmp, const std::string& final_dir) {
+  if (::rename(tmp.c_str(), final_dir.c_str()) == 0) return absl::OkStatus();
+  if (errno != ENOTEMPTY && errno != EEXIST) {
+    return ErrnoStatus(errno, absl::StrCat("rename ", tmp, " -> ", final_dir));
+  }
+  // A checkpoint of this step exists: swap atomically, then delete the old
+  // one (now under the temporary name, which Open cleans up after a crash).
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    DeleteLater(tmp);
+    return absl::OkStatus();
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
+    return ErrnoStatus(errno, absl::StrCat("exchange ", tmp, " <-> ", final_dir));
+  }
+  // No RENAME_EXCHANGE on this file system: move the old one aside first.
+  const std::string trash = Join(
+      opt_.dir, absl::StrCat(kTrashPrefix, std::filesystem::path(final_dir).filename().string(),
+                             "-", ::getpid()));
+  if (::rename(final_dir.c_str(), trash.c_str()) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("rename ", final_dir, " -> ", trash));
+  }
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    absl::Status st = ErrnoStatus(errno, absl::StrCat("rename ", tmp, " -> ", final_dir));
+    ::rename(trash.c_str(), final_dir.c_str());
+    return st;
+  }
+  RemoveTree(trash);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SaveStats> CheckpointManagerImpl::Write(int64_t step, const Metadata& metadata,
+                                                       const Fill& fill,
+                                                       const std::vector<TensorEntry>* plan) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string tmp = Join(opt_.dir, TmpDirName(step));
+  if (::mkdir(tmp.c_str(), 0755) != 0) {
+    if (errno != EEXIST) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
+    RemoveOwnFiles(tmp);  // a failed attempt at this step
+  }
+  const Metadata shard_md = {{"format", kFormat},
+                             {"step", std::to_string(step)},
+                             {"rank", std::to_string(opt_.rank)},
+                             {"world_size", std::to_string(opt_.world_size)},
+                             {"job_id", opt_.job_id},
+                             {"save_id", HexDigest(RandomId())}};
+  uint64_t reserve = header_reserve_;
+  if (plan != nullptr) reserve = ckpt::HeaderBytesFor(ckpt::HeaderJson(*plan, shard_md).size());
+
+  const std::string shard_path = Join(tmp, ShardFileName(opt_.rank));
+  absl::StatusOr<ShardSummary> summary = [&]() -> absl::StatusOr<ShardSummary> {
+    absl::StatusOr<std::unique_ptr<ckpt::ShardWriter>> w =
+        ckpt::ShardWriter::Create(shard_path, reserve);
+    if (!w.ok()) return w.status();
+    if (absl::Status st = Guard("saving", [&] { return fill(**w); }); !st.ok()) return st;
+    return (*w)->Finish(shard_md);
+  }();
+  absl::Status st = summary.status();
+  ShardRecord mine;
+  if (st.ok()) {
+    header_reserve_ =
+        ckpt::HeaderBytesFor(summary->header_json_bytes + summary->header_json_bytes / 4 + 4096);
+    mine.rank = opt_.rank;
+    mine.file = ShardFileName(opt_.rank);
+    mine.bytes = summary->file_bytes;
+    mine.header_bytes = summary->header_bytes;
+    mine.header_xxh3 = summary->header_xxh3;
+    mine.xxh3 = summary->xxh3;
+    if (opt_.rank == 0) {
+      st = CommitRank0(step, tmp, metadata, mine, std::move(summary->entries));
+    } else {
+      st = internal::WriteFileAtomic(Join(tmp, FragmentName(opt_.rank)),
+                                     FragmentJson(step, mine, summary->entries));
+      if (st.ok()) st = WaitForCommit(step, tmp, mine);
+    }
+  }
+  if (!st.ok()) {
+    AbortTmp(tmp);
+    return absl::Status(st.code(), absl::StrCat("checkpoint step ", step, " in ", opt_.dir,
+                                                " (rank ", opt_.rank, "): ", st.message()));
+  }
+  SaveStats stats;
+  stats.bytes = static_cast<int64_t>(mine.bytes);
+  stats.write_s = Seconds(t0);
+  if (opt_.rank == 0) {
+    ApplyRetention(step);
+    if (opt_.world_size > 1) RemoveAbortedTmpDirs(step);
+  }
+  return stats;
+}
+
+absl::Status CheckpointManagerImpl::CommitRank0(int64_t step, const std::string& tmp,
+                                                const Metadata& metadata, const ShardRecord& mine,
+                                                std::vector<TensorEntry> my_entries) {
+  Manifest m;
+  m.step = step;
+  m.world_size = opt_.world_size;
+  m.library_version = Version();
+  m.job_id = opt_.job_id;
+  m.metadata = metadata;
+  m.shards.resize(opt_.world_size);
+  m.entries.resize(opt_.world_size);
+  m.shards[0] = mine;
+  m.entries[0] = std::move(my_entries);
+  if (opt_.world_size > 1) {
+    ::unlink(Join(tmp, kAborted).c_str());
+    std::vector<bool> have(opt_.world_size, false);
+    have[0] = true;
+    int missing = opt_.world_size - 1;
+    Poller poll(opt_.shard_timeout);
+    while (missing > 0) {
+      for (int r = 1; r < opt_.world_size; ++r) {
+        if (have[r]) continue;
+        const std::string frag = Join(tmp, FragmentName(r));
+        struct stat fst;
+        if (::stat(frag.c_str(), &fst) != 0 || TimespecBefore(fst.st_mtim, session_)) {
+          continue;  // not written yet, or left by a writer before this Open
+        }
+        absl::StatusOr<std::string> text = ReadFile(frag);
+        if (!text.ok()) continue;
+        if (absl::Status st = ParseFragment(*text, frag, step, r, m.shards[r], m.entries[r]);
+            !st.ok()) {
+          return st;
+        }
+        struct stat sst;
+        const std::string shard = Join(tmp, m.shards[r].file);
+        if (::stat(shard.c_str(), &sst) != 0 ||
+            static_cast<uint64_t>(sst.st_size) != m.shards[r].bytes) {
+          return absl::DataLossError(
+              absl::StrCat(shard, ": missing or not of the size its fragment records"));
+        }
+        have[r] = true;
+        --missing;
+      }
+      if (missing == 0) break;
+      if (poll.Expired()) {
+        std::vector<int> late;
+        for (int r = 1; r < opt_.world_size; ++r) {
+          if (!have[r]) late.push_back(r);
+        }
+        return absl::DeadlineExceededError(
+            absl::StrCat("rank(s) ", absl::StrJoin(late, ","), " did not write their shard within ",
+                         absl::FormatDuration(opt_.shard_timeout), " (waiting for ", tmp, "/",
+                         FragmentName(late[0]), ")"));
+      }
+      poll.Wait();
+    }
+    for (int r = 1; r < opt_.world_size; ++r) ::unlink(Join(tmp, FragmentName(r)).c_str());
+  }
+  m.created_unix_ms = NowUnixMs();
+  if (absl::Status st = WriteFileSynced(Join(tmp, kManifest), ManifestJson(m)); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = ckpt::FsyncDir(tmp); !st.ok()) return st;
+  if (absl::Status st = Publish(tmp, Join(opt_.dir, StepDirName(step))); !st.ok()) return st;
+  return ckpt::FsyncDir(opt_.dir);
+}
+
+absl::Status CheckpointManagerImpl::WaitForCommit(int64_t step, const std::string& tmp,
+                                                  const ShardRecord& mine) {
+  const std::string final_dir = Join(opt_.dir, StepDirName(step));
+  Poller poll(opt_.shard_timeout);
+  while (true) {
+    if (absl::StatusOr<Manifest> m = LoadManifest(final_dir); m.ok() && opt_.rank < m->world_size) {
+      const ShardRecord& r = m->shards[opt_.rank];
+      if (r.header_xxh3 == mine.header_xxh3 && r.bytes == mine.bytes) return absl::OkStatus();
+    }
+    if (Exists(Join(tmp, kAborted))) {
+      return absl::AbortedError(absl::StrCat("rank 0 gave up the save (", tmp, "/", kAborted, ")"));
+    }
+    if (!Exists(tmp)) {
+      // Renamed away: either our commit (checked above, once more below) or
+      // removed by rank 0.
+      if (absl::StatusOr<Manifest> m = LoadManifest(final_dir);
+          m.ok() && opt_.rank < m->world_size &&
+          m->shards[opt_.rank].header_xxh3 == mine.header_xxh3) {
+        return absl::OkStatus();
+      }
+      return absl::AbortedError(absl::StrCat(tmp, " disappeared without a commit by rank 0"));
+    }
+    if (poll.Expired()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("rank 0 did not commit within ", absl::FormatDuration(opt_.shard_timeout),
+                       " (waiting for ", final_dir, "/", kManifest, ")"));
+    }
+    poll.Wait();
+  }
+}
+
+void CheckpointManagerImpl::ApplyRetention(int64_t saved_step) {
+  absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> dirs = StepDirs(opt_.dir);
+  if (!dirs.ok()) return;
+  int kept_newest = 0;
+  for (const auto& [step, path] : *dirs) {         // newest first
+    if (!Exists(Join(path, kManifest))) continue;  // not a checkpoint: not ours to delete
+    bool keep = step == saved_step;
+    if (kept_newest < opt_.keep_last) {
+      keep = true;
+      ++kept_newest;
+    }
+    if (opt_.keep_every > 0 && step % opt_.keep_every == 0) keep = true;
+    if (keep) continue;
+    DeleteLater(path);
+  }
+}
+
+// Renamed first (cheap, atomic), so that a crash midway never leaves a
+// half-deleted checkpoint, then deleted on the background thread.
+void CheckpointManagerImpl::DeleteLater(const std::string& path) {
+  const std::string trash =
+      Join(opt_.dir, absl::StrCat(kTrashPrefix, std::filesystem::path(path).filename().string(),
+                                  "-", ::getpid(), "-", HexDigest(RandomId())));
+  if (::rename(path.c_str(), trash.c_str()) != 0) {
+    RemoveTree(path);
+    return;
+  }
+  absl::MutexLock l(&mu_);
+  trash_.push_back(trash);
+  StartWorker();
+}
+
+void CheckpointManagerImpl::RemoveAbortedTmpDirs(int64_t except_step) {
+  absl::StatusOr<std::vector<std::string>> names = ListDir(opt_.dir);
+  if (!names.ok()) return;
+  for (const std::string& n : *names) {
+    if (n.rfind(kTmpPrefix, 0) != 0 || n == TmpDirName(except_step)) continue;
+    const std::string path = Join(opt_.dir, n);
+    if (Exists(Join(path, kAborted))) RemoveTree(path);
+  }
+}
+
+void CheckpointManagerImpl::WaitIdle() {
+  absl::MutexLock l(&mu_);
+  mu_.Await(absl::Condition(this, &CheckpointManagerImpl::Idle));
+}
+
+absl::StatusOr<SaveStats> CheckpointManagerImpl::Save(int64_t step, const StateRegistry& state,
+                                                      const Metadata& metadata) {
+  if (absl::Status st = CheckStep(step); !st.ok()) return st;
+  WaitIdle();
+  return Write(
+      step, metadata, [&state](ckpt::ShardWriter& w) { return state.SaveAll(w); }, nullptr);
+}
+
+absl::StatusOr<SaveStats> CheckpointManagerImpl::SaveAsync(int64_t step, const StateRegistry& state,
+                                                           const Metadata& metadata) {
+  if (absl::Status st = CheckStep(step); !st.ok()) return st;
+  {
+    absl::MutexLock l(&mu_);
+    if (pending_ && !opt_.wait_for_pending) {
+      SaveStats skipped;
+      skipped.skipped = true;
+      return skipped;
+    }
+    mu_.Await(absl::Condition(this, &CheckpointManagerImpl::Idle));
+    if (!latched_.ok()) return std::exchange(latched_, absl::OkStatus());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto snap = std::make_unique<Snapshot>();
+  snap->step = step;
+  snap->metadata = metadata;
+  SnapshotWriter sw(*snap, opt_.max_snapshot_bytes);
+  if (absl::Status st = Guard("saving", [&] { return state.SaveAll(sw); }); !st.ok()) {
+    if (!sw.over_limit()) return st;
+    snap.reset();  // too large to hold: write it now, from the caller's memory
+    return Save(step, state, metadata);
+  }
+  SaveStats stats;
+  stats.snapshot_s = Seconds(t0);
+  stats.background = true;
+  stats.bytes = static_cast<int64_t>(snap->bytes);  // the data; the header comes when written
+  absl::MutexLock l(&mu_);
+  StartWorker();
+  job_ = std::move(snap);
+  pending_ = true;
+  return stats;
+}
+
+void CheckpointManagerImpl::WorkerLoop() {
+  while (true) {
+    std::unique_ptr<Snapshot> job;
+    std::string trash;
+    {
+      absl::MutexLock l(&mu_);
+      mu_.Await(absl::Condition(this, &CheckpointManagerImpl::HasWork));
+      if (job_ != nullptr) {
+        job = std::move(job_);
+      } else if (!trash_.empty()) {
+        trash = std::move(trash_.back());
+        trash_.pop_back();
+      } else {
+        return;  // stopping, nothing left to do
+      }
+    }
+    if (!trash.empty()) {
+      RemoveTree(trash);
+      continue;
+    }
+    std::vector<TensorEntry> plan;
+    uint64_t off = 0;
+    for (const Snapshot::Item& it : job->items) {
+      TensorEntry e;
+      e.key = it.key;
+      e.dtype = it.dtype;
+      e.shape = it.shape;
+      e.begin = off;
+      off += it.nbytes;
+      e.end = off;
+      plan.push_back(std::move(e));
+    }
+    const Snapshot& snap = *job;
+    absl::StatusOr<SaveStats> r = Write(
+        snap.step, snap.metadata,
+        [&snap](ckpt::ShardWriter& w) {
+          for (const Snapshot::Item& it : snap.items) {
+            if (absl::Status st = w.PutTensor(it.key, it.dtype, it.shape, it.data, it.nbytes);
+                !st.ok()) {
+              return st;
+            }
+          }
+          return absl::OkStatus();
+        },
+        &plan);
+    job.reset();  // free the host copy before reporting
+    absl::MutexLock l(&mu_);
+    if (!r.ok() && latched_.ok()) latched_ = r.status();
+    pending_ = false;
+  }
+}
+
+absl::Status CheckpointManagerImpl::WaitForPending(absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  const bool idle =
+      mu_.AwaitWithTimeout(absl::Condition(this, &CheckpointManagerImpl::Idle), timeout);
+  if (!idle) {
+    return absl::DeadlineExceededError(absl::StrCat("an asynchronous checkpoint save in ", opt_.dir,
+                                                    " is still being written after ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  return std::exchange(latched_, absl::OkStatus());
+}
+
+absl::StatusOr<std::vector<CheckpointInfo>> CheckpointManagerImpl::List() const {
+  return ListCheckpoints(opt_.dir);
+}
+
+absl::StatusOr<CheckpointManager::RestoreResult> CheckpointManagerImpl::Restore(
+    const StateRegistry& state, std::optional<int64_t> step) {
+  WaitIdle();
+  std::vector<std::pair<int64_t, std::string>> candidates;
+  if (step) {
+    if (absl::Status st = CheckStep(*step); !st.ok()) return st;
+    const std::string path = Join(opt_.dir, StepDirName(*step));
+    if (!Exists(path)) {
+      return absl::NotFoundError(absl::StrCat("no checkpoint of step ", *step, " in ", opt_.dir));
+    }
+    candidates.emplace_back(*step, path);
+  } else {
+    absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> dirs = StepDirs(opt_.dir);
+    if (!dirs.ok()) return dirs.status();
+    candidates = *std::move(dirs);
+  }
+  RestoreResult result;
+  for (const auto& [s, path] : candidates) {
+    absl::StatusOr<Manifest> m = LoadManifest(path);
+    absl::Status st = m.status();
+    if (absl::IsFailedPrecondition(st)) return st;  // newer format: never skipped silently
+    if (st.ok()) {
+      if (!opt_.job_id.empty() && !m->job_id.empty() && m->job_id != opt_.job_id) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(path, " belongs to job '", m->job_id, "', this job is '", opt_.job_id,
+                         "'; refusing to restore another job's checkpoint"));
+      }
+      if (opt_.rank >= m->world_size) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            path, " was written by ", m->world_size, " rank(s) and has no shard for rank ",
+            opt_.rank, " (world size now ", opt_.world_size, ")"));
+      }
+      st = CheckShardFiles(*m);
+      if (st.ok()) st = VerifyShard(*m, opt_.rank);
+    }
+    if (!st.ok()) {
+      if (step) return st;
+      result.skipped.push_back(std::string(st.message()));
+      continue;
+    }
+    absl::StatusOr<std::unique_ptr<ckpt::ShardReader>> reader = ckpt::ShardReader::Open(
+        m->ShardPath(opt_.rank), m->shards[opt_.rank].header_bytes, m->entries[opt_.rank]);
+    if (!reader.ok()) return reader.status();
+    if (absl::Status lst = Guard("loading", [&] { return state.LoadAll(**reader); }); !lst.ok()) {
+      return absl::Status(lst.code(), absl::StrCat("restore ", path, ": ", lst.message()));
+    }
+    result.info = m->Info();
+    return result;
+  }
+  std::string msg = absl::StrCat("no valid checkpoint in ", opt_.dir);
+  if (!result.skipped.empty())
+    absl::StrAppend(&msg, " (", absl::StrJoin(result.skipped, "; "), ")");
+  return absl::NotFoundError(msg);
+}
+
+absl::Status ValidateOptions(const CheckpointOptions& o) {
+  if (o.dir.empty()) return absl::InvalidArgumentError("checkpoint directory is empty");
+  if (o.world_size < 1 || o.world_size > 99999) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size ", o.world_size, " is not in [1, 99999]"));
+  }
+  if (o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", o.rank, " is not in [0, world_size ", o.world_size, ")"));
+  }
+  if (o.keep_last < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("keep_last ", o.keep_last, " is below 1"));
+  }
+  if (o.keep_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("keep_every ", o.keep_every, " is negative"));
+  }
+  if (o.shard_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("shard_timeout must be positive");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(
+    const CheckpointOptions& options) {
+  if (absl::Status st = ValidateOptions(options); !st.ok()) return st;
+  std::error_code ec;
+  std::filesystem::create_directories(options.dir, ec);
+  if (ec) {
+    return ErrnoStatus(ec.value(), absl::StrCat("create checkpoint directory ", options.dir));
+  }
+  if (!std::filesystem::is_directory(options.dir, ec)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint directory ", options.dir, " is not a directory"));
+  }
+  const std::string lock_path = Join(options.dir, LockName(options.rank));
+  Fd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!lock.valid()) {
+    return ErrnoStatus(errno, absl::StrCat("checkpoint directory ", options.dir,
+                                           ": cannot create the writer lock ", lock_path));
+  }
+  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) {
+      return ErrnoStatus(errno, absl::StrCat("lock ", lock_path));
+    }
+    std::string holder;
+    char buf[64] = {};
+    if (::pread(lock.get(), buf, sizeof(buf) - 1, 0) > 0) {
+      holder = absl::StrCat(" (", std::string(buf).substr(0, std::string(buf).find('\n')), ")");
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint directory ", options.dir, " is in use: another live writer",
+                     holder, " holds the lock for rank ", options.rank, " (", lock_path, ")"));
+  }
+  // Who holds it (for the error above) and when (rank 0 ignores fragments
+  // older than this). Best effort: a full disk must not prevent a restore.
+  const std::string who = absl::StrCat("pid ", ::getpid(), "\n");
+  if (::ftruncate(lock.get(), 0) == 0) {
+    [[maybe_unused]] const ssize_t n = ::pwrite(lock.get(), who.data(), who.size(), 0);
+  }
+  ::futimens(lock.get(), nullptr);
+  struct stat st;
+  if (::fstat(lock.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", lock_path));
+  auto mgr = std::make_unique<CheckpointManagerImpl>(options, std::move(lock), st.st_mtim);
+  mgr->CleanUp();
+  mgr->LearnHeaderReserve();
+  return mgr;
+}
+
+absl::StatusOr<std::vector<CheckpointStatus>> ScanCheckpoints(const std::string& dir) {
+  return Scan(dir);
+}
+
+absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& dir) {
+  absl::StatusOr<std::vector<CheckpointStatus>> all = Scan(dir);
+  if (!all.ok()) return all.status();
+  std::vector<CheckpointInfo> out;
+  for (CheckpointStatus& c : *all) {
+    if (c.status.ok()) out.push_back(std::move(c.info));
+  }
+  return out;
+}
+
+absl::Status VerifyCheckpoint(const std::string& path) {
+  absl::StatusOr<Manifest> m = LoadManifest(path);
+  if (!m.ok()) return m.status();
+  if (absl::Status st = CheckShardFiles(*m); !st.ok()) return st;
+  for (int r = 0; r < m->world_size; ++r) {
+    if (absl::Status st = VerifyShard(*m, r); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> DescribeCheckpoint(const std::string& path) {
+  absl::StatusOr<Manifest> m = LoadManifest(path);
+  if (!m.ok()) return m.status();
+  std::string out = absl::StrCat("checkpoint ", m->dir, "\n");
+  char created[64] = "?";
+  const std::time_t secs = static_cast<std::time_t>(m->created_unix_ms / 1000);
+  std::tm tm{};
+  if (gmtime_r(&secs, &tm) != nullptr)
+    std::strftime(created, sizeof(created), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  absl::StrAppend(&out, "  format      ", kFormat, " v", m->version, ", written by omni ",
+                  m->library_version, "\n");
+  absl::StrAppend(&out, "  step        ", m->step, "\n");
+  absl::StrAppend(&out, "  job         ", m->job_id.empty() ? "(none)" : m->job_id, "\n");
+  absl::StrAppend(&out, "  created     ", created, "\n");
+  absl::StrAppend(&out, "  world size  ", m->world_size, "\n");
+  absl::StrAppend(&out, "  bytes       ", m->TotalBytes(), "\n");
+  absl::StrAppend(&out, "  metadata", m->metadata.empty() ? "    (none)" : "", "\n");
+  for (const auto& [k, v] : m->metadata) absl::StrAppend(&out, "    ", k, " = ", v, "\n");
+  absl::StrAppend(&out, "  shards\n");
+  for (const ShardRecord& r : m->shards) {
+    absl::StrAppend(&out, "    rank ", r.rank, "  ", r.file, "  ", r.bytes, " bytes (header ",
+                    r.header_bytes, ")  xxh3 ", HexDigest(r.xxh3), "\n");
+  }
+  size_t n = 0;
+  for (const auto& es : m->entries) n += es.size();
+  absl::StrAppend(&out, "  entries (", n, ")\n");
+  size_t width = 3;
+  for (const auto& es : m->entries) {
+    for (const TensorEntry& e : es) width = std::max(width, e.key.size());
+  }
+  char line[128];
+  for (size_t s = 0; s < m->entries.size(); ++s) {
+    for (const TensorEntry& e : m->entries[s]) {
+      std::snprintf(line, sizeof(line), "  %5zu  %-4s  %-20s  %12" PRIu64 "  %s\n", s,
+                    DTypeName(e.dtype), ckpt::ShapeString(e.shape).c_str(), e.end - e.begin,
+                    HexDigest(e.xxh3).c_str());
+      absl::StrAppend(&out, "    ", e.key, std::string(width - e.key.size(), ' '), line);
+    }
+  }
+  return out;
+}
+
+}  // namespace omni

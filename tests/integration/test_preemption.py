@@ -1,0 +1,210 @@
+"""Preemption without loss: real omni_train processes, real signals, real files.
+
+A run of N steps must equal, in params_xxh3 and in every logged loss, a run
+that is stopped with SIGTERM at any step, or with SIGKILL at any moment
+(including in the middle of a checkpoint write), and restarted with the same
+command until it finishes.
+"""
+
+import json
+import os
+import pathlib
+import random
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BIN_DIR = pathlib.Path(os.environ.get("OMNI_BIN_DIR", str(REPO / "build" / "bin")))
+TRAINER = BIN_DIR / "omni_train"
+OMNI = BIN_DIR / "omni"
+FINAL_RE = re.compile(r"^final step=(\d+) params_xxh3=([0-9a-f]{16}) loss=(-?\d+\.\d+)$")
+EXIT_PREEMPTED, EXIT_NO_SAVE = 75, 76
+
+pytestmark = pytest.mark.skipif(not TRAINER.exists(), reason=f"{TRAINER} not built")
+
+STEPS = 120
+BASE = ["--steps", STEPS, "--seed", 5, "--eval-every", 25, "--quiet"]
+
+
+def cmd(*extra):
+    return [str(TRAINER), *map(str, BASE), *map(str, extra)]
+
+
+def env(grace_s=None):
+    e = dict(os.environ)
+    if grace_s is not None:
+        e["OMNI_PREEMPT_GRACE_S"] = str(grace_s)
+    return e
+
+
+def final(stdout):
+    m = FINAL_RE.match(stdout.rstrip("\n").split("\n")[-1])
+    assert m, f"no final line in {stdout!r}"
+    return m.group(0)
+
+
+def losses(path):
+    """step -> loss, the last logged value of each step (resumes re-log)."""
+    out = {}
+    for line in pathlib.Path(path).read_text().splitlines():
+        m = re.match(r"step=(\d+) loss=(\S+)$", line)
+        assert m, f"bad loss line {line!r}"
+        out[int(m.group(1))] = m.group(2)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ref")
+    p = subprocess.run(cmd("--loss-log", d / "loss.log"), capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    return final(p.stdout), losses(d / "loss.log")
+
+
+def wait_for_steps(proc, loss_log, n, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if loss_log.exists() and len(loss_log.read_text().splitlines()) >= n:
+            return True
+        time.sleep(0.002)
+    raise AssertionError(f"run did not reach {n} steps in {timeout} s")
+
+
+def finish(args, e, timeout=120):
+    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=e, check=False)
+    assert p.returncode == 0, f"resume failed ({p.returncode}):\n{p.stderr}"
+    return p
+
+
+@pytest.mark.parametrize("stop_after", [2, 37, 81])
+def test_sigterm_at_a_step_then_resume_is_bit_exact(tmp_path, reference, stop_after):
+    ref_final, ref_losses = reference
+    log = tmp_path / "loss.log"
+    args = cmd("--ckpt-dir", tmp_path / "ckpt", "--ckpt-every", 20, "--loss-log", log)
+    e = env(grace_s=0.2)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    assert wait_for_steps(proc, log, stop_after)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert "preempted" in err and "resumable" in err
+    stopped_at = len(losses(log))
+    assert stopped_at < STEPS
+    p = finish(args, e)
+    assert final(p.stdout) == ref_final
+    assert losses(log) == ref_losses
+
+
+def test_sigkill_at_random_moments_including_mid_checkpoint_is_bit_exact(tmp_path, reference):
+    ref_final, ref_losses = reference
+    log = tmp_path / "loss.log"
+    # A checkpoint after every step: a large part of the run is spent writing
+    # checkpoints, so random kills land in the middle of writes too.
+    args = cmd("--ckpt-dir", tmp_path / "ckpt", "--ckpt-every", 1, "--keep", 2, "--loss-log", log)
+    rng = random.Random(1234)
+    kills = 0
+    for _ in range(6):
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.25 + rng.random() * 0.5)  # past start-up, somewhere in training
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.communicate(timeout=60)
+    assert kills >= 3
+    p = finish(args, env())
+    assert final(p.stdout) == ref_final
+    assert losses(log) == ref_losses
+    # Nothing partial is left behind once a writer has opened the directory again.
+    leftovers = [x.name for x in (tmp_path / "ckpt").iterdir() if x.name.startswith(".tmp")]
+    assert leftovers == []
+
+
+def test_a_save_that_cannot_meet_the_deadline_exits_76_and_keeps_the_last_checkpoint(
+        tmp_path, reference):
+    ref_final, ref_losses = reference
+    log = tmp_path / "loss.log"
+    args = cmd("--ckpt-dir", tmp_path / "ckpt", "--ckpt-every", 10, "--loss-log", log)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env(grace_s=0))
+    assert wait_for_steps(proc, log, 45)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_NO_SAVE, err
+    assert "cannot finish before the deadline" in err
+    verify = subprocess.run([str(OMNI), "ckpt", "verify", str(tmp_path / "ckpt")],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    p = finish(args, env())
+    assert final(p.stdout) == ref_final
+    assert losses(log) == ref_losses
+
+
+def test_a_second_signal_saves_at_the_next_boundary(tmp_path, reference):
+    ref_final, _ = reference
+    log = tmp_path / "loss.log"
+    args = cmd("--ckpt-dir", tmp_path / "ckpt", "--loss-log", log)
+    e = env(grace_s=600)  # the first signal alone would let it finish
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    assert wait_for_steps(proc, log, 10)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.01)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert len(losses(log)) < STEPS
+    assert final(finish(args, e).stdout) == ref_final
+
+
+def test_a_scheduler_notice_file_stops_the_job(tmp_path, reference):
+    ref_final, _ = reference
+    log = tmp_path / "loss.log"
+    notice = tmp_path / "notice.json"
+    args = cmd("--ckpt-dir", tmp_path / "ckpt", "--loss-log", log, "--notice-file", notice)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for_steps(proc, log, 5)
+    tmp = tmp_path / "notice.tmp"
+    tmp.write_text(json.dumps({"yield_in_s": 0.2}))
+    tmp.rename(notice)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert final(finish(args[:-2], env()).stdout) == ref_final
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, reference):
+    ref_final, ref_losses = reference
+    log = tmp_path / "loss.log"
+    args = cmd("--ckpt-dir", tmp_path / "ckpt", "--ckpt-every", 20, "--loss-log", log)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env(grace_s=0.05))
+    assert wait_for_steps(proc, log, 70)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED
+    steps = sorted((tmp_path / "ckpt").glob("step-*"))
+    assert len(steps) >= 2
+    shard = next(steps[-1].glob("*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0x40  # flip one bit in the last tensor
+    shard.write_bytes(bytes(data))
+    p = finish(args, env())
+    assert "skipped checkpoint" in p.stderr and shard.name in p.stderr
+    assert final(p.stdout) == ref_final
+    assert losses(log) == ref_losses
+
+
+def test_resuming_with_another_configuration_is_refused(tmp_path):
+    first = subprocess.run(cmd("--ckpt-dir", tmp_path / "ckpt", "--ckpt-every", 20),
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert first.returncode == 0, first.stderr
+    other = [str(TRAINER), "--steps", str(STEPS), "--seed", "6", "--quiet", "--ckpt-dir",
+             str(tmp_path / "ckpt")]
+    q = subprocess.run(other, capture_output=True, text=True, timeout=60, check=False)
+    assert q.returncode == 1, q.stdout + q.stderr
+    assert "seed=6" in q.stderr and "seed=5" in q.stderr
