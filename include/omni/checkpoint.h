@@ -82,6 +82,10 @@ struct CheckpointOptions {
   // Asynchronous saves: the host memory a pending snapshot may hold; a state
   // larger than this is saved synchronously.
   size_t max_snapshot_bytes = size_t{8} << 30;
+  // Keep the host memory of the last snapshot for the next SaveAsync, so
+  // that taking a snapshot is a plain copy (no page faults); false returns
+  // it to the system after every write.
+  bool keep_snapshot_memory = true;
   // When a new asynchronous save is requested while one is still being
   // written: wait for it (true) or skip the new one (false).
   bool wait_for_pending = true;

@@ -24,6 +24,11 @@ I/O errors, timeouts). Telemetry keeps working after a misuse error.
 
 Durations are float seconds in arguments and options; the snapshot reports
 milliseconds (schema in docs/telemetry.md).
+
+Checkpoints and preemption (``omni.CheckpointManager``, ``omni.StateRegistry``,
+``omni.PreemptionMonitor``, ``omni.DistributedSampler``; ready-made state
+objects for Python's, numpy's and torch's RNGs, numpy arrays and torch modules
+in ``omni.state``): see ``omni.checkpoint``.
 """
 
 from __future__ import annotations
@@ -55,6 +60,23 @@ from ._C import (
     version,
 )
 
+from . import state
+from .checkpoint import (
+    EXIT_PREEMPTED,
+    EXIT_PREEMPTED_NO_SAVE,
+    BoundaryDecision,
+    CheckpointManager,
+    DistributedSampler,
+    PreemptionMonitor,
+    StateReader,
+    StateRegistry,
+    StateWriter,
+    describe_checkpoint,
+    list_checkpoints,
+    scan_checkpoints,
+    verify_checkpoint,
+)
+
 __version__ = _C.__version__
 
 __all__ = [
@@ -80,6 +102,21 @@ __all__ = [
     "HOST",
     "NUM_BUILTIN_PHASES",
     "MAX_PHASES",
+    # checkpoints and preemption (omni.checkpoint, omni.state)
+    "CheckpointManager",
+    "StateRegistry",
+    "StateWriter",
+    "StateReader",
+    "DistributedSampler",
+    "PreemptionMonitor",
+    "BoundaryDecision",
+    "list_checkpoints",
+    "scan_checkpoints",
+    "verify_checkpoint",
+    "describe_checkpoint",
+    "EXIT_PREEMPTED",
+    "EXIT_PREEMPTED_NO_SAVE",
+    "state",
 ]
 
 Phase = Union[int, str]

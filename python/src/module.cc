@@ -1,5 +1,6 @@
 // omni._C: the private native module behind the `omni` Python package. It binds
-// omni::core (telemetry, forecasts, step logs, the evaluator, the NCCL probe);
+// omni::core (telemetry, forecasts, step logs, the evaluator, the NCCL probe,
+// checkpoints with Python state objects, the preemption monitor, the sampler);
 // python/omni/__init__.py is the documented facade and python/omni/_C.pyi
 // types this module.
 //
@@ -13,6 +14,12 @@
 //    callback sinks, so waiting on it with the GIL held could deadlock. The
 //    per-step hooks never block or lock (telemetry.h) and keep the GIL.
 //  - No exception, C++ or Python, leaves code that runs on a C++ thread.
+//  - Checkpoints: Python state objects (save(writer) / load(reader)) are
+//    wrapped in a C++ omni::Stateful (PyStatefulAdapter) that the core calls
+//    with the GIL released, on the thread that called save / restore; the
+//    adapter takes the GIL, and turns whatever the object raises into a
+//    Status (the exception itself is re-raised to the caller once the core
+//    returns). Writer and reader handles are valid only during that call.
 //
 // Thread safety: all state here is touched with the GIL held, except the core
 // objects, which are thread-safe where telemetry.h says so.
@@ -21,8 +28,11 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdint>
+#include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -36,12 +46,16 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "omni/checkpoint.h"
 #include "omni/clock.h"
 #include "omni/evaluator.h"
 #include "omni/forecast.h"
 #include "omni/nccl.h"
 #include "omni/phase.h"
+#include "omni/preemption.h"
+#include "omni/sampler.h"
 #include "omni/sinks.h"
+#include "omni/state.h"
 #include "omni/stats.h"
 #include "omni/step_log.h"
 #include "omni/telemetry.h"
@@ -678,6 +692,982 @@ void AdvanceClock(omni::FakeClock& clock, double seconds) {
   clock.Advance(std::chrono::nanoseconds(SecondsToNanos("seconds", seconds)));
 }
 
+// ---------------------------------------------------------------- state: buffers
+
+// numpy's name of a DType ("bfloat16" has no numpy dtype).
+const char* NumpyDTypeName(omni::DType dtype) {
+  switch (dtype) {
+    case omni::DType::kBool:
+      return "bool";
+    case omni::DType::kU8:
+      return "uint8";
+    case omni::DType::kI8:
+      return "int8";
+    case omni::DType::kI16:
+      return "int16";
+    case omni::DType::kI32:
+      return "int32";
+    case omni::DType::kI64:
+      return "int64";
+    case omni::DType::kF16:
+      return "float16";
+    case omni::DType::kBF16:
+      return "bfloat16";
+    case omni::DType::kF32:
+      return "float32";
+    case omni::DType::kF64:
+      return "float64";
+  }
+  return "unknown";
+}
+
+// A Py_buffer, released when it goes out of scope (with the GIL held: it is
+// only used on threads that hold it).
+class BufferView {
+ public:
+  BufferView() = default;
+  ~BufferView() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+  BufferView(const BufferView&) = delete;
+  BufferView& operator=(const BufferView&) = delete;
+
+  // False (and no Python error set) when `obj` cannot export such a buffer.
+  bool Acquire(py::handle obj, int flags) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) {
+      PyErr_Clear();
+      return false;
+    }
+    held_ = true;
+    return true;
+  }
+  const Py_buffer& view() const { return view_; }
+  std::vector<int64_t> shape() const {
+    std::vector<int64_t> shape;
+    for (int i = 0; i < view_.ndim; ++i) shape.push_back(view_.shape[i]);
+    return shape;
+  }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+};
+
+// The DType of a buffer item (struct-module format and item size), or
+// nullopt. Native and little-endian formats are the same on the hosts Omni
+// supports (little-endian); big-endian items are refused.
+std::optional<omni::DType> BufferDType(const char* format, Py_ssize_t itemsize) {
+  std::string f = format == nullptr ? "B" : format;
+  if (!f.empty() && (f[0] == '@' || f[0] == '=' || f[0] == '<')) {
+    f.erase(0, 1);
+  } else if (!f.empty() && (f[0] == '>' || f[0] == '!')) {
+    if (itemsize != 1) return std::nullopt;
+    f.erase(0, 1);
+  }
+  if (f.size() != 1) return std::nullopt;
+  switch (f[0]) {
+    case '?':
+      if (itemsize == 1) return omni::DType::kBool;
+      break;
+    case 'b':
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q':
+    case 'n':
+      if (itemsize == 1) return omni::DType::kI8;
+      if (itemsize == 2) return omni::DType::kI16;
+      if (itemsize == 4) return omni::DType::kI32;
+      if (itemsize == 8) return omni::DType::kI64;
+      break;
+    case 'B':
+    case 'H':
+    case 'I':
+    case 'L':
+    case 'Q':
+    case 'N':
+    case 'c':
+      if (itemsize == 1) return omni::DType::kU8;
+      break;
+    case 'e':
+      if (itemsize == 2) return omni::DType::kF16;
+      break;
+    case 'f':
+      if (itemsize == 4) return omni::DType::kF32;
+      break;
+    case 'd':
+      if (itemsize == 8) return omni::DType::kF64;
+      break;
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
+omni::DType BufferDTypeOrThrow(const char* method, const std::string& key, const BufferView& buf) {
+  const Py_buffer& v = buf.view();
+  std::optional<omni::DType> dtype = BufferDType(v.format, v.itemsize);
+  if (!dtype) {
+    throw py::value_error(absl::StrCat(
+        method, "('", key, "'): unsupported element type (buffer format '",
+        v.format == nullptr ? "B" : v.format, "', ", v.itemsize,
+        " bytes); supported: bool, uint8, int8, int16, int32, int64, float16, float32, float64"));
+  }
+  return *dtype;
+}
+
+// ---------------------------------------------------------------- state: writer / reader
+
+// omni.StateWriter: the writer handed to a Python object's save(writer). It
+// is valid only during that call. `last_error` keeps the core's error behind
+// the exception a method raised, so that the Status reaching the core is the
+// core's own (e.g. the asynchronous snapshot's size limit).
+class PyStateWriter {
+ public:
+  explicit PyStateWriter(omni::StateWriter* writer) : writer_(writer) {}
+
+  void PutTensor(const std::string& key, py::handle array) {
+    omni::StateWriter& w = writer();
+    if (!PyObject_CheckBuffer(array.ptr())) {
+      throw py::type_error(absl::StrCat("put_tensor('", key,
+                                        "'): expected a numpy array or an object supporting the "
+                                        "buffer protocol, got ",
+                                        TypeName(array)));
+    }
+    py::object holder = py::reinterpret_borrow<py::object>(array);
+    BufferView buf;
+    if (!buf.Acquire(holder, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)) {
+      // Not C-contiguous: save a contiguous copy.
+      holder = py::module_::import("numpy").attr("ascontiguousarray")(holder);
+      if (!buf.Acquire(holder, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)) {
+        throw py::value_error(
+            absl::StrCat("put_tensor('", key, "'): cannot get a C-contiguous buffer"));
+      }
+    }
+    const omni::DType dtype = BufferDTypeOrThrow("put_tensor", key, buf);
+    std::vector<int64_t> shape = buf.shape();
+    absl::Status status;
+    {
+      py::gil_scoped_release release;  // streams to the file
+      status = w.PutTensor(key, dtype, std::move(shape), buf.view().buf,
+                           static_cast<size_t>(buf.view().len));
+    }
+    Check(status);
+  }
+
+  void PutBytes(const std::string& key, py::handle data) {
+    omni::StateWriter& w = writer();
+    BufferView buf;
+    if (PyUnicode_Check(data.ptr()) || !PyObject_CheckBuffer(data.ptr()) ||
+        !buf.Acquire(data, PyBUF_C_CONTIGUOUS)) {
+      throw py::type_error(absl::StrCat("put_bytes('", key,
+                                        "'): expected bytes, bytearray or a contiguous buffer, "
+                                        "got ",
+                                        TypeName(data)));
+    }
+    const std::string_view bytes(static_cast<const char*>(buf.view().buf),
+                                 static_cast<size_t>(buf.view().len));
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = w.PutBytes(key, bytes);
+    }
+    Check(status);
+  }
+
+  void Invalidate() { writer_ = nullptr; }
+  const absl::Status& last_error() const { return last_error_; }
+  omni::StateWriter& writer() const {
+    if (writer_ == nullptr) {
+      throw std::runtime_error("this StateWriter is no longer valid (use it only inside save())");
+    }
+    return *writer_;
+  }
+
+ private:
+  void Check(const absl::Status& status) {
+    if (status.ok()) return;
+    last_error_ = status;
+    RaiseStatus(status);
+  }
+  omni::StateWriter* writer_;
+  absl::Status last_error_;
+};
+
+// omni.StateReader: the reader handed to a Python object's load(reader),
+// valid only during that call. A missing key raises KeyError.
+class PyStateReader {
+ public:
+  explicit PyStateReader(const omni::StateReader* reader) : reader_(reader) {}
+
+  py::tuple Find(const std::string& key) {
+    const omni::StateReader::Info info = ValueOrThrow(Check(reader().Find(key)));
+    py::tuple shape(info.shape.size());
+    for (size_t i = 0; i < info.shape.size(); ++i) shape[i] = info.shape[i];
+    return py::make_tuple(NumpyDTypeName(info.dtype), shape);
+  }
+
+  bool Contains(const std::string& key) const { return reader().Find(key).ok(); }
+
+  void ReadTensorInto(const std::string& key, py::handle out) {
+    const omni::StateReader& r = reader();
+    if (!PyObject_CheckBuffer(out.ptr())) {
+      throw py::type_error(absl::StrCat("read_tensor_into('", key,
+                                        "'): out must be a numpy array or a writable buffer, got ",
+                                        TypeName(out)));
+    }
+    BufferView buf;
+    if (!buf.Acquire(out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)) {
+      throw py::value_error(absl::StrCat("read_tensor_into('", key,
+                                         "'): out must be a writable, C-contiguous array"));
+    }
+    const omni::DType dtype = BufferDTypeOrThrow("read_tensor_into", key, buf);
+    const std::vector<int64_t> shape = buf.shape();
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = r.ReadTensor(key, dtype, shape, buf.view().buf, static_cast<size_t>(buf.view().len));
+    }
+    Check(status);
+  }
+
+  py::object ReadTensor(const std::string& key) {
+    const omni::StateReader::Info info = ValueOrThrow(Check(reader().Find(key)));
+    if (info.dtype == omni::DType::kBF16) {
+      throw py::value_error(absl::StrCat("read_tensor('", key,
+                                         "'): bfloat16 has no numpy dtype (use a torch state)"));
+    }
+    py::tuple shape(info.shape.size());
+    for (size_t i = 0; i < info.shape.size(); ++i) shape[i] = info.shape[i];
+    py::object array =
+        py::module_::import("numpy").attr("empty")(shape, NumpyDTypeName(info.dtype));
+    ReadTensorInto(key, array);
+    return array;
+  }
+
+  py::bytes ReadBytes(const std::string& key) {
+    absl::StatusOr<std::string> bytes;
+    {
+      const omni::StateReader& r = reader();
+      py::gil_scoped_release release;
+      bytes = r.ReadBytes(key);
+    }
+    return py::bytes(ValueOrThrow(Check(std::move(bytes))));
+  }
+
+  std::vector<std::string> Keys(const std::string& prefix) const { return reader().Keys(prefix); }
+
+  void Invalidate() { reader_ = nullptr; }
+  const absl::Status& last_error() const { return last_error_; }
+  const omni::StateReader& reader() const {
+    if (reader_ == nullptr) {
+      throw std::runtime_error("this StateReader is no longer valid (use it only inside load())");
+    }
+    return *reader_;
+  }
+
+ private:
+  // Records an error; a missing key raises KeyError rather than FileNotFoundError.
+  void Record(const absl::Status& status) {
+    if (status.ok()) return;
+    last_error_ = status;
+    if (absl::IsNotFound(status)) {
+      PyErr_SetString(PyExc_KeyError, std::string(status.message()).c_str());
+      throw py::error_already_set();
+    }
+  }
+  template <typename T>
+  absl::StatusOr<T> Check(absl::StatusOr<T> result) {
+    Record(result.status());
+    return result;
+  }
+  void Check(const absl::Status& status) {
+    Record(status);
+    if (!status.ok()) RaiseStatus(status);
+  }
+
+  const omni::StateReader* reader_;
+  absl::Status last_error_;
+};
+
+// ---------------------------------------------------------------- state: registry
+
+// The last Python exception a Python state object raised during one
+// checkpoint call; re-raised to the caller when the core call fails.
+struct PyErrorSlot {
+  std::optional<py::error_already_set> error;
+};
+
+absl::Status StatusOfPythonError(const py::error_already_set& e, const std::string& where) {
+  const std::string message = absl::StrCat(where, " raised ", e.what());
+  if (e.matches(PyExc_ValueError) || e.matches(PyExc_TypeError)) {
+    return absl::InvalidArgumentError(message);
+  }
+  if (e.matches(PyExc_KeyError) || e.matches(PyExc_FileNotFoundError)) {
+    return absl::NotFoundError(message);
+  }
+  return absl::UnknownError(message);
+}
+
+// An omni::Stateful over a Python object with save(writer) / load(reader).
+// The core calls it with the GIL released (from the thread that called save
+// or restore); it takes the GIL and never lets an exception out.
+class PyStatefulAdapter final : public omni::Stateful {
+ public:
+  PyStatefulAdapter(std::string name, py::object object, PyErrorSlot* slot)
+      : name_(std::move(name)), object_(std::move(object)), slot_(slot) {}
+  ~PyStatefulAdapter() override {
+    py::gil_scoped_acquire gil;
+    object_ = py::object();
+  }
+  PyStatefulAdapter(const PyStatefulAdapter&) = delete;
+  PyStatefulAdapter& operator=(const PyStatefulAdapter&) = delete;
+
+  absl::Status Save(omni::StateWriter& writer) const override {
+    return Call<PyStateWriter>("save", &writer);
+  }
+  absl::Status Load(const omni::StateReader& reader) override {
+    return Call<PyStateReader>("load", &reader);
+  }
+
+ private:
+  template <typename Handle, typename Core>
+  absl::Status Call(const char* method, Core* core) const {
+    py::gil_scoped_acquire gil;
+    const std::string where = absl::StrCat("'", name_, "'.", method, "()");
+    try {
+      py::object handle = py::cast(Handle(core));
+      auto& h = handle.cast<Handle&>();
+      struct Invalidator {
+        Handle& h;
+        ~Invalidator() { h.Invalidate(); }
+      } invalidator{h};
+      try {
+        object_.attr(method)(handle);
+        return absl::OkStatus();
+      } catch (py::error_already_set& e) {
+        if (!h.last_error().ok()) return h.last_error();  // the core's own error
+        absl::Status status = StatusOfPythonError(e, where);
+        slot_->error.reset();
+        slot_->error.emplace(std::move(e));
+        return status;
+      }
+    } catch (py::error_already_set& e) {
+      return StatusOfPythonError(e, where);
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat(where, " failed: ", e.what()));
+    } catch (...) {
+      return absl::InternalError(absl::StrCat(where, " failed with an unknown C++ exception"));
+    }
+  }
+
+  std::string name_;
+  py::object object_;
+  PyErrorSlot* slot_;
+};
+
+// omni.StateRegistry: named state objects, in registration order. An object
+// is either a native omni state (DistributedSampler) or any Python object
+// with save(writer) and load(reader) methods. Keeps every object alive.
+class PyStateRegistry {
+ public:
+  PyStateRegistry() = default;
+  PyStateRegistry(const PyStateRegistry&) = delete;
+  PyStateRegistry& operator=(const PyStateRegistry&) = delete;
+
+  py::object Register(const std::string& name, py::object object) {
+    omni::Stateful* stateful = nullptr;
+    std::unique_ptr<PyStatefulAdapter> adapter;
+    if (py::isinstance<omni::DistributedSampler>(object)) {
+      stateful = object.cast<omni::DistributedSampler*>();
+    } else {
+      for (const char* method : {"save", "load"}) {
+        if (!py::hasattr(object, method) || !PyCallable_Check(object.attr(method).ptr())) {
+          throw py::type_error(absl::StrCat("state object '", name,
+                                            "' must have save(writer) and load(reader) methods, "
+                                            "got ",
+                                            TypeName(object)));
+        }
+      }
+      adapter = std::make_unique<PyStatefulAdapter>(name, object, &slot_);
+      stateful = adapter.get();
+    }
+    const absl::Status status = registry_.Register(name, stateful);
+    if (absl::IsAlreadyExists(status)) RaiseStatus(absl::InvalidArgumentError(status.message()));
+    ThrowIfError(status);
+    objects_.emplace_back(name, object);
+    adapters_.push_back(std::move(adapter));
+    return object;
+  }
+
+  std::vector<std::string> Names() const {
+    std::vector<std::string> names;
+    for (const auto& [name, object] : objects_) names.push_back(name);
+    return names;
+  }
+  py::object Get(const std::string& name) const {
+    for (const auto& [n, object] : objects_) {
+      if (n == name) return object;
+    }
+    PyErr_SetString(PyExc_KeyError, name.c_str());
+    throw py::error_already_set();
+  }
+  bool Contains(const std::string& name) const {
+    for (const auto& entry : objects_) {
+      if (entry.first == name) return true;
+    }
+    return false;
+  }
+  size_t size() const { return objects_.size(); }
+
+  const omni::StateRegistry& registry() const { return registry_; }
+  // Before a checkpoint call: forget an earlier call's Python error.
+  void ClearError() { slot_.error.reset(); }
+  // After a failed checkpoint call: re-raises the Python exception a state
+  // object raised (noting the core's message), else the core's error.
+  [[noreturn]] void Raise(const absl::Status& status) {
+    if (slot_.error) {
+      py::error_already_set e = std::move(*slot_.error);
+      slot_.error.reset();
+      py::object value = e.value();
+      if (value && py::hasattr(value, "add_note")) {
+        value.attr("add_note")(absl::StrCat("omni: ", status.message()));
+      }
+      throw e;
+    }
+    RaiseStatus(status);
+  }
+
+ private:
+  omni::StateRegistry registry_;
+  PyErrorSlot slot_;
+  std::vector<std::pair<std::string, py::object>> objects_;
+  std::vector<std::unique_ptr<PyStatefulAdapter>> adapters_;  // null for native objects
+};
+
+// ---------------------------------------------------------------- checkpoints
+
+py::dict InfoDict(const omni::CheckpointInfo& info) {
+  py::dict d;
+  d["step"] = info.step;
+  d["path"] = info.path;
+  d["world_size"] = info.world_size;
+  d["format_version"] = info.format_version;
+  d["library_version"] = info.library_version;
+  d["job_id"] = info.job_id;
+  d["bytes"] = info.bytes;
+  d["created_unix_ms"] = info.created_unix_ms;
+  d["metadata"] = info.metadata;
+  return d;
+}
+
+py::list InfoList(const std::vector<omni::CheckpointInfo>& infos) {
+  py::list list;
+  for (const omni::CheckpointInfo& info : infos) list.append(InfoDict(info));
+  return list;
+}
+
+py::dict SaveStatsDict(const omni::SaveStats& s) {
+  py::dict d;
+  d["bytes"] = s.bytes;
+  d["snapshot_s"] = s.snapshot_s;
+  d["write_s"] = s.write_s;
+  d["background"] = s.background;
+  d["skipped"] = s.skipped;
+  return d;
+}
+
+class PyCheckpointManager;
+
+// Managers alive in this process (GIL-guarded), closed at interpreter exit so
+// that a pending asynchronous save is finished before the process ends.
+std::unordered_set<PyCheckpointManager*>& LiveManagers() {
+  static std::unordered_set<PyCheckpointManager*> live;
+  return live;
+}
+
+using Metadata = std::map<std::string, std::string>;
+
+class PyCheckpointManager {
+ public:
+  static std::unique_ptr<PyCheckpointManager> Open(py::handle dir, int rank, int world_size,
+                                                   std::string job_id, int keep_last,
+                                                   int64_t keep_every, int64_t max_snapshot_bytes,
+                                                   bool wait_for_pending, double shard_timeout_s) {
+    omni::CheckpointOptions options;
+    options.dir = PathArg("dir", dir);
+    options.rank = rank;
+    options.world_size = world_size;
+    options.job_id = std::move(job_id);
+    options.keep_last = keep_last;
+    options.keep_every = keep_every;
+    if (max_snapshot_bytes < 0) {
+      throw py::value_error(
+          absl::StrCat("max_snapshot_bytes must be >= 0, got ", max_snapshot_bytes));
+    }
+    options.max_snapshot_bytes = static_cast<size_t>(max_snapshot_bytes);
+    options.wait_for_pending = wait_for_pending;
+    options.shard_timeout = absl::Nanoseconds(SecondsToNanos("shard_timeout_s", shard_timeout_s));
+    absl::StatusOr<std::unique_ptr<omni::CheckpointManager>> manager;
+    {
+      py::gil_scoped_release release;
+      manager = omni::CheckpointManager::Open(options);
+    }
+    return std::make_unique<PyCheckpointManager>(options.dir, ValueOrThrow(std::move(manager)));
+  }
+
+  // Use Open().
+  PyCheckpointManager(std::string dir, std::unique_ptr<omni::CheckpointManager> manager)
+      : dir_(std::move(dir)), manager_(std::move(manager)) {
+    LiveManagers().insert(this);
+  }
+  ~PyCheckpointManager() {
+    LiveManagers().erase(this);
+    CloseQuietly();
+  }
+  PyCheckpointManager(const PyCheckpointManager&) = delete;
+  PyCheckpointManager& operator=(const PyCheckpointManager&) = delete;
+
+  py::dict Save(int64_t step, PyStateRegistry& state, const std::optional<Metadata>& metadata,
+                bool async) {
+    omni::CheckpointManager& m = manager();
+    state.ClearError();
+    const Metadata meta = metadata.value_or(Metadata());
+    absl::StatusOr<omni::SaveStats> stats;
+    {
+      py::gil_scoped_release release;  // Python state objects take it back
+      stats =
+          async ? m.SaveAsync(step, state.registry(), meta) : m.Save(step, state.registry(), meta);
+    }
+    if (!stats.ok()) state.Raise(stats.status());
+    return SaveStatsDict(*stats);
+  }
+
+  void WaitForPending(std::optional<double> timeout_s) {
+    omni::CheckpointManager& m = manager();
+    const absl::Duration timeout = timeout_s
+                                       ? absl::Nanoseconds(SecondsToNanos("timeout_s", *timeout_s))
+                                       : absl::InfiniteDuration();
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = m.WaitForPending(timeout);
+    }
+    ThrowIfError(status);
+  }
+
+  py::list List() {
+    omni::CheckpointManager& m = manager();
+    absl::StatusOr<std::vector<omni::CheckpointInfo>> infos;
+    {
+      py::gil_scoped_release release;
+      infos = m.List();
+    }
+    return InfoList(ValueOrThrow(std::move(infos)));
+  }
+
+  // None when there is no checkpoint at all (and no `step` was asked for).
+  py::object Restore(PyStateRegistry& state, std::optional<int64_t> step) {
+    omni::CheckpointManager& m = manager();
+    state.ClearError();
+    absl::StatusOr<omni::CheckpointManager::RestoreResult> result;
+    bool none_at_all = false;
+    {
+      py::gil_scoped_release release;
+      result = m.Restore(state.registry(), step);
+      if (absl::IsNotFound(result.status()) && !step) {
+        absl::StatusOr<std::vector<omni::CheckpointInfo>> infos = m.List();
+        none_at_all = infos.ok() && infos->empty();
+      }
+    }
+    if (!result.ok()) {
+      if (none_at_all) {
+        state.ClearError();
+        return py::none();
+      }
+      state.Raise(result.status());
+    }
+    py::dict d = InfoDict(result->info);
+    d["skipped"] = result->skipped;
+    return d;
+  }
+
+  void Close() {
+    if (manager_ == nullptr) return;
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = manager_->WaitForPending();
+      manager_.reset();  // joins the writer thread; releases the lock
+    }
+    ThrowIfError(status);
+  }
+  void CloseQuietly() {
+    if (manager_ == nullptr) return;
+    py::gil_scoped_release release;
+    manager_->WaitForPending().IgnoreError();
+    manager_.reset();
+  }
+  bool closed() const { return manager_ == nullptr; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  omni::CheckpointManager& manager() const {
+    if (manager_ == nullptr) {
+      throw std::runtime_error(absl::StrCat("the CheckpointManager of ", dir_, " is closed"));
+    }
+    return *manager_;
+  }
+  std::string dir_;
+  std::unique_ptr<omni::CheckpointManager> manager_;
+};
+
+void CloseAllManagers() {
+  const std::vector<PyCheckpointManager*> live(LiveManagers().begin(), LiveManagers().end());
+  for (PyCheckpointManager* m : live) m->CloseQuietly();
+}
+
+py::list ListCheckpoints(py::handle dir_arg) {
+  const std::string dir = PathArg("dir", dir_arg);
+  absl::StatusOr<std::vector<omni::CheckpointInfo>> infos;
+  {
+    py::gil_scoped_release release;
+    infos = omni::ListCheckpoints(dir);
+  }
+  return InfoList(ValueOrThrow(std::move(infos)));
+}
+
+py::list ScanCheckpoints(py::handle dir_arg) {
+  const std::string dir = PathArg("dir", dir_arg);
+  absl::StatusOr<std::vector<omni::CheckpointStatus>> scanned;
+  {
+    py::gil_scoped_release release;
+    scanned = omni::ScanCheckpoints(dir);
+  }
+  py::list list;
+  for (const omni::CheckpointStatus& s : ValueOrThrow(std::move(scanned))) {
+    py::dict d = InfoDict(s.info);
+    d["valid"] = s.status.ok();
+    d["error"] = s.status.ok() ? py::object(py::none()) : py::object(py::str(s.status.ToString()));
+    list.append(d);
+  }
+  return list;
+}
+
+void VerifyCheckpoint(py::handle path_arg) {
+  const std::string path = PathArg("path", path_arg);
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = omni::VerifyCheckpoint(path);
+  }
+  ThrowIfError(status);
+}
+
+std::string DescribeCheckpoint(py::handle path_arg) {
+  const std::string path = PathArg("path", path_arg);
+  absl::StatusOr<std::string> text;
+  {
+    py::gil_scoped_release release;
+    text = omni::DescribeCheckpoint(path);
+  }
+  return ValueOrThrow(std::move(text));
+}
+
+// ---------------------------------------------------------------- preemption
+
+class PyPreemptionMonitor;
+
+std::unordered_set<PyPreemptionMonitor*>& LiveMonitors() {
+  static std::unordered_set<PyPreemptionMonitor*> live;
+  return live;
+}
+
+const char* BoundaryActionName(omni::BoundaryAction action) {
+  switch (action) {
+    case omni::BoundaryAction::kContinue:
+      return "continue";
+    case omni::BoundaryAction::kSaveAndExit:
+      return "save_and_exit";
+    case omni::BoundaryAction::kExitWithoutSave:
+      return "exit_without_save";
+  }
+  return "continue";
+}
+
+class PyPreemptionMonitor {
+ public:
+  static std::unique_ptr<PyPreemptionMonitor> Create(std::optional<std::vector<int>> signals,
+                                                     py::handle notice_file, double grace_s,
+                                                     double k, bool apply_environment,
+                                                     double notice_poll_s, py::object clock_obj) {
+    omni::PreemptionOptions options;
+    if (signals) options.signals = *signals;
+    if (!notice_file.is_none()) options.notice_file = PathArg("notice_file", notice_file);
+    options.grace = absl::Nanoseconds(SecondsToNanos("grace_s", grace_s));
+    options.k = k;
+    options.notice_poll = absl::Nanoseconds(SecondsToNanos("notice_poll_s", notice_poll_s));
+    if (apply_environment) ThrowIfError(omni::ApplyEnvironment(options));
+    const omni::Clock* clock = omni::Clock::Real();
+    if (!clock_obj.is_none()) {
+      if (!py::isinstance<omni::FakeClock>(clock_obj)) {
+        throw py::type_error(
+            absl::StrCat("clock must be None or omni.FakeClock, got ", TypeName(clock_obj)));
+      }
+      clock = clock_obj.cast<omni::FakeClock*>();
+    }
+    absl::StatusOr<std::unique_ptr<omni::PreemptionMonitor>> monitor;
+    {
+      py::gil_scoped_release release;
+      monitor = omni::PreemptionMonitor::Create(options, clock);
+    }
+    return std::make_unique<PyPreemptionMonitor>(
+        std::move(clock_obj), clock, ValueOrThrow(std::move(monitor)),
+        NanosToSeconds(absl::ToInt64Nanoseconds(options.grace)));
+  }
+
+  // Use Create().
+  PyPreemptionMonitor(py::object clock_obj, const omni::Clock* clock,
+                      std::unique_ptr<omni::PreemptionMonitor> monitor, double grace_s)
+      : clock_obj_(std::move(clock_obj)),
+        clock_(clock),
+        monitor_(std::move(monitor)),
+        grace_s_(grace_s) {
+    LiveMonitors().insert(this);
+  }
+  ~PyPreemptionMonitor() {
+    LiveMonitors().erase(this);
+    Close();
+  }
+  PyPreemptionMonitor(const PyPreemptionMonitor&) = delete;
+  PyPreemptionMonitor& operator=(const PyPreemptionMonitor&) = delete;
+
+  py::tuple AtBoundary(double step_mean_s, double step_stddev_s, double save_mean_s,
+                       double save_stddev_s) {
+    const omni::BoundaryDecision d =
+        monitor().AtBoundary({step_mean_s, step_stddev_s}, {save_mean_s, save_stddev_s});
+    return py::make_tuple(BoundaryActionName(d.action), d.reason, d.deadline_ns);
+  }
+  void Notice(int64_t deadline_ns) { monitor().Notice(deadline_ns); }
+  bool pending() { return monitor().pending(); }
+  int signals_received() { return monitor().signals_received(); }
+  std::optional<std::string> last_notice_error() {
+    const absl::Status status = monitor().last_notice_error();
+    if (status.ok()) return std::nullopt;
+    return std::string(status.message());
+  }
+  int64_t NowNs() const { return clock_->NowNanos(); }
+  double grace_s() const { return grace_s_; }
+
+  // Restores the previous signal handlers and joins the watcher thread.
+  void Close() {
+    if (monitor_ == nullptr) return;
+    py::gil_scoped_release release;
+    monitor_.reset();
+  }
+  bool closed() const { return monitor_ == nullptr; }
+
+ private:
+  omni::PreemptionMonitor& monitor() const {
+    if (monitor_ == nullptr) throw std::runtime_error("the PreemptionMonitor is closed");
+    return *monitor_;
+  }
+  py::object clock_obj_;  // keeps a FakeClock alive while the monitor reads it
+  const omni::Clock* clock_;
+  std::unique_ptr<omni::PreemptionMonitor> monitor_;
+  double grace_s_;
+};
+
+void CloseAllMonitors() {
+  const std::vector<PyPreemptionMonitor*> live(LiveMonitors().begin(), LiveMonitors().end());
+  for (PyPreemptionMonitor* m : live) m->Close();
+}
+
+// ---------------------------------------------------------------- sampler
+
+void CheckCursor(int64_t epoch, int64_t offset) {
+  if (epoch < 0 || offset < 0) {
+    throw py::value_error(
+        absl::StrCat("cursor must not be negative, got (", epoch, ", ", offset, ")"));
+  }
+}
+
+py::tuple CursorTuple(const omni::SamplerCursor& c) { return py::make_tuple(c.epoch, c.offset); }
+
+void DefineCheckpoints(py::module_& m) {
+  m.attr("EXIT_PREEMPTED") = omni::kExitPreempted;
+  m.attr("EXIT_PREEMPTED_NO_SAVE") = omni::kExitPreemptedNoSave;
+
+  py::class_<PyStateWriter>(m, "StateWriter",
+                            "Receives one state object's tensors and blobs inside its save().")
+      .def("put_tensor", &PyStateWriter::PutTensor, py::arg("key"), py::arg("array"),
+           "Saves a numpy array (or any buffer) under `key`; a non-contiguous array is copied.")
+      .def("put_bytes", &PyStateWriter::PutBytes, py::arg("key"), py::arg("data"),
+           "Saves a byte string under `key`.");
+
+  py::class_<PyStateReader>(m, "StateReader",
+                            "Reads one state object's tensors and blobs back inside its load().")
+      .def("find", &PyStateReader::Find, py::arg("key"),
+           "(dtype name, shape) of the tensor `key`; KeyError when absent.")
+      .def("__contains__", &PyStateReader::Contains, py::arg("key"))
+      .def("read_tensor_into", &PyStateReader::ReadTensorInto, py::arg("key"), py::arg("out"),
+           "Copies tensor `key` into `out` (a writable C-contiguous array of the same dtype and "
+           "shape; ValueError naming the key otherwise).")
+      .def("read_tensor", &PyStateReader::ReadTensor, py::arg("key"),
+           "Tensor `key` as a new numpy array.")
+      .def("read_bytes", &PyStateReader::ReadBytes, py::arg("key"),
+           "The byte string saved under `key`.")
+      .def("keys", &PyStateReader::Keys, py::arg("prefix") = "",
+           "The object's keys that start with `prefix`, sorted.");
+
+  py::class_<PyStateRegistry>(m, "StateRegistry", "Named state objects; see omni.StateRegistry.")
+      .def(py::init<>())
+      .def("register", &PyStateRegistry::Register, py::arg("name"), py::arg("obj"),
+           "Registers `obj` under `name` (its key prefix) and returns it.")
+      .def("names", &PyStateRegistry::Names)
+      .def("__getitem__", &PyStateRegistry::Get, py::arg("name"))
+      .def("__contains__", &PyStateRegistry::Contains, py::arg("name"))
+      .def("__len__", &PyStateRegistry::size);
+
+  const omni::CheckpointOptions defaults;
+  py::class_<PyCheckpointManager>(m, "CheckpointManager",
+                                  "Checkpoints of one rank; see omni.CheckpointManager.")
+      .def(py::init(&PyCheckpointManager::Open), py::arg("dir"), py::arg("rank") = defaults.rank,
+           py::arg("world_size") = defaults.world_size, py::arg("job_id") = defaults.job_id,
+           py::arg("keep_last") = defaults.keep_last, py::arg("keep_every") = defaults.keep_every,
+           py::arg("max_snapshot_bytes") = static_cast<int64_t>(defaults.max_snapshot_bytes),
+           py::arg("wait_for_pending") = defaults.wait_for_pending,
+           py::arg("shard_timeout_s") = absl::ToDoubleSeconds(defaults.shard_timeout))
+      .def(
+          "save",
+          [](PyCheckpointManager& self, int64_t step, PyStateRegistry& state,
+             const std::optional<Metadata>& metadata) {
+            return self.Save(step, state, metadata, /*async=*/false);
+          },
+          py::arg("step"), py::arg("state"), py::arg("metadata") = py::none())
+      .def(
+          "save_async",
+          [](PyCheckpointManager& self, int64_t step, PyStateRegistry& state,
+             const std::optional<Metadata>& metadata) {
+            return self.Save(step, state, metadata, /*async=*/true);
+          },
+          py::arg("step"), py::arg("state"), py::arg("metadata") = py::none())
+      .def("wait_for_pending", &PyCheckpointManager::WaitForPending,
+           py::arg("timeout_s") = py::none())
+      .def("list", &PyCheckpointManager::List)
+      .def("restore", &PyCheckpointManager::Restore, py::arg("state"), py::arg("step") = py::none())
+      .def("close", &PyCheckpointManager::Close)
+      .def_property_readonly("closed", &PyCheckpointManager::closed)
+      .def_property_readonly("dir", &PyCheckpointManager::dir);
+
+  m.def("list_checkpoints", &ListCheckpoints, py::arg("dir"),
+        "Every valid checkpoint under `dir`, newest first.");
+  m.def("scan_checkpoints", &ScanCheckpoints, py::arg("dir"),
+        "Every step directory under `dir`, newest first, valid or not (with the reason).");
+  m.def("verify_checkpoint", &VerifyCheckpoint, py::arg("path"),
+        "Verifies every checksum of the checkpoint at `path`; raises at the first mismatch.");
+  m.def("describe_checkpoint", &DescribeCheckpoint, py::arg("path"),
+        "A human-readable description of the checkpoint at `path`.");
+
+  const omni::PreemptionOptions pdefaults;
+  py::class_<PyPreemptionMonitor>(m, "PreemptionMonitor",
+                                  "Signals and notices acted upon at step boundaries.")
+      .def(py::init(&PyPreemptionMonitor::Create), py::arg("signals") = py::none(),
+           py::arg("notice_file") = py::none(),
+           py::arg("grace_s") = absl::ToDoubleSeconds(pdefaults.grace), py::arg("k") = pdefaults.k,
+           py::arg("apply_environment") = true,
+           py::arg("notice_poll_s") = absl::ToDoubleSeconds(pdefaults.notice_poll),
+           py::arg("clock") = py::none())
+      .def("at_boundary", &PyPreemptionMonitor::AtBoundary, py::arg("next_step_mean_s"),
+           py::arg("next_step_stddev_s") = 0.0, py::arg("save_mean_s") = 0.0,
+           py::arg("save_stddev_s") = 0.0)
+      .def("notice", &PyPreemptionMonitor::Notice, py::arg("deadline_ns"))
+      .def("now_ns", &PyPreemptionMonitor::NowNs)
+      .def_property_readonly("pending", &PyPreemptionMonitor::pending)
+      .def_property_readonly("signals_received", &PyPreemptionMonitor::signals_received)
+      .def_property_readonly("last_notice_error", &PyPreemptionMonitor::last_notice_error)
+      .def_property_readonly("grace_s", &PyPreemptionMonitor::grace_s)
+      .def("close", &PyPreemptionMonitor::Close)
+      .def_property_readonly("closed", &PyPreemptionMonitor::closed);
+
+  py::class_<omni::DistributedSampler>(m, "DistributedSampler",
+                                       "A resumable, deterministic distributed sampler.")
+      .def(py::init([](int64_t dataset_size, int64_t global_batch, uint64_t seed, bool shuffle,
+                       bool drop_last) {
+             omni::SamplerOptions options;
+             options.dataset_size = dataset_size;
+             options.global_batch = global_batch;
+             options.seed = seed;
+             options.shuffle = shuffle;
+             options.drop_last = drop_last;
+             return ValueOrThrow(omni::DistributedSampler::Create(options));
+           }),
+           py::arg("dataset_size"), py::arg("global_batch") = 1, py::arg("seed") = 0,
+           py::arg("shuffle") = true, py::arg("drop_last") = true)
+      .def(
+          "batch",
+          [](const omni::DistributedSampler& s, int replica, int num_replicas) {
+            return ValueOrThrow(s.Batch(replica, num_replicas));
+          },
+          py::arg("replica") = 0, py::arg("num_replicas") = 1)
+      .def(
+          "batch_at",
+          [](const omni::DistributedSampler& s, int64_t epoch, int64_t offset, int replica,
+             int num_replicas) {
+            CheckCursor(epoch, offset);
+            return ValueOrThrow(s.BatchAt({epoch, offset}, replica, num_replicas));
+          },
+          py::arg("epoch"), py::arg("offset"), py::arg("replica") = 0, py::arg("num_replicas") = 1)
+      .def(
+          "next_cursor",
+          [](const omni::DistributedSampler& s, int64_t epoch, int64_t offset) {
+            CheckCursor(epoch, offset);
+            return CursorTuple(s.Next({epoch, offset}));
+          },
+          py::arg("epoch"), py::arg("offset"))
+      .def("commit", &omni::DistributedSampler::Commit)
+      .def_property_readonly(
+          "cursor", [](const omni::DistributedSampler& s) { return CursorTuple(s.cursor()); })
+      .def_property_readonly("batches_per_epoch", &omni::DistributedSampler::batches_per_epoch)
+      .def(
+          "index_at",
+          [](const omni::DistributedSampler& s, int64_t epoch, int64_t i) {
+            if (epoch < 0) throw py::value_error(absl::StrCat("epoch must be >= 0, got ", epoch));
+            if (i < 0 || i >= s.options().dataset_size) {
+              throw py::value_error(
+                  absl::StrCat("i must be in [0, ", s.options().dataset_size, "), got ", i));
+            }
+            return s.IndexAt(epoch, i);
+          },
+          py::arg("epoch"), py::arg("i"))
+      .def_property_readonly("options",
+                             [](const omni::DistributedSampler& s) {
+                               const omni::SamplerOptions& o = s.options();
+                               py::dict d;
+                               d["dataset_size"] = o.dataset_size;
+                               d["global_batch"] = o.global_batch;
+                               d["seed"] = o.seed;
+                               d["shuffle"] = o.shuffle;
+                               d["drop_last"] = o.drop_last;
+                               return d;
+                             })
+      .def(
+          "save",
+          [](const omni::DistributedSampler& s, PyStateWriter& w) {
+            ThrowIfError(s.Save(w.writer()));
+          },
+          py::arg("writer"), "Saves the cursor (for use inside another object's save()).")
+      .def(
+          "load",
+          [](omni::DistributedSampler& s, PyStateReader& r) { ThrowIfError(s.Load(r.reader())); },
+          py::arg("reader"), "Loads the cursor (for use inside another object's load()).");
+
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    CloseAllManagers();
+    CloseAllMonitors();
+  }));
+}
+
 }  // namespace
 
 void DefineModule(py::module_& m) {
@@ -767,6 +1757,7 @@ void DefineModule(py::module_& m) {
   m.def("nccl_library_version", &omni::NcclLibraryVersion,
         "The NCCL library version, without touching a device (0 when built without NCCL).");
 
+  DefineCheckpoints(m);
   py::module_::import("atexit").attr("register")(py::cpp_function(&CloseAllTelemetries));
 }
 

@@ -774,7 +774,15 @@ struct Snapshot {
 
 class SnapshotWriter final : public StateWriter {
  public:
-  SnapshotWriter(Snapshot& snap, size_t limit) : snap_(snap), limit_(limit) {}
+  // `pool`: blocks of an earlier snapshot to fill first (no page faults).
+  SnapshotWriter(Snapshot& snap, size_t limit, std::vector<HostBlock> pool)
+      : snap_(snap), limit_(limit), pool_(std::move(pool)) {}
+  // Unused pooled blocks stay with the snapshot, to be reused again.
+  ~SnapshotWriter() override {
+    for (HostBlock& b : pool_) snap_.blocks.push_back(std::move(b));
+  }
+  SnapshotWriter(const SnapshotWriter&) = delete;
+  SnapshotWriter& operator=(const SnapshotWriter&) = delete;
   absl::Status PutTensor(std::string_view key, DType dtype, std::vector<int64_t> shape,
                          const void* data, size_t nbytes) override {
     if (absl::Status st = ckpt::CheckPut(key, dtype, shape, data, nbytes); !st.ok()) return st;
@@ -788,11 +796,19 @@ class SnapshotWriter final : public StateWriter {
     char* dst = nullptr;
     if (nbytes > 0) {
       if (used_ + nbytes > cap_) {
-        absl::StatusOr<HostBlock> b = HostBlock::Map(std::max(nbytes, size_t{64} << 20));
-        if (!b.ok()) return b.status();
+        const size_t want = std::max(nbytes, size_t{64} << 20);
+        auto it = std::find_if(pool_.begin(), pool_.end(),
+                               [want](const HostBlock& b) { return b.size() >= want; });
+        if (it != pool_.end()) {
+          snap_.blocks.push_back(std::move(*it));
+          pool_.erase(it);
+        } else {
+          absl::StatusOr<HostBlock> b = HostBlock::Map(want);
+          if (!b.ok()) return b.status();
+          snap_.blocks.push_back(*std::move(b));
+        }
         used_ = 0;
-        cap_ = b->size();
-        snap_.blocks.push_back(*std::move(b));
+        cap_ = snap_.blocks.back().size();
       }
       dst = snap_.blocks.back().data() + used_;
       std::memcpy(dst, data, nbytes);
@@ -815,6 +831,7 @@ class SnapshotWriter final : public StateWriter {
   size_t cap_ = 0;
   bool over_limit_ = false;
   std::unordered_set<std::string> keys_;
+  std::vector<HostBlock> pool_;
 };
 
 // ---------------------------------------------------------------- the manager
@@ -876,6 +893,8 @@ class CheckpointManagerImpl final : public CheckpointManager {
   // Directories renamed out of the way by retention, deleted in the
   // background (deleting a large file takes tens of milliseconds).
   std::vector<std::string> trash_ ABSL_GUARDED_BY(mu_);
+  // The memory of the last snapshot, for the next one (keep_snapshot_memory).
+  std::vector<HostBlock> spare_ ABSL_GUARDED_BY(mu_);
   std::thread worker_ ABSL_GUARDED_BY(mu_);  // started on first use
 };
 
@@ -1217,6 +1236,7 @@ absl::StatusOr<SaveStats> CheckpointManagerImpl::Save(int64_t step, const StateR
 absl::StatusOr<SaveStats> CheckpointManagerImpl::SaveAsync(int64_t step, const StateRegistry& state,
                                                            const Metadata& metadata) {
   if (absl::Status st = CheckStep(step); !st.ok()) return st;
+  std::vector<HostBlock> pool;
   {
     absl::MutexLock l(&mu_);
     if (pending_ && !opt_.wait_for_pending) {
@@ -1226,14 +1246,22 @@ absl::StatusOr<SaveStats> CheckpointManagerImpl::SaveAsync(int64_t step, const S
     }
     mu_.Await(absl::Condition(this, &CheckpointManagerImpl::Idle));
     if (!latched_.ok()) return std::exchange(latched_, absl::OkStatus());
+    pool = std::move(spare_);
+    spare_.clear();
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto snap = std::make_unique<Snapshot>();
   snap->step = step;
   snap->metadata = metadata;
-  SnapshotWriter sw(*snap, opt_.max_snapshot_bytes);
-  if (absl::Status st = Guard("saving", [&] { return state.SaveAll(sw); }); !st.ok()) {
-    if (!sw.over_limit()) return st;
+  bool over_limit = false;
+  absl::Status snapped;
+  {
+    SnapshotWriter sw(*snap, opt_.max_snapshot_bytes, std::move(pool));
+    snapped = Guard("saving", [&] { return state.SaveAll(sw); });
+    over_limit = sw.over_limit();
+  }
+  if (absl::Status st = snapped; !st.ok()) {
+    if (!over_limit) return st;
     snap.reset();  // too large to hold: write it now, from the caller's memory
     return Save(step, state, metadata);
   }
@@ -1293,8 +1321,9 @@ void CheckpointManagerImpl::WorkerLoop() {
           return absl::OkStatus();
         },
         &plan);
-    job.reset();  // free the host copy before reporting
     absl::MutexLock l(&mu_);
+    if (opt_.keep_snapshot_memory) spare_ = std::move(job->blocks);
+    job.reset();  // free the host copy (unless kept) before reporting
     if (!r.ok() && latched_.ok()) latched_ = r.status();
     pending_ = false;
   }

@@ -32,8 +32,9 @@ struct Net : torch::nn::Module {
 
 class Dir {
  public:
-  Dir() : path_(fs::temp_directory_path() / ("omni_torch_" + std::to_string(::getpid()) + "_" +
-                                             std::to_string(counter_++))) {}
+  Dir()
+      : path_(fs::temp_directory_path() /
+              ("omni_torch_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++))) {}
   ~Dir() { fs::remove_all(path_); }
   std::string str() const { return path_.string(); }
 
@@ -103,7 +104,8 @@ void ExpectBitExactContinuation(Options opts) {
 }
 
 TEST(TorchState, AdamWContinuesBitExactlyFromACheckpoint) {
-  ExpectBitExactContinuation<torch::optim::AdamW>(torch::optim::AdamWOptions(0.05).weight_decay(0.1));
+  ExpectBitExactContinuation<torch::optim::AdamW>(
+      torch::optim::AdamWOptions(0.05).weight_decay(0.1));
 }
 
 TEST(TorchState, AdamWithAmsgradContinuesBitExactly) {

@@ -1072,6 +1072,30 @@ TEST(Checkpoint, AsyncSaveTakesASnapshotBeforeReturning) {
   EXPECT_TRUE(r.model.AllEqual(want.model));
 }
 
+TEST(Checkpoint, AsyncSavesReusingTheSnapshotMemoryKeepEachStepsValues) {
+  for (const bool keep : {true, false}) {
+    TempDir dir;
+    CheckpointOptions o = Options(dir.path());
+    o.keep_snapshot_memory = keep;
+    auto m = MustOpen(o);
+    const std::vector<std::pair<std::string, std::vector<int64_t>>> layout = {
+        {"big", {5, 1 << 20}}, {"small", {7}}};  // a block of its own, and a shared one
+    TestState s(layout);
+    for (int64_t step = 1; step <= 3; ++step) {
+      s.Set(step);
+      ASSERT_TRUE(m->SaveAsync(step, s.registry, {}).ok());
+      ASSERT_TRUE(m->WaitForPending().ok());
+    }
+    for (int64_t step = 1; step <= 3; ++step) {
+      TestState r(layout), want(layout);
+      want.Set(step);
+      auto res = m->Restore(r.registry, step);
+      ASSERT_TRUE(res.ok()) << res.status();
+      EXPECT_TRUE(r.model.AllEqual(want.model)) << "step " << step << " keep " << keep;
+    }
+  }
+}
+
 TEST(Checkpoint, AsyncSaveSkipsWhileOneIsPendingWhenToldNotToWait) {
   TempDir dir;
   CheckpointOptions o = Options(dir.path());

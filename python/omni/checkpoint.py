@@ -1,0 +1,312 @@
+"""Checkpoints, the training state and preemption: a Python trainer that is
+preemptible without loss.
+
+    import omni
+    from omni.state import ArrayState, JsonState, NumpyRandomState, PythonRandomState
+
+    state = omni.StateRegistry()
+    state.register("model", ArrayState(weights))          # numpy arrays, restored in place
+    state.register("progress", JsonState({"step": 0}))
+    state.register("rng/python", PythonRandomState())
+    state.register("rng/numpy", NumpyRandomState())
+    state.register("data", omni.DistributedSampler(len(dataset), global_batch=32, seed=1))
+
+    with omni.CheckpointManager("ckpt", keep_last=3) as ckpt, omni.PreemptionMonitor() as pm:
+        restored = ckpt.restore(state)                    # None on the first run
+        first = 0 if restored is None else restored["step"] + 1
+        for step in range(first, steps):
+            train_step(...)
+            decision = pm.at_boundary(step_s, save_mean_s=save_s)
+            if decision.action == "save_and_exit":
+                ckpt.save(step, state)
+                raise SystemExit(omni.EXIT_PREEMPTED)     # 75: resumable
+            if decision.action == "exit_without_save":
+                raise SystemExit(omni.EXIT_PREEMPTED_NO_SAVE)  # 76
+            if step % 100 == 99:
+                ckpt.save_async(step, state)
+
+On-disk format, retention, verification and the preemption rules are those
+of the C++ core (docs/preemption.md, include/omni/checkpoint.h).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Union
+
+from . import _C
+from ._C import (
+    EXIT_PREEMPTED,
+    EXIT_PREEMPTED_NO_SAVE,
+    DistributedSampler,
+    StateReader,
+    StateRegistry,
+    StateWriter,
+    describe_checkpoint,
+    list_checkpoints,
+    scan_checkpoints,
+    verify_checkpoint,
+)
+
+__all__ = [
+    "CheckpointManager",
+    "PreemptionMonitor",
+    "BoundaryDecision",
+    "StateRegistry",
+    "StateWriter",
+    "StateReader",
+    "DistributedSampler",
+    "list_checkpoints",
+    "scan_checkpoints",
+    "verify_checkpoint",
+    "describe_checkpoint",
+    "EXIT_PREEMPTED",
+    "EXIT_PREEMPTED_NO_SAVE",
+]
+
+_Path = Union[str, "os.PathLike[str]"]
+State = Union[StateRegistry, Mapping[str, Any]]
+"""A StateRegistry, or a mapping {name: state object} (registered in order)."""
+
+
+def _registry(state: State) -> StateRegistry:
+    if isinstance(state, StateRegistry):
+        return state
+    if isinstance(state, Mapping):
+        registry = StateRegistry()
+        for name, obj in state.items():
+            registry.register(name, obj)
+        return registry
+    raise TypeError(
+        f"state must be an omni.StateRegistry or a mapping of name to state object, "
+        f"got {type(state).__name__}"
+    )
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    if hasattr(exc, "add_note"):  # Python >= 3.11
+        exc.add_note(note)
+
+
+class CheckpointManager:
+    """The checkpoints of one rank under ``dir`` (created if missing).
+
+    Options: ``rank`` / ``world_size`` (ranks sharing ``dir``), ``job_id``
+    (a restore refuses another job's checkpoint), retention ``keep_last``
+    (>= 1) and ``keep_every`` (also keep every step that is a multiple; 0 =
+    none), ``max_snapshot_bytes`` (a larger state is saved synchronously by
+    ``save_async``), ``wait_for_pending`` (``save_async`` while one is being
+    written: wait, or skip the new one), ``shard_timeout_s``.
+
+    Opening takes a writer lock on (dir, rank): ``RuntimeError`` naming the
+    directory when another live process holds it. Use from one thread.
+    ``save``, ``restore`` and ``wait_for_pending`` release the GIL; the state
+    objects' ``save`` / ``load`` run on the calling thread, holding it.
+
+    Errors: an exception raised by a state object's ``save`` / ``load``
+    propagates as it is (with the core's message as a note); otherwise
+    ``ValueError`` (invalid argument, other shapes), ``FileNotFoundError``
+    (a missing checkpoint or state key) or ``RuntimeError`` (I/O, a full
+    disk, corruption).
+    """
+
+    def __init__(
+        self,
+        dir: _Path,
+        rank: int = 0,
+        world_size: int = 1,
+        job_id: str = "",
+        keep_last: int = 3,
+        keep_every: int = 0,
+        max_snapshot_bytes: int = 8 << 30,
+        wait_for_pending: bool = True,
+        shard_timeout_s: float = 300.0,
+    ) -> None:
+        self._c = _C.CheckpointManager(
+            dir, rank, world_size, job_id, keep_last, keep_every, max_snapshot_bytes,
+            wait_for_pending, shard_timeout_s,
+        )
+
+    @classmethod
+    def open(cls, dir: _Path, **options: Any) -> "CheckpointManager":
+        """Same as ``CheckpointManager(dir, **options)``."""
+        return cls(dir, **options)
+
+    def save(self, step: int, state: State, metadata: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+        """Saves ``state`` as checkpoint ``step`` (0 <= step < 10**12); durable
+        when it returns. Returns ``{"bytes", "snapshot_s", "write_s",
+        "background", "skipped"}``. Waits for a pending ``save_async`` first.
+        On error every earlier checkpoint is untouched."""
+        return self._c.save(step, _registry(state), metadata)
+
+    def save_async(
+        self, step: int, state: State, metadata: Optional[Dict[str, str]] = None
+    ) -> Dict[str, Any]:
+        """Copies ``state`` now and writes it on a background thread
+        (``background`` True; ``snapshot_s`` is the time the caller was
+        blocked). An error of the background write is raised by the next
+        ``save_async`` or ``wait_for_pending``."""
+        return self._c.save_async(step, _registry(state), metadata)
+
+    def wait_for_pending(self, timeout_s: Optional[float] = None) -> None:
+        """Waits for a pending ``save_async`` and raises its error, if any
+        (``RuntimeError`` naming the step after ``timeout_s``)."""
+        self._c.wait_for_pending(timeout_s)
+
+    def list(self) -> List[Dict[str, Any]]:
+        """Valid checkpoints, newest first: ``{"step", "path", "world_size",
+        "format_version", "library_version", "job_id", "bytes",
+        "created_unix_ms", "metadata"}``."""
+        return self._c.list()
+
+    def restore(self, state: State, step: Optional[int] = None) -> Optional[Dict[str, Any]]:
+        """Loads the newest valid checkpoint (or ``step``) into ``state`` and
+        returns its info (as ``list()``) plus ``"skipped"``: why newer
+        checkpoints were not used (a corrupt shard, naming the file and key).
+        A checkpoint is verified before any object is loaded.
+
+        Returns ``None`` when ``dir`` holds no checkpoint at all; raises
+        ``FileNotFoundError`` (listing what was skipped) when there are
+        checkpoints but none is valid, and when ``step`` does not exist."""
+        return self._c.restore(_registry(state), step)
+
+    def close(self) -> None:
+        """Waits for a pending save (raising its error), then releases the
+        directory lock. Idempotent; also done at interpreter exit."""
+        self._c.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._c.closed
+
+    @property
+    def dir(self) -> str:
+        return self._c.dir
+
+    @property
+    def native(self) -> _C.CheckpointManager:
+        return self._c
+
+    def __enter__(self) -> "CheckpointManager":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None:
+            self.close()
+            return False
+        try:
+            self.close()
+        except Exception as close_error:  # noqa: BLE001
+            _add_note(exc, f"omni: closing the checkpoint manager also failed: {close_error}")
+        return False
+
+    def __repr__(self) -> str:
+        return f"<omni.CheckpointManager {self.dir!r}{' closed' if self.closed else ''}>"
+
+
+class BoundaryDecision(NamedTuple):
+    """What to do at a step boundary."""
+
+    action: str  # "continue", "save_and_exit" or "exit_without_save"
+    reason: str  # for the log; "" when nothing is pending
+    deadline_ns: int  # on the monitor's clock (now_ns()); 0 when nothing is pending
+
+
+class PreemptionMonitor:
+    """Turns preemption signals, a scheduler's notice file and ``notice()``
+    calls into a decision at every step boundary.
+
+    ``signals``: the signals that request preemption (default SIGTERM,
+    SIGUSR1, SIGINT; a second one escalates: save at the next boundary).
+    ``notice_file``: a JSON file ``{"deadline_unix_ms": T}`` or
+    ``{"yield_in_s": S}`` polled every ``notice_poll_s``. ``grace_s``: the
+    deadline after a signal; with ``apply_environment`` the variable
+    ``OMNI_PREEMPT_GRACE_S`` overrides it. Costs are taken as mean + k·stddev.
+    ``clock``: an ``omni.FakeClock`` for tests.
+
+    Signals: creating the monitor installs C-level handlers for ``signals``
+    that replace Python's own while it lives: for those signals no Python
+    handler runs (SIGINT no longer raises ``KeyboardInterrupt``; it requests
+    preemption instead), and a handler installed with ``signal.signal`` in the
+    meantime would take the signal away from the monitor. ``close()`` (or
+    leaving the ``with`` block, or interpreter exit) restores the previous
+    handlers. Only one monitor may exist per process (``RuntimeError``).
+    """
+
+    def __init__(
+        self,
+        signals: Optional[Iterable[int]] = None,
+        notice_file: Optional[_Path] = None,
+        grace_s: float = 30.0,
+        k: float = 2.0,
+        apply_environment: bool = True,
+        notice_poll_s: float = 0.1,
+        clock: Optional[_C.FakeClock] = None,
+    ) -> None:
+        sigs = None if signals is None else [int(s) for s in signals]
+        if notice_file is not None and os.fspath(notice_file) == "":
+            notice_file = None
+        self._c = _C.PreemptionMonitor(
+            sigs, notice_file, grace_s, k, apply_environment, notice_poll_s, clock
+        )
+
+    def at_boundary(
+        self,
+        next_step_mean_s: float,
+        next_step_stddev_s: float = 0.0,
+        save_mean_s: float = 0.0,
+        save_stddev_s: float = 0.0,
+    ) -> BoundaryDecision:
+        """Call between steps with the expected cost of the next step and of a
+        save: ``continue`` when nothing is pending or one more step and a save
+        still fit before the deadline; ``save_and_exit`` when only the save
+        fits (save, then exit with ``EXIT_PREEMPTED``); ``exit_without_save``
+        when not even the save fits (exit with ``EXIT_PREEMPTED_NO_SAVE``)."""
+        return BoundaryDecision(
+            *self._c.at_boundary(next_step_mean_s, next_step_stddev_s, save_mean_s, save_stddev_s)
+        )
+
+    def notice(self, deadline_ns: int) -> None:
+        """A scheduler's notice: leave by ``deadline_ns`` (see ``now_ns()``)."""
+        self._c.notice(deadline_ns)
+
+    def now_ns(self) -> int:
+        """The monitor's clock, in nanoseconds."""
+        return self._c.now_ns()
+
+    @property
+    def pending(self) -> bool:
+        """True once a signal or a notice has arrived (stays true)."""
+        return self._c.pending
+
+    @property
+    def signals_received(self) -> int:
+        return self._c.signals_received
+
+    @property
+    def last_notice_error(self) -> Optional[str]:
+        """The last problem with the notice file (the notice was ignored)."""
+        return self._c.last_notice_error
+
+    @property
+    def grace_s(self) -> float:
+        """The grace period in effect (after ``OMNI_PREEMPT_GRACE_S``)."""
+        return self._c.grace_s
+
+    def close(self) -> None:
+        """Restores the previous signal handlers. Idempotent."""
+        self._c.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._c.closed
+
+    def __enter__(self) -> "PreemptionMonitor":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        return f"<omni.PreemptionMonitor pending={self.pending if not self.closed else 'closed'}>"
