@@ -138,6 +138,7 @@ class CheckpointManager:
         max_snapshot_bytes: int = 8589934592,
         wait_for_pending: bool = True,
         shard_timeout_s: float = 300.0,
+        keep_snapshot_memory: bool = True,
     ) -> None: ...
     def save(self, step: int, state: StateRegistry, metadata: Optional[Dict[str, str]] = None) -> Dict[str, Any]: ...
     def save_async(

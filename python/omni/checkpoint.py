@@ -95,8 +95,10 @@ class CheckpointManager:
     (a restore refuses another job's checkpoint), retention ``keep_last``
     (>= 1) and ``keep_every`` (also keep every step that is a multiple; 0 =
     none), ``max_snapshot_bytes`` (a larger state is saved synchronously by
-    ``save_async``), ``wait_for_pending`` (``save_async`` while one is being
-    written: wait, or skip the new one), ``shard_timeout_s``.
+    ``save_async``), ``keep_snapshot_memory`` (keep the snapshot's host
+    memory for the next ``save_async``, or return it after every write),
+    ``wait_for_pending`` (``save_async`` while one is being written: wait, or
+    skip the new one), ``shard_timeout_s``.
 
     Opening takes a writer lock on (dir, rank): ``RuntimeError`` naming the
     directory when another live process holds it. Use from one thread.
@@ -121,10 +123,11 @@ class CheckpointManager:
         max_snapshot_bytes: int = 8 << 30,
         wait_for_pending: bool = True,
         shard_timeout_s: float = 300.0,
+        keep_snapshot_memory: bool = True,
     ) -> None:
         self._c = _C.CheckpointManager(
             dir, rank, world_size, job_id, keep_last, keep_every, max_snapshot_bytes,
-            wait_for_pending, shard_timeout_s,
+            wait_for_pending, shard_timeout_s, keep_snapshot_memory,
         )
 
     @classmethod

@@ -306,7 +306,9 @@ def test_registry_refuses_objects_without_save_and_load_and_duplicate_names():
 
 def test_save_async_retention_and_tools(tmp_path):
     values = JsonState({"n": 0})
-    with omni.CheckpointManager(tmp_path, keep_last=2, keep_every=10) as ckpt:
+    with omni.CheckpointManager(
+        tmp_path, keep_last=2, keep_every=10, keep_snapshot_memory=False
+    ) as ckpt:
         for step in range(1, 13):
             values["n"] = step
             stats = ckpt.save_async(step, {"v": values})
@@ -364,3 +366,16 @@ def test_sampler_cursor_is_saved_and_restored(tmp_path):
         sampler.batch(2, 2)
     with pytest.raises(ValueError, match="dataset_size"):
         omni.DistributedSampler(0)
+
+
+def test_restore_with_an_object_the_checkpoint_lacks_raises_naming_it_and_loads_nothing(tmp_path):
+    with omni.CheckpointManager(tmp_path) as ckpt:
+        ckpt.save(0, {"a": JsonState({"x": 1})})
+        a = JsonState({"x": 0})
+        with pytest.raises(FileNotFoundError, match="extra"):
+            ckpt.restore({"a": a, "extra": JsonState()})
+        assert a["x"] == 0
+        with pytest.raises(ValueError, match="timeout_s"):
+            ckpt.wait_for_pending(timeout_s=-1.0)
+        with pytest.raises(TypeError, match="mapping"):
+            ckpt.save(1, [JsonState()])
