@@ -123,9 +123,8 @@ Phase = Union[int, str]
 """A phase: a built-in id (``omni.COMPUTE``), a registered id, or a name."""
 
 
-def _add_note(exc: BaseException, note: str) -> None:
-    if hasattr(exc, "add_note"):  # Python >= 3.11
-        exc.add_note(note)
+from ._util import ClosingContext as _ClosingContext
+from ._util import add_note as _add_note
 
 
 class _StepScope:
@@ -176,7 +175,7 @@ class _PhaseScope:
         return False
 
 
-class Telemetry:
+class Telemetry(_ClosingContext):
     """Measures every step and its phases, keeps rolling statistics, forecasts
     idle windows, and exports a step log, a Perfetto trace and forecasts.
 
@@ -216,18 +215,7 @@ class Telemetry:
 
     # ---- context managers
 
-    def __enter__(self) -> "Telemetry":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc is None:
-            self.close()
-            return False
-        try:
-            self.close()
-        except Exception as close_error:  # noqa: BLE001
-            _add_note(exc, f"omni: closing the telemetry also failed: {close_error}")
-        return False
+    _closing_what = "telemetry"
 
     def step(self, step: Optional[int] = None) -> _StepScope:
         """A step as a context manager: ``with tel.step(): ...``.

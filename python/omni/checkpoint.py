@@ -83,12 +83,10 @@ def _registry(state: State) -> StateRegistry:
     )
 
 
-def _add_note(exc: BaseException, note: str) -> None:
-    if hasattr(exc, "add_note"):  # Python >= 3.11
-        exc.add_note(note)
+from ._util import ClosingContext as _ClosingContext
 
 
-class CheckpointManager:
+class CheckpointManager(_ClosingContext):
     """The checkpoints of one rank under ``dir`` (created if missing).
 
     Options: ``rank`` / ``world_size`` (ranks sharing ``dir``), ``job_id``
@@ -190,18 +188,7 @@ class CheckpointManager:
     def native(self) -> _C.CheckpointManager:
         return self._c
 
-    def __enter__(self) -> "CheckpointManager":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc is None:
-            self.close()
-            return False
-        try:
-            self.close()
-        except Exception as close_error:  # noqa: BLE001
-            _add_note(exc, f"omni: closing the checkpoint manager also failed: {close_error}")
-        return False
+    _closing_what = "checkpoint manager"
 
     def __repr__(self) -> str:
         return f"<omni.CheckpointManager {self.dir!r}{' closed' if self.closed else ''}>"
@@ -215,7 +202,7 @@ class BoundaryDecision(NamedTuple):
     deadline_ns: int  # on the monitor's clock (now_ns()); 0 when nothing is pending
 
 
-class PreemptionMonitor:
+class PreemptionMonitor(_ClosingContext):
     """Turns preemption signals, a scheduler's notice file and ``notice()``
     calls into a decision at every step boundary.
 
@@ -304,12 +291,7 @@ class PreemptionMonitor:
     def closed(self) -> bool:
         return self._c.closed
 
-    def __enter__(self) -> "PreemptionMonitor":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        self.close()
-        return False
+    _closing_what = "preemption monitor"
 
     def __repr__(self) -> str:
         return f"<omni.PreemptionMonitor pending={self.pending if not self.closed else 'closed'}>"
