@@ -1,0 +1,99 @@
+// Rendezvous store: a small key/value service that the processes of a job
+// share to find each other (membership, generations, communicator setup).
+//
+//   auto store = omni::OpenStore("file:///shared/job-42/store");
+//   (*store)->Set("rank/0/addr", "10.0.0.1:29500");
+//   auto n = (*store)->Add("joined", 1);                       // atomic counter
+//   auto peer = (*store)->Get("rank/1/addr", absl::Seconds(30));  // waits, bounded
+//
+// Keys are 1..200 characters of [A-Za-z0-9_.-/]; any other key is rejected
+// with InvalidArgument naming it. Values are arbitrary bytes. A counter made
+// by Add is stored as its decimal text (Get returns e.g. "3").
+//
+// Backends: "file:///abs/dir" is a FileStore, one file per key in a directory
+// on a local or shared file system (atomic replace for every write; Add,
+// CompareAndSet, Set and Delete serialised by an flock on <dir>/.lock), which
+// works between threads and between processes on one host or over a shared
+// file system. "tcp://" (the c10d TCPStore adapter) is planned.
+//
+// Blocking calls (Get, Wait) always take a timeout: there is no unbounded
+// wait. They return DeadlineExceeded naming the missing key(s).
+//
+// Thread safety: every method of every Store may be called from any thread
+// concurrently, and (for a FileStore) from any number of processes sharing
+// the directory. A prefix view adds no state of its own; it is as
+// thread-safe as its base, which must outlive it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "omni/export.h"
+
+namespace omni {
+
+class OMNI_EXPORT Store {
+ public:
+  virtual ~Store() = default;
+
+  // Stores `value` under `key`, replacing any earlier value. On success the
+  // new value is visible to every later TryGet/Get of any process.
+  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+
+  // The value of `key`, or nullopt when it does not exist. Never blocks on
+  // other callers (beyond the I/O itself).
+  virtual absl::StatusOr<std::optional<std::string>> TryGet(const std::string& key) = 0;
+
+  // Atomically adds `delta` to the counter `key` (a missing key counts as 0)
+  // and returns the new value. InvalidArgument naming the key when its value
+  // is not a decimal int64; OutOfRange when the sum would overflow.
+  virtual absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
+
+  // Atomically: when the current value of `key` equals `expected` — or, for
+  // an empty `expected`, when `key` does not exist — stores `desired`.
+  // Returns the value stored under `key` after the call (`desired` when it
+  // was swapped, the current value otherwise). An empty `expected` never
+  // matches an existing key, even one holding "". NotFound naming the key
+  // when `key` does not exist and `expected` is not empty (nothing stored).
+  virtual absl::StatusOr<std::string> CompareAndSet(const std::string& key,
+                                                    const std::string& expected,
+                                                    const std::string& desired) = 0;
+
+  // Removes `key`; true when it existed.
+  virtual absl::StatusOr<bool> Delete(const std::string& key) = 0;
+
+  // The value of `key`, waiting until it exists for at most `timeout`
+  // (a timeout <= 0 checks once). DeadlineExceeded naming the key and the
+  // timeout when it still does not exist. The default polls TryGet with a
+  // backoff of 1 ms doubling up to 50 ms.
+  virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout);
+
+  // OK once every key of `keys` exists, waiting for at most `timeout`.
+  // DeadlineExceeded naming the keys still missing. The default polls TryGet
+  // (1 ms .. 50 ms backoff).
+  virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout);
+};
+
+// A view of `base` in which every key `k` is stored as `prefix` + "/" + `k`,
+// so stores with different prefixes never see each other's keys (e.g. one
+// prefix per membership generation). Does not own `base`, which must outlive
+// the view. A prefix that is not a valid key makes every call fail with
+// InvalidArgument naming the full key.
+OMNI_EXPORT std::unique_ptr<Store> MakePrefixStore(Store& base, std::string prefix);
+
+// Opens a store by URI:
+//   file:///abs/dir   a FileStore in `dir` (created if missing);
+//                     PermissionDenied (or the OS error) naming the
+//                     directory when it cannot be created or written.
+//   tcp://host:port   Unimplemented naming the scheme (not built yet).
+// InvalidArgument naming the URI for anything else, including a relative
+// or empty file path.
+OMNI_EXPORT absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& uri);
+
+}  // namespace omni
