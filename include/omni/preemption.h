@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "omni/clock.h"
 #include "omni/export.h"
+#include "omni/store.h"
 
 namespace omni {
 
@@ -109,6 +110,42 @@ class OMNI_EXPORT PreemptionMonitor {
   // The last notice-file problem (malformed JSON, missing field, unreadable
   // file), naming the file; OK when there was none. The notice was ignored.
   virtual absl::Status last_notice_error() const = 0;
+};
+
+// Agreement of the ranks of a job on the boundary at which they all stop.
+//
+// Data-parallel ranks run in lockstep (every step ends with a collective), so
+// at any time they are at most one boundary apart, and a rank that has read
+// "no stop" at boundary k may already be in step k+1. The first rank whose
+// local decision is to stop therefore proposes "stop at the boundary after
+// step k+1" through the store (compare-and-set: the first proposal wins, with
+// its action, save or exit without saving); every rank reads the agreement at
+// each boundary and stops exactly there. Because the agreed stop comes one
+// boundary after the first local decision, ask the local monitor with one
+// extra step of lookahead (next_step cost doubled) so the deadline still
+// holds.
+//
+// Thread safety: one coordinator per rank, used by its training thread.
+class OMNI_EXPORT StopCoordinator {
+ public:
+  // `store` (not owned, must outlive this) is shared by the ranks of one job
+  // and membership generation — use a prefix view, e.g. "job/gen-3/".
+  explicit StopCoordinator(Store& store) : store_(store) {}
+
+  // At the boundary after step `step` completed, with this rank's own
+  // decision: kContinue until the agreed stop boundary, then the agreed
+  // action (with the proposer's reason). Internal naming both steps when this
+  // rank is already past the agreed stop (the ranks were not in lockstep);
+  // store errors are returned as they are.
+  absl::StatusOr<BoundaryDecision> AtBoundary(int64_t step, const BoundaryDecision& local);
+
+  // The agreed stop step, once there is one (-1 before).
+  int64_t agreed_step() const { return agreed_step_; }
+
+ private:
+  Store& store_;
+  int64_t agreed_step_ = -1;
+  BoundaryDecision agreed_;
 };
 
 }  // namespace omni
