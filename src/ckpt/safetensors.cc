@@ -52,17 +52,6 @@ absl::Status DataLoss(const std::string& path, std::string_view what) {
 
 // ---------------------------------------------------------------- I/O helpers
 
-void Fd::Reset() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
-
-absl::Status Fd::Close(const std::string& path) {
-  const int f = Release();
-  if (f >= 0 && ::close(f) != 0) return ErrnoStatus(errno, absl::StrCat("close ", path));
-  return absl::OkStatus();
-}
-
 absl::Status PwriteAll(int fd, const void* data, size_t n, uint64_t offset,
                        const std::string& path) {
   const char* p = static_cast<const char*>(data);

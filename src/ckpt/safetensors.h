@@ -23,41 +23,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/fs.h"
 #include "omni/hash.h"
 #include "omni/state.h"
 
 namespace omni::ckpt {
 
 // An owned file descriptor, closed on destruction.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { Reset(); }
-  Fd(Fd&& o) noexcept : fd_(o.Release()) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      fd_ = o.Release();
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int Release() {
-    const int f = fd_;
-    fd_ = -1;
-    return f;
-  }
-  void Reset();
-  // Closes, reporting a failed close (NFS reports write errors there).
-  absl::Status Close(const std::string& path);
-
- private:
-  int fd_ = -1;
-};
+using internal::Fd;
 
 // Full positional writes / reads, retrying short transfers and EINTR.
 // Errors name `path`; a read past the end of the file is DataLoss.

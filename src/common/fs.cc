@@ -37,26 +37,18 @@ std::string DirName(const std::string& path) {
   return path.substr(0, pos);
 }
 
+void Fd::Reset() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+absl::Status Fd::Close(const std::string& path) {
+  const int f = Release();
+  if (f >= 0 && ::close(f) != 0) return ErrnoStatus(errno, absl::StrCat("close ", path));
+  return absl::OkStatus();
+}
+
 namespace {
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() {
-    const int f = fd_;
-    fd_ = -1;
-    return f;
-  }
-
- private:
-  int fd_;
-};
 
 absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
   size_t off = 0;
@@ -81,8 +73,7 @@ absl::Status WriteFileAtomic(const std::string& path, std::string_view contents)
     if (fd.get() < 0) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
     st = WriteAll(fd.get(), contents, tmp);
     if (st.ok() && ::fsync(fd.get()) != 0) st = ErrnoStatus(errno, absl::StrCat("fsync ", tmp));
-    const int raw = fd.release();
-    if (::close(raw) != 0 && st.ok()) st = ErrnoStatus(errno, absl::StrCat("close ", tmp));
+    if (absl::Status closed = fd.Close(tmp); !closed.ok() && st.ok()) st = closed;
   }
   if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
     st = ErrnoStatus(errno, absl::StrCat("rename ", tmp, " -> ", path));

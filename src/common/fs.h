@@ -8,6 +8,37 @@
 
 namespace omni::internal {
 
+// An owned file descriptor (closed on destruction; movable).
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { Reset(); }
+  Fd(Fd&& o) noexcept : fd_(o.Release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      fd_ = o.Release();
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int Release() {
+    const int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void Reset();
+  // Closes, reporting a failed close (NFS reports write errors there).
+  absl::Status Close(const std::string& path);
+
+ private:
+  int fd_ = -1;
+};
+
 // Status for a failed OS call: `what` (e.g. "open /x/y") plus strerror(err).
 // ENOENT → NotFound, EACCES/EPERM/EROFS → PermissionDenied, ENOSPC/EDQUOT/EFBIG
 // → ResourceExhausted, otherwise Internal.

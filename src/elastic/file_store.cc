@@ -189,19 +189,7 @@ class PrefixStore final : public Store {
 
 // ---------------------------------------------------------------- FileStore
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
+using internal::Fd;
 
 // Writers of this process, around the flock (see the file comment).
 ABSL_CONST_INIT absl::Mutex g_writer_mu(absl::kConstInit);
