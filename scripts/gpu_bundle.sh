@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Collects the Debian-packaged build dependencies that the GPU host lacks
-# (abseil, nlohmann-json, xxhash) into .gpu-deps/ (git-ignored), so that the
-# device tool can carry them: run(carry=[".gpu-deps"], "bash tests/gpu/run.sh").
+# (abseil, nlohmann-json, xxhash, and GoogleTest for the NCCL checks in
+# omni_core_tests) into .gpu-deps/ (git-ignored), so that the device tool can
+# carry them: run(carry=[".gpu-deps"], "bash tests/gpu/run.sh").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -17,6 +18,14 @@ cp /usr/lib/x86_64-linux-gnu/libxxhash.a "$D/lib/"
 cp -r /usr/lib/x86_64-linux-gnu/cmake/absl "$D/lib/cmake/"
 cp -r /usr/share/cmake/nlohmann_json "$D/share/cmake/" 2>/dev/null || \
   cp -r /usr/lib/x86_64-linux-gnu/cmake/nlohmann_json "$D/lib/cmake/"
+# GoogleTest: static libraries; its CMake files find the prefix from their own
+# location (4 levels up), so keep Debian's lib/<arch>/cmake layout.
+cp -r /usr/include/gtest /usr/include/gmock "$D/include/"
+mkdir -p "$D/lib/x86_64-linux-gnu/cmake"
+cp /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/x86_64-linux-gnu/libgtest_main.a \
+  /usr/lib/x86_64-linux-gnu/libgmock.a /usr/lib/x86_64-linux-gnu/libgmock_main.a \
+  "$D/lib/x86_64-linux-gnu/"
+cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest "$D/lib/x86_64-linux-gnu/cmake/"
 # The abseil CMake files name /usr paths; point them at the bundle.
 grep -rl '/usr/lib/x86_64-linux-gnu' "$D/lib/cmake/absl" | xargs sed -i "s#/usr/lib/x86_64-linux-gnu#\${_IMPORT_PREFIX}/lib#g"
 grep -rl '"/usr/include"' "$D/lib/cmake/absl" | xargs -r sed -i 's#"/usr/include"#"${_IMPORT_PREFIX}/include"#g'

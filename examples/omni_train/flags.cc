@@ -67,6 +67,22 @@ Checkpoints and preemption:
   --async-ckpt      write periodic checkpoints on a background thread
   --loss-log PATH   append "step=<N> loss=<loss>" for every step to PATH
   --notice-file F   watch F for a scheduler's notice {"deadline_unix_ms": T} / {"yield_in_s": S}
+  --params-out PATH write the final parameters to PATH (raw little-endian float32, in
+                    named_parameters() order)
+
+Elastic data parallelism (every replica is one process running the same command
+with its own --replica-id; replicas come and go at step boundaries):
+  --store URI          rendezvous store: file:///shared/dir or tcp://host:port
+                       (tcp://host:port?server=1 hosts it in this process)
+  --replica-id ID      this replica's id, unique in the job ([A-Za-z0-9_.-])
+  --min-replicas N     train only with at least N replicas; wait otherwise (default 1)
+  --max-replicas N     admit at most N replicas (default and limit: --batch)
+  --heartbeat-ms T     heartbeat period (default 100)
+  --peer-timeout-ms T  a replica silent this long is dropped (default 1000)
+The global batch (--batch) stays the same whatever the number of replicas: each
+takes its share of it in micro-batches of at most ceil(batch / max-replicas)
+samples, and gradients are summed across replicas. Topology labels for rank
+placement come from OMNI_RACK and OMNI_SWITCH in the environment.
 On SIGTERM, SIGUSR1 or SIGINT (or a notice), training stops at the last step
 boundary from which a checkpoint still fits before the deadline (30 s after
 the signal, or OMNI_PREEMPT_GRACE_S), saves and exits with 75; if even a save
@@ -109,10 +125,18 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
       continue;
     }
 
-    static constexpr absl::string_view kValued[] = {
-        "steps",      "seed",     "batch",      "lr",          "threads", "log",
-        "trace",      "forecast", "eval-every", "stall-scale", "window",  "ckpt-dir",
-        "ckpt-every", "keep",     "loss-log",   "notice-file"};
+    static constexpr absl::string_view kValued[] = {"steps",        "seed",
+                                                    "batch",        "lr",
+                                                    "threads",      "log",
+                                                    "trace",        "forecast",
+                                                    "eval-every",   "stall-scale",
+                                                    "window",       "ckpt-dir",
+                                                    "ckpt-every",   "keep",
+                                                    "loss-log",     "notice-file",
+                                                    "store",        "replica-id",
+                                                    "min-replicas", "max-replicas",
+                                                    "heartbeat-ms", "peer-timeout-ms",
+                                                    "params-out"};
     bool known = false;
     for (absl::string_view k : kValued) known = known || k == name;
     if (!known) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
@@ -157,19 +181,54 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
     } else if (name == "keep") {
       if (auto s = ParseInt(name, value, 1, 1 << 20, &n); !s.ok()) return s;
       f.keep = static_cast<int>(n);
+    } else if (name == "min-replicas") {
+      if (auto s = ParseInt(name, value, 1, 4096, &n); !s.ok()) return s;
+      f.min_replicas = static_cast<int>(n);
+    } else if (name == "max-replicas") {
+      if (auto s = ParseInt(name, value, 1, 4096, &n); !s.ok()) return s;
+      f.max_replicas = static_cast<int>(n);
+    } else if (name == "heartbeat-ms") {
+      if (auto s = ParseInt(name, value, 1, 3'600'000, &n); !s.ok()) return s;
+      f.heartbeat_ms = n;
+    } else if (name == "peer-timeout-ms") {
+      if (auto s = ParseInt(name, value, 2, 3'600'000, &n); !s.ok()) return s;
+      f.peer_timeout_ms = n;
+    } else if (name == "replica-id") {
+      if (value.empty()) return BadValue(name, value, "a non-empty id");
+      f.replica_id = std::string(value);
     } else {  // paths
       if (value.empty()) return BadValue(name, value, "a non-empty path");
-      std::string& path = name == "log"        ? f.log_path
-                          : name == "trace"    ? f.trace_path
-                          : name == "forecast" ? f.forecast_path
-                          : name == "ckpt-dir" ? f.ckpt_dir
-                          : name == "loss-log" ? f.loss_log
-                                               : f.notice_file;
+      std::string& path = name == "log"          ? f.log_path
+                          : name == "trace"      ? f.trace_path
+                          : name == "forecast"   ? f.forecast_path
+                          : name == "ckpt-dir"   ? f.ckpt_dir
+                          : name == "loss-log"   ? f.loss_log
+                          : name == "store"      ? f.store
+                          : name == "params-out" ? f.params_out
+                                                 : f.notice_file;
       path = std::string(value);
     }
   }
   if (f.ckpt_every > 0 && f.ckpt_dir.empty()) {
     return absl::InvalidArgumentError("flag --ckpt-every needs --ckpt-dir");
+  }
+  if (f.store.empty() != f.replica_id.empty()) {
+    return absl::InvalidArgumentError("flags --store and --replica-id go together");
+  }
+  if (f.max_replicas == 0) f.max_replicas = f.batch;
+  if (f.max_replicas > f.batch) {
+    return absl::InvalidArgumentError(absl::StrCat("flag --max-replicas: ", f.max_replicas,
+                                                   " is more than --batch ", f.batch,
+                                                   " (every replica needs a sample)"));
+  }
+  if (f.min_replicas > f.max_replicas) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flag --min-replicas: ", f.min_replicas, " is more than --max-replicas ", f.max_replicas));
+  }
+  if (f.peer_timeout_ms < 2 * f.heartbeat_ms) {
+    return absl::InvalidArgumentError(absl::StrCat("flag --peer-timeout-ms: ", f.peer_timeout_ms,
+                                                   " must be at least twice --heartbeat-ms (",
+                                                   f.heartbeat_ms, ")"));
   }
   return f;
 }

@@ -30,6 +30,14 @@ struct TrainFlags {
   bool async_ckpt = false;  // --async-ckpt: periodic checkpoints written in the background
   std::string loss_log;     // --loss-log: append "step=<N> loss=<%.9g>" per step
   std::string notice_file;  // --notice-file: scheduler notice (omni::PreemptionOptions)
+  // Elastic data parallelism (on when --store is given).
+  std::string store;               // --store: file:///dir or tcp://host:port
+  std::string replica_id;          // --replica-id: unique within the job
+  int min_replicas = 1;            // --min-replicas
+  int max_replicas = 0;            // --max-replicas (0 = --batch)
+  int64_t heartbeat_ms = 100;      // --heartbeat-ms
+  int64_t peer_timeout_ms = 1000;  // --peer-timeout-ms
+  std::string params_out;          // --params-out: raw float32 parameters at the end
 };
 
 // Parses argv[1..argc). Accepts "--flag value" and "--flag=value".

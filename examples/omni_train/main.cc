@@ -15,7 +15,15 @@
 // started again with the same flags resumes bit-exactly from the newest valid
 // checkpoint. A PreemptionMonitor turns SIGTERM / SIGUSR1 / SIGINT and
 // scheduler notices into a save at the last boundary before the deadline.
+//
+// With --store the process is one replica of an elastic data-parallel job
+// (omni::ElasticGroup): it takes its share of each global batch, gradients
+// are summed over the replicas with a Gloo allreduce (phase "comm"), and
+// replicas may die, freeze or join at step boundaries; a step whose
+// allreduce fails is not committed, the survivors agree on a new generation
+// and the step is redone.
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,6 +31,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <fstream>
 #include <initializer_list>
 #include <limits>
 #include <map>
@@ -39,6 +48,8 @@
 #include "flags.h"
 #include "model.h"
 #include "omni/checkpoint.h"
+#include "omni/clock.h"
+#include "omni/elastic.h"
 #include "omni/forecast.h"
 #include "omni/hash.h"
 #include "omni/phase.h"
@@ -49,6 +60,7 @@
 #include "omni/telemetry.h"
 #include "omni/torch/params.h"
 #include "omni/torch/state.h"
+#include "omni/torch/store.h"
 
 namespace omni_train {
 namespace {
@@ -178,6 +190,53 @@ EvalResult ScoreEval(const torch::Tensor& logits_in, const torch::Tensor& target
   return r;
 }
 
+// Names, dtypes and shapes of the parameters: replicas of another model are
+// refused by the elastic group.
+std::string ModelDigest(MultimodalLm& model) {
+  omni::Xxh3 h;
+  for (const auto& item : model->named_parameters()) {
+    const std::string line =
+        absl::StrCat(item.key(), " ", c10::toString(item.value().scalar_type()), " ",
+                     c10::str(item.value().sizes()), "\n");
+    h.Update(line.data(), line.size());
+  }
+  return omni::HexDigest(h.Digest());
+}
+
+std::string Hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+void LogChange(const omni::GroupChange& c, const char* why) {
+  std::fprintf(stderr,
+               "omni_train: elastic: %s: %s; agree %.1f ms, build %.1f ms, sync %.1f ms%s "
+               "t_mono_ns=%" PRId64 "\n",
+               why, c.generation.ToString().c_str(), c.agree_ms, c.build_ms, c.sync_ms,
+               c.state_received ? absl::StrCat(", state (", c.state_bytes, " bytes, step ",
+                                               c.completed, ") from rank ", c.source_rank)
+                                      .c_str()
+                                : "",
+               omni::Clock::Real()->NowNanos());
+}
+
+absl::Status WriteParams(MultimodalLm& model, const std::string& path) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  for (const auto& p : model->parameters()) {
+    const torch::Tensor t = p.detach().to(torch::kFloat).contiguous();
+    out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+  }
+  out.close();
+  if (!out) return absl::PermissionDeniedError("cannot write --params-out " + path);
+  return absl::OkStatus();
+}
+
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "omni_train: %s\n", status.ToString().c_str());
   return 1;
@@ -303,8 +362,50 @@ int Run(const TrainFlags& flags) {
     loss_log = nullptr;
   };
 
+  // ---- elastic data parallelism: join the group; a replica that is behind
+  // (or new) receives the replicated state from the most advanced one.
+  std::unique_ptr<omni::Store> store;
+  std::unique_ptr<omni::ElasticGroup> group;
+  omni::StateRegistry replicated;  // everything but this replica's RNGs
+  if (!flags.store.empty()) {
+    for (auto [name, object] : std::initializer_list<std::pair<const char*, omni::Stateful*>>{
+             {"model", &model_state},
+             {"optim", &optimizer_state},
+             {"lr", &schedule},
+             {"data", &sampler},
+             {"train", &progress_state}}) {
+      if (auto st = replicated.Register(name, object); !st.ok()) return Fail(st);
+    }
+    if (auto st = omni::torch_ext::RegisterTcpStore(); !st.ok()) return Fail(st);
+    absl::StatusOr<std::unique_ptr<omni::Store>> opened = omni::OpenStore(flags.store);
+    if (!opened.ok()) return Fail(opened.status());
+    store = *std::move(opened);
+    omni::ElasticOptions eo;
+    eo.membership.job_id = JobId(flags);
+    eo.membership.model_digest = ModelDigest(model);
+    eo.membership.self = {flags.replica_id, Hostname(), Env("OMNI_RACK"), Env("OMNI_SWITCH")};
+    eo.membership.min_replicas = flags.min_replicas;
+    eo.membership.max_replicas = flags.max_replicas;
+    eo.membership.heartbeat = absl::Milliseconds(flags.heartbeat_ms);
+    eo.membership.peer_timeout = absl::Milliseconds(flags.peer_timeout_ms);
+    absl::StatusOr<std::unique_ptr<omni::ElasticGroup>> created_group =
+        omni::ElasticGroup::Create(*store, eo, replicated);
+    if (!created_group.ok()) return Fail(created_group.status());
+    group = *std::move(created_group);
+    absl::StatusOr<omni::GroupChange> started = group->Start(progress.step);
+    if (!started.ok()) return Fail(started.status());
+    LogChange(*started, "joined");
+  }
+  // Micro-batch of a replica: a full group takes its share in one.
+  const int64_t micro_batch = (flags.batch + flags.max_replicas - 1) / flags.max_replicas;
+  std::vector<float> flat;  // gradients + loss, summed over the replicas
+
   const int64_t start_step = progress.step;
-  DataLoader loader(data, sampler, sampler.cursor(), flags.steps - start_step, kPrefetchBatches);
+  std::unique_ptr<DataLoader> loader;
+  if (!group) {
+    loader = std::make_unique<DataLoader>(data, sampler, sampler.cursor(), flags.steps - start_step,
+                                          kPrefetchBatches);
+  }
 
   // Saves the full state as of `progress.step` (synchronously, or in the
   // background for periodic checkpoints with --async-ckpt).
@@ -350,27 +451,104 @@ int Run(const TrainFlags& flags) {
   // ---- training loop
   const auto t0 = std::chrono::steady_clock::now();
   int64_t completed = start_step;
-  int exit_code = -1;  // set when preempted
-  for (int64_t step = start_step; step < flags.steps && exit_code < 0; ++step) {
+  int exit_code = -1;      // set when preempted
+  bool recovered = false;  // the next commit is the first after a recovery
+  for (int64_t step = start_step; step < flags.steps && exit_code < 0; step = completed) {
     omni::StepScope step_scope(tel, step);
     const auto step_t0 = std::chrono::steady_clock::now();
 
     BatchTensors batch;
     {
       omni::PhaseScope p(tel, omni::phase::kDataWait);
-      absl::StatusOr<Batch> next = loader.Next();
-      if (!next.ok()) return Fail(next.status());
-      batch = ToTensors(*next);
-      sampler.Commit();  // consumed
+      if (group) {
+        // This replica's share of the global batch at the committed cursor;
+        // committed only once the step's allreduce succeeded.
+        const omni::Generation gen = group->generation();
+        absl::StatusOr<std::vector<int64_t>> indices =
+            sampler.BatchAt(sampler.cursor(), gen.rank, gen.size());
+        if (!indices.ok()) return Fail(indices.status());
+        Batch b = MakeBatchOf(data, kTrainStream, step, *indices, /*decode=*/true);
+        batch = ToTensors(b);
+      } else {
+        absl::StatusOr<Batch> next = loader->Next();
+        if (!next.ok()) return Fail(next.status());
+        batch = ToTensors(*next);
+        sampler.Commit();  // consumed
+      }
     }
 
-    torch::Tensor loss;
+    float loss_value = 0;
     {
       omni::PhaseScope p(tel, omni::phase::kCompute);
       optimizer.zero_grad();
-      auto [logits, targets] = model->NextTokenLogits(batch.images, batch.text);
-      loss = NextTokenLoss(logits, targets);
-      loss.backward();
+      if (group) {
+        // Sum over micro-batches of mean-token loss x (samples / global
+        // batch): summed over the replicas, the global batch's mean loss.
+        const int64_t n = batch.text.size(0);
+        double local = 0;
+        for (int64_t s0 = 0; s0 < n; s0 += micro_batch) {
+          const int64_t len = std::min(micro_batch, n - s0);
+          torch::Tensor images =
+              batch.images.defined() ? batch.images.narrow(0, s0, len) : torch::Tensor();
+          auto [logits, targets] = model->NextTokenLogits(images, batch.text.narrow(0, s0, len));
+          torch::Tensor l = NextTokenLoss(logits, targets) *
+                            (static_cast<double>(len) / static_cast<double>(flags.batch));
+          l.backward();
+          local += l.item<double>();
+        }
+        loss_value = static_cast<float>(local);
+      } else {
+        auto [logits, targets] = model->NextTokenLogits(batch.images, batch.text);
+        torch::Tensor loss = NextTokenLoss(logits, targets);
+        loss.backward();
+        loss_value = loss.item<float>();
+      }
+    }
+
+    if (group) {
+      absl::Status reduced;
+      {
+        omni::PhaseScope p(tel, omni::phase::kComm);
+        size_t total = 0;
+        for (auto& prm : model->parameters()) total += static_cast<size_t>(prm.numel());
+        flat.assign(total + 1, 0.0F);
+        size_t at = 0;
+        for (auto& prm : model->parameters()) {
+          const auto numel = static_cast<size_t>(prm.numel());
+          if (prm.grad().defined()) {
+            const torch::Tensor g = prm.grad().contiguous();
+            std::copy_n(g.data_ptr<float>(), numel, flat.data() + at);
+          }
+          at += numel;
+        }
+        flat[total] = loss_value;
+        reduced = group->AllReduce(flat.data(), flat.size(), omni::DataType::kFloat32,
+                                   omni::ReduceOp::kSum);
+        if (reduced.ok()) {
+          at = 0;
+          for (auto& prm : model->parameters()) {
+            const auto numel = static_cast<size_t>(prm.numel());
+            if (!prm.grad().defined()) prm.mutable_grad() = torch::zeros_like(prm);
+            std::copy_n(flat.data() + at, numel, prm.grad().data_ptr<float>());
+            at += numel;
+          }
+          loss_value = flat[total];
+        }
+      }
+      if (!reduced.ok()) {
+        // Nothing of this step is committed: agree on the survivors, rebuild,
+        // re-synchronise, and redo the step.
+        std::fprintf(stderr,
+                     "omni_train: elastic: step %" PRId64 " failed: %s t_mono_ns=%" PRId64 "\n",
+                     step, reduced.ToString().c_str(), omni::Clock::Real()->NowNanos());
+        absl::StatusOr<omni::GroupChange> change = group->Recover(reduced, progress.step);
+        if (!change.ok()) return Fail(change.status());
+        LogChange(*change, "recovered");
+        completed = progress.step;
+        recovered = true;
+        continue;
+      }
+      sampler.Commit();
     }
 
     {
@@ -401,13 +579,21 @@ int Run(const TrainFlags& flags) {
 
     {
       omni::PhaseScope p(tel, omni::phase::kHost);
-      progress.last_loss = loss.item<float>();
+      progress.last_loss = loss_value;
       if (step == 0) progress.first_loss = progress.last_loss;
       progress.step = completed = step + 1;
       if (loss_log != nullptr) {
         std::fprintf(loss_log, "step=%" PRId64 " loss=%.9g\n", step,
                      static_cast<double>(progress.last_loss));
         std::fflush(loss_log);
+      }
+      if (recovered) {
+        std::fprintf(stderr,
+                     "omni_train: elastic: committed step %" PRId64
+                     " after recovery "
+                     "t_mono_ns=%" PRId64 "\n",
+                     step, omni::Clock::Real()->NowNanos());
+        recovered = false;
       }
       if (!flags.quiet && (step % kProgressEvery == 0 || step + 1 == flags.steps)) {
         std::printf("train step=%" PRId64 " loss=%.4f\n", step,
@@ -427,6 +613,14 @@ int Run(const TrainFlags& flags) {
       omni::PhaseScope p(tel, omni::phase::kCheckpoint);
       if (auto st = save(flags.async_ckpt); !st.ok()) return Fail(st);
       saved_here = !flags.async_ckpt;
+    }
+    if (group) {
+      absl::StatusOr<std::optional<omni::GroupChange>> change = group->AtBoundary(completed);
+      if (!change.ok()) return Fail(change.status());
+      if (change->has_value()) {
+        LogChange(**change, "changed");
+        completed = progress.step;
+      }
     }
     if (!monitor.pending()) continue;
     const auto [step_cost, save_cost] = costs(step + 1);
@@ -466,6 +660,10 @@ int Run(const TrainFlags& flags) {
   if (ckpt) {
     if (auto st = ckpt->WaitForPending(); !st.ok()) return Fail(st);
   }
+  if (group) {
+    // Replicas still waiting to be admitted learn that there is nothing left.
+    if (auto st = group->membership().Finish(); !st.ok()) return Fail(st);
+  }
   close_loss_log();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -477,9 +675,9 @@ int Run(const TrainFlags& flags) {
                 completed - start_step, seconds,
                 1e3 * seconds / static_cast<double>(std::max<int64_t>(completed - start_step, 1)),
                 static_cast<double>(progress.first_loss), static_cast<double>(progress.last_loss));
-    if (!flags.text_only) {
+    if (!flags.text_only && loader) {
       std::printf("decode passes: %" PRId64 " total, %" PRId64 " max per sample (stall scale %g)\n",
-                  loader.total_decode_passes(), loader.max_sample_decode_passes(),
+                  loader->total_decode_passes(), loader->max_sample_decode_passes(),
                   flags.stall_scale);
     }
     std::printf("\n%s\n", tel.Snapshot().ToTable().c_str());
@@ -502,6 +700,9 @@ int Run(const TrainFlags& flags) {
     if (!flags.forecast_path.empty()) std::printf("forecast: %s\n", flags.forecast_path.c_str());
   }
 
+  if (!flags.params_out.empty()) {
+    if (auto st = WriteParams(model, flags.params_out); !st.ok()) return Fail(st);
+  }
   const absl::StatusOr<uint64_t> digest = omni::torch_ext::ParamsXxh3(*model);
   if (!digest.ok()) return Fail(digest.status());
   std::printf("final step=%" PRId64 " params_xxh3=%s loss=%.6f\n", completed,

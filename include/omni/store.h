@@ -14,7 +14,11 @@
 // on a local or shared file system (atomic replace for every write; Add,
 // CompareAndSet, Set and Delete serialised by an flock on <dir>/.lock), which
 // works between threads and between processes on one host or over a shared
-// file system. "tcp://" (the c10d TCPStore adapter) is planned.
+// file system. "tcp://host:port" and "env://" are the c10d TCPStore adapter
+// for multi-host jobs (torchrun's MASTER_ADDR / MASTER_PORT); it needs
+// LibTorch, so it lives in omni::torch and plugs in through the scheme
+// registry below: link omni::torch and call
+// omni::torch_ext::RegisterTcpStore() once (see omni/torch/store.h).
 //
 // Blocking calls (Get, Wait) always take a timeout: there is no unbounded
 // wait. They return DeadlineExceeded naming the missing key(s).
@@ -26,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,12 +76,12 @@ class OMNI_EXPORT Store {
   // The value of `key`, waiting until it exists for at most `timeout`
   // (a timeout <= 0 checks once). DeadlineExceeded naming the key and the
   // timeout when it still does not exist. The default polls TryGet with a
-  // backoff of 1 ms doubling up to 50 ms.
+  // backoff of 0.1 ms doubling up to 2 ms.
   virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout);
 
   // OK once every key of `keys` exists, waiting for at most `timeout`.
   // DeadlineExceeded naming the keys still missing. The default polls TryGet
-  // (1 ms .. 50 ms backoff).
+  // (0.1 ms .. 2 ms backoff).
   virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout);
 };
 
@@ -87,13 +92,31 @@ class OMNI_EXPORT Store {
 // InvalidArgument naming the full key.
 OMNI_EXPORT std::unique_ptr<Store> MakePrefixStore(Store& base, std::string prefix);
 
+// OK when `key` is a valid store key (see the top of this file), otherwise
+// InvalidArgument naming it. Every backend checks keys with it, so all stores
+// accept and reject the same keys.
+OMNI_EXPORT absl::Status ValidateStoreKey(const std::string& key);
+
 // Opens a store by URI:
 //   file:///abs/dir   a FileStore in `dir` (created if missing);
 //                     PermissionDenied (or the OS error) naming the
 //                     directory when it cannot be created or written.
-//   tcp://host:port   Unimplemented naming the scheme (not built yet).
+//   <scheme>://...    the factory registered for `scheme` (below), called
+//                     with the whole URI; its error as it returns it.
+//   tcp://, env://    while nothing is registered for them: Unimplemented
+//                     saying to link omni::torch and call
+//                     omni::torch_ext::RegisterTcpStore().
 // InvalidArgument naming the URI for anything else, including a relative
 // or empty file path.
 OMNI_EXPORT absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& uri);
+
+// Makes OpenStore hand URIs "<scheme>://..." to `factory` (called with the
+// whole URI, on the thread calling OpenStore, without any lock held).
+// Registering a scheme again replaces its factory. InvalidArgument for
+// "file" (built in), a null factory, or a scheme that is not a lowercase
+// letter followed by [a-z0-9+.-]. Thread-safe; usually called once at
+// start-up, e.g. by omni::torch_ext::RegisterTcpStore() for tcp and env.
+using StoreFactory = std::function<absl::StatusOr<std::unique_ptr<Store>>(const std::string& uri)>;
+OMNI_EXPORT absl::Status RegisterStoreScheme(const std::string& scheme, StoreFactory factory);
 
 }  // namespace omni

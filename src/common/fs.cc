@@ -65,14 +65,16 @@ absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
 
 }  // namespace
 
-absl::Status WriteFileAtomic(const std::string& path, std::string_view contents) {
+absl::Status WriteFileAtomic(const std::string& path, std::string_view contents, bool durable) {
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   absl::Status st;
   {
     Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (fd.get() < 0) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
     st = WriteAll(fd.get(), contents, tmp);
-    if (st.ok() && ::fsync(fd.get()) != 0) st = ErrnoStatus(errno, absl::StrCat("fsync ", tmp));
+    if (st.ok() && durable && ::fsync(fd.get()) != 0) {
+      st = ErrnoStatus(errno, absl::StrCat("fsync ", tmp));
+    }
     if (absl::Status closed = fd.Close(tmp); !closed.ok() && st.ok()) st = closed;
   }
   if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -82,6 +84,7 @@ absl::Status WriteFileAtomic(const std::string& path, std::string_view contents)
     ::unlink(tmp.c_str());
     return st;
   }
+  if (!durable) return absl::OkStatus();
   const std::string dir = DirName(path);
   Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() >= 0) ::fsync(dfd.get());  // best effort: some file systems refuse

@@ -45,9 +45,12 @@ class Fd {
 absl::Status ErrnoStatus(int err, std::string_view what);
 
 // Replaces `path` with `contents` atomically: writes `path`.tmp.<pid>, fsyncs
-// it, renames it over `path`, fsyncs the directory. On failure the old file is
-// intact and the temporary is removed.
-absl::Status WriteFileAtomic(const std::string& path, std::string_view contents);
+// it (when `durable`), renames it over `path`, fsyncs the directory (when
+// `durable`). On failure the old file is intact and the temporary is removed.
+// Without `durable` readers still see the old or the new contents, never a
+// mix, but a crash of the whole host may lose the change.
+absl::Status WriteFileAtomic(const std::string& path, std::string_view contents,
+                             bool durable = true);
 
 // OK when a file could be created in the directory of `path` (checked by
 // creating and removing a probe file).

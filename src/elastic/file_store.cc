@@ -12,7 +12,7 @@
 //                        a path, the lock file or a temporary of
 //                        WriteFileAtomic (which ends in ".tmp.<pid>").
 //
-// Every value is replaced atomically (temporary, fsync, rename), so a reader
+// Every value is replaced atomically (temporary, rename; not fsynced), so a reader
 // needs no lock: it sees either the old or the new file.
 //
 // Besides the flock, writers of one process serialise on a process-wide
@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,8 +56,8 @@ namespace {
 using internal::ErrnoStatus;
 
 constexpr size_t kMaxKeyLength = 200;
-constexpr absl::Duration kMinBackoff = absl::Milliseconds(1);
-constexpr absl::Duration kMaxBackoff = absl::Milliseconds(50);
+constexpr absl::Duration kMinBackoff = absl::Microseconds(100);
+constexpr absl::Duration kMaxBackoff = absl::Milliseconds(2);
 // How long a writer waits for the directory lock. Holders only do a few
 // small file operations, and a dead holder's lock is dropped by the kernel,
 // so this only trips on a hung file system.
@@ -349,9 +350,12 @@ class FileStore final : public Store {
     return std::optional<std::string>(std::move(value));
   }
 
-  // REQUIRES: the directory lock is held.
+  // REQUIRES: the directory lock is held. Not fsynced: a store lives as
+  // long as its job's processes (a host crash ends them too), and at 10..100
+  // writes per second (heartbeats) fsyncs would serialise every writer
+  // behind the disk.
   absl::Status Write(const std::string& key, const std::string& value) const {
-    absl::Status st = internal::WriteFileAtomic(PathOf(key), value);
+    absl::Status st = internal::WriteFileAtomic(PathOf(key), value, /*durable=*/false);
     return st.ok() ? st : Annotate(st, key);
   }
 
@@ -396,8 +400,50 @@ std::unique_ptr<Store> MakePrefixStore(Store& base, std::string prefix) {
   return std::make_unique<PrefixStore>(base, std::move(prefix));
 }
 
+absl::Status ValidateStoreKey(const std::string& key) { return ValidateKey(key); }
+
+namespace {
+
+// The factories of RegisterStoreScheme, by scheme.
+struct SchemeRegistry {
+  absl::Mutex mu;
+  std::map<std::string, StoreFactory> factories ABSL_GUARDED_BY(mu);
+};
+
+SchemeRegistry& Schemes() {
+  static SchemeRegistry registry;
+  return registry;
+}
+
+bool IsSchemeName(const std::string& scheme) {
+  if (scheme.empty() || scheme[0] < 'a' || scheme[0] > 'z') return false;
+  return std::all_of(scheme.begin(), scheme.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' || c == '.' || c == '-';
+  });
+}
+
+}  // namespace
+
+absl::Status RegisterStoreScheme(const std::string& scheme, StoreFactory factory) {
+  if (!IsSchemeName(scheme)) {
+    return absl::InvalidArgumentError(absl::StrCat("store scheme '", absl::CHexEscape(scheme),
+                                                   "' is not a letter followed by [a-z0-9+.-]"));
+  }
+  if (scheme == "file") {
+    return absl::InvalidArgumentError("store scheme 'file' is built in and cannot be replaced");
+  }
+  if (!factory) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store scheme '", scheme, "': the factory is empty"));
+  }
+  SchemeRegistry& registry = Schemes();
+  absl::MutexLock lock(&registry.mu);
+  registry.factories[scheme] = std::move(factory);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& uri) {
-  constexpr char kExpected[] = "expected file:///abs/dir";
+  constexpr char kExpected[] = "expected file:///abs/dir or tcp://host:port";
   const std::string::size_type sep = uri.find("://");
   if (sep == std::string::npos || sep == 0) {
     return absl::InvalidArgumentError(
@@ -412,10 +458,19 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& uri) {
     }
     return OpenFileStore(rest);
   }
-  if (scheme == "tcp") {
-    return absl::UnimplementedError(
-        absl::StrCat("store scheme 'tcp' (in '", uri,
-                     "') is not implemented yet (the c10d TCPStore adapter); use file:///abs/dir"));
+  StoreFactory factory;
+  {
+    SchemeRegistry& registry = Schemes();
+    absl::MutexLock lock(&registry.mu);
+    const auto it = registry.factories.find(scheme);
+    if (it != registry.factories.end()) factory = it->second;
+  }
+  if (factory) return factory(uri);
+  if (scheme == "tcp" || scheme == "env") {
+    return absl::UnimplementedError(absl::StrCat(
+        "store scheme '", scheme, "' (in '", absl::CHexEscape(uri),
+        "') is the c10d TCPStore adapter, which needs LibTorch: link omni::torch and call "
+        "omni::torch_ext::RegisterTcpStore() before OpenStore (omni/torch/store.h)"));
   }
   return absl::InvalidArgumentError(absl::StrCat("unsupported store scheme '",
                                                  absl::CHexEscape(scheme), "' in '",

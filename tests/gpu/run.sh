@@ -3,9 +3,16 @@
 #   (here)       bash scripts/gpu_bundle.sh
 #   (device)     bash tests/gpu/run.sh          with .gpu-deps carried
 # The GPU host has CMake, nvcc, NCCL and PyTorch 2.x but no Debian packages;
-# .gpu-deps/ brings abseil, nlohmann-json and xxhash.
-# Checks now: the NCCL path builds against the host's CUDA/NCCL, and
-# `omni info` finds NCCL and at least one CUDA device (ProbeNccl succeeds).
+# .gpu-deps/ brings abseil, nlohmann-json, xxhash and GoogleTest.
+# Checks:
+#   1. the NCCL path builds against the host's CUDA/NCCL, and `omni info`
+#      finds NCCL and at least one CUDA device (ProbeNccl succeeds);
+#   2. the NCCL communicator (tests/unit/comm_nccl_test.cc, CommNccl*): on
+#      one GPU init, all-reduce / broadcast / all-gather / barrier, Abort,
+#      re-init after abort, init timeout with a peer that never comes; with
+#      2+ GPUs also one process per GPU, Abort unblocking a pending
+#      all-reduce, and Shrink (or Unimplemented before NCCL 2.27).
+# Prints "N passed, M failed" last; exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEPS="$PWD/.gpu-deps"
@@ -16,16 +23,41 @@ CUDA_ROOT="${CUDA_HOME:-/usr/local/cuda}"
 NCCL_HOME="${NCCL_HOME:-$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || echo "")}"
 export NCCL_HOME
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DOMNI_BUILD_TORCH=OFF -DOMNI_BUILD_PYTHON=OFF \
-  -DOMNI_BUILD_TESTS=OFF -DOMNI_BUILD_BENCHMARKS=OFF -DCUDAToolkit_ROOT="$CUDA_ROOT" \
+  -DOMNI_BUILD_TESTS=ON -DOMNI_BUILD_BENCHMARKS=OFF -DCUDAToolkit_ROOT="$CUDA_ROOT" \
   -DCMAKE_PREFIX_PATH="$DEPS" -DCMAKE_INCLUDE_PATH="$DEPS/include" -DCMAKE_LIBRARY_PATH="$DEPS/lib" \
+  -DGTest_DIR="$DEPS/lib/x86_64-linux-gnu/cmake/GTest" \
   2>&1 | tee "$OUT/configure.log"
 grep -q "OMNI_HAVE_NCCL=1" "$OUT/configure.log" || { echo "FAIL: NCCL not found"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" 2>&1 | tail -n 20 | tee "$OUT/build.log"
-export LD_LIBRARY_PATH="$DEPS/lib:${LD_LIBRARY_PATH:-}"
+cmake --build build-gpu -j "$(nproc)" --target omni omni_core_tests 2>&1 | tail -n 20 | tee "$OUT/build.log"
+export LD_LIBRARY_PATH="$DEPS/lib:${NCCL_HOME:+$NCCL_HOME/lib:}${LD_LIBRARY_PATH:-}"
+
+passed=0
+failed=0
 ./build-gpu/bin/omni info | tee "$OUT/info.txt"
 if grep -q "CUDA device(s)" "$OUT/info.txt"; then
-  echo "1 passed, 0 failed"
+  passed=$((passed + 1))
 else
-  echo "0 passed, 1 failed"
-  exit 1
+  echo "FAIL: omni info found no CUDA device"
+  failed=$((failed + 1))
 fi
+
+# The communicator checks fork one process per GPU; this process must not
+# touch CUDA first, so they run on their own (and bounded: a hang is a failure).
+set +e
+timeout 420 ./build-gpu/bin/omni_core_tests --gtest_filter='CommNccl*' \
+  --gtest_output="xml:$OUT/comm_nccl.xml" 2>&1 | tee "$OUT/comm_nccl.log"
+rc=${PIPESTATUS[0]}
+set -e
+n_ok=$(grep -c '^\[       OK \]' "$OUT/comm_nccl.log" || true)
+n_fail=$(grep -c '^\[  FAILED  \] .*(' "$OUT/comm_nccl.log" || true)
+n_skip=$(grep -c '^\[  SKIPPED \] .*(' "$OUT/comm_nccl.log" || true)
+echo "comm_nccl: ${n_ok} ok, ${n_fail} failed, ${n_skip} skipped (exit ${rc})"
+passed=$((passed + n_ok))
+failed=$((failed + n_fail))
+if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
+  echo "FAIL: omni_core_tests exited ${rc} (timeout or crash)"
+  failed=$((failed + 1))
+fi
+
+echo "${passed} passed, ${failed} failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,117 @@
+// Elastic data parallelism: a group of data-parallel replicas that survives
+// the loss of replicas and admits new ones at step boundaries. It combines
+// Membership (generations, heartbeats), a Communicator per generation, and
+// the transfer of the replicated training state to replicas that lack it.
+//
+//   omni::ElasticGroup::Create(store, options, replicated_state)
+//   group->Start(step)                    // join, build, get the state
+//   loop:
+//     group->AtBoundary(step)             // maybe a new generation here
+//     compute local gradients for this rank's share of the global batch
+//     st = group->AllReduce(grads...)     // on failure: do not commit,
+//     if (!st.ok()) { group->Recover(st, step); redo the step; }
+//     commit (optimizer step, sampler cursor, step counter)
+//
+// After every change of generation the replicas exchange (completed steps,
+// state digest); when they differ, the member with the most completed steps
+// (the lowest rank among equals) broadcasts its replicated state over the new
+// communicator, and every receiver verifies it against the sender's XXH3
+// digest before loading it. Afterwards every replica's replicated state is
+// bit-identical. Per-replica state (RNGs) is not part of it: keep it in
+// another registry (checkpoints save it per rank).
+//
+// When a collective fails (a peer died or froze), nothing of that step must
+// be committed: Recover() agrees on the survivors, rebuilds the
+// communicator, re-synchronises the state (a replica that did commit the
+// failed step hands it to the others) and the caller redoes the step.
+//
+// Thread safety: one training thread calls everything except generation()
+// and stats(), which are thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "omni/comm.h"
+#include "omni/export.h"
+#include "omni/membership.h"
+#include "omni/state.h"
+#include "omni/store.h"
+
+namespace omni {
+
+struct ElasticOptions {
+  MembershipOptions membership;
+  std::string backend = "gloo";  // see CommOptions
+  std::string host = "127.0.0.1";
+  int device = -1;
+  // Every collective's timeout: a backstop for a peer whose process is alive
+  // but stuck (a dead or frozen peer is detected by heartbeat first, and the
+  // waiting collective aborted).
+  absl::Duration collective_timeout = absl::Seconds(60);
+  // Bound on building a generation's communicator.
+  absl::Duration init_timeout = absl::Seconds(30);
+};
+
+// What happened at a change of generation.
+struct GroupChange {
+  Generation generation;
+  int source_rank = -1;  // whose state was taken; -1 when all were equal
+  bool state_received = false;
+  size_t state_bytes = 0;  // bytes broadcast (0 when all were equal)
+  int64_t completed = 0;   // completed steps after the change (the source's)
+  double agree_ms = 0;     // membership agreement (Join / Recover / boundary)
+  double build_ms = 0;     // communicator rendezvous and connection
+  double sync_ms = 0;      // state digest exchange and transfer
+};
+
+class OMNI_EXPORT ElasticGroup {
+ public:
+  // `replicated` is the state that every replica holds identically (model,
+  // optimizer, LR schedule, data cursor, step counter); it must outlive the
+  // group. Errors as Membership::Create.
+  static absl::StatusOr<std::unique_ptr<ElasticGroup>> Create(Store& store,
+                                                              const ElasticOptions& options,
+                                                              const StateRegistry& replicated);
+  virtual ~ElasticGroup() = default;
+
+  // Joins (Membership::Join), builds the communicator and synchronises the
+  // state. `completed`: steps this replica has completed (e.g. restored from
+  // its checkpoint, else 0). After it returns, read the step counter back
+  // from the replicated state: it may have been replaced.
+  virtual absl::StatusOr<GroupChange> Start(int64_t completed) = 0;
+
+  // At every step boundary: when a new generation takes effect here, builds
+  // it (and synchronises the state) and returns what changed.
+  virtual absl::StatusOr<std::optional<GroupChange>> AtBoundary(int64_t completed) = 0;
+
+  // A collective of the current generation with collective_timeout.
+  virtual absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) = 0;
+  virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
+
+  // After a failed collective (`failure`, for the log): agrees on the next
+  // generation with the survivors, rebuilds and synchronises. The caller
+  // then redoes the step it had not committed. Retries while building a
+  // generation fails (another replica lost meanwhile).
+  virtual absl::StatusOr<GroupChange> Recover(const absl::Status& failure, int64_t completed) = 0;
+
+  virtual Generation generation() const = 0;
+  virtual Communicator& comm() = 0;
+  virtual Membership& membership() = 0;
+};
+
+// The replicated state as one buffer (the format of the state transfer):
+// every object's tensors and blobs with their keys, dtypes and shapes.
+OMNI_EXPORT absl::StatusOr<std::string> SerializeState(const StateRegistry& state);
+// Loads a buffer made by SerializeState into `state` (which must have the
+// same objects). DataLoss for a truncated or malformed buffer; the objects'
+// own errors (other shapes, missing keys) name the key.
+OMNI_EXPORT absl::Status DeserializeState(std::string_view bytes, const StateRegistry& state);
+
+}  // namespace omni

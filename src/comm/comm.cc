@@ -1,0 +1,160 @@
+#include "omni/comm.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/comm_internal.h"
+#include "omni/config.h"
+
+namespace omni {
+
+size_t DataTypeSize(DataType type) {
+  switch (type) {
+    case DataType::kFloat32:
+      return 4;
+    case DataType::kFloat64:
+      return 8;
+    case DataType::kInt32:
+      return 4;
+    case DataType::kInt64:
+      return 8;
+    case DataType::kUInt8:
+      return 1;
+  }
+  return 0;
+}
+
+const char* DataTypeName(DataType type) {
+  switch (type) {
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kFloat64:
+      return "float64";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kInt64:
+      return "int64";
+    case DataType::kUInt8:
+      return "uint8";
+  }
+  return "unknown";
+}
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Shrink(
+    const std::vector<int>& /*excluded*/, absl::Duration /*timeout*/) {
+  return absl::UnimplementedError(absl::StrCat(
+      backend(), " communicators cannot shrink; build a new one with CreateCommunicator"));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommOptions& options) {
+  const bool gloo = options.backend == "gloo";
+  const bool nccl = options.backend == "nccl";
+  if (!gloo && !nccl) {
+    return absl::InvalidArgumentError(absl::StrCat("CommOptions.backend: unknown backend '",
+                                                   options.backend, "' (expected gloo or nccl)"));
+  }
+  if (options.size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommOptions.size: ", options.size, " is not >= 1"));
+  }
+  if (options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(absl::StrCat("CommOptions.rank: ", options.rank,
+                                                   " is out of range [0, ", options.size, ")"));
+  }
+  if (options.store == nullptr) {
+    return absl::InvalidArgumentError("CommOptions.store: no store given (it is required)");
+  }
+  if (!(options.init_timeout > absl::ZeroDuration())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CommOptions.init_timeout: ", absl::FormatDuration(options.init_timeout), " is not > 0"));
+  }
+  if (gloo) {
+#if OMNI_HAVE_GLOO
+    return internal::CreateGlooCommunicator(options);
+#else
+    return absl::UnimplementedError("CommOptions.backend: omni was built without Gloo");
+#endif
+  }
+  if (nccl && options.device < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommOptions.device: ", options.device, " is not a device ordinal or -1"));
+  }
+#if OMNI_HAVE_NCCL
+  return internal::CreateNcclCommunicator(options);
+#else
+  return absl::UnimplementedError("CommOptions.backend: omni was built without NCCL");
+#endif
+}
+
+namespace internal {
+
+namespace {
+std::string ArriveKey(int r) { return absl::StrCat("arrive/", r); }
+}  // namespace
+
+absl::Status AnnounceRank(Store& store, int rank, const std::string& what) {
+  if (absl::Status s = store.Set(ArriveKey(rank), "1"); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(what, " rendezvous: rank ", rank,
+                                               " could not announce itself: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WaitForRanks(Store& store, int rank, int size, absl::Time deadline,
+                          absl::Duration init_timeout, const std::string& what) {
+  if (absl::Status s = AnnounceRank(store, rank, what); !s.ok()) return s;
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) keys.push_back(ArriveKey(r));
+  absl::Status s = store.Wait(keys, deadline - absl::Now());
+  if (s.ok()) return s;
+  if (s.code() != absl::StatusCode::kDeadlineExceeded) {
+    return absl::Status(s.code(), absl::StrCat(what, " rendezvous: ", s.message()));
+  }
+  return MissingRanksError(store, rank, size, init_timeout, what);
+}
+
+absl::Status MissingRanksError(Store& store, int rank, int size, absl::Duration init_timeout,
+                               const std::string& what) {
+  const auto key = ArriveKey;
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r) {
+    absl::StatusOr<std::optional<std::string>> v = store.TryGet(key(r));
+    if (!v.ok() || !v->has_value()) missing.push_back(r);
+  }
+  if (missing.empty()) return absl::OkStatus();  // the last one arrived just in time
+  return absl::DeadlineExceededError(
+      absl::StrCat(what, " rendezvous: rank(s) ", absl::StrJoin(missing, ", "), " of ", size,
+                   " did not arrive within ", absl::FormatDuration(init_timeout),
+                   " (seen from rank ", rank, ")"));
+}
+
+absl::Status CheckTimeout(absl::Duration timeout, const char* call) {
+  if (timeout > absl::ZeroDuration()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(call, ": timeout ", absl::FormatDuration(timeout), " is not > 0"));
+}
+
+std::string CallName(const char* call, size_t bytes) {
+  return absl::StrCat(call, " of ", bytes, " bytes");
+}
+
+}  // namespace internal
+}  // namespace omni

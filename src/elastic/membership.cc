@@ -1,0 +1,691 @@
+// Membership: generations agreed through a Store, heartbeats, joins.
+//
+// Store keys (relative to the store given to Create):
+//   job                 the job id (set once, by compare-and-set)
+//   model               the model digest (set once)
+//   hb/<id>             heartbeat: "<session>:<counter>", rewritten every
+//                       heartbeat; only changes are meaningful
+//   join/seq            counter of join requests ("tickets")
+//   join/<t>            ticket t: JSON {id, host, rack, switch}
+//   gen/latest          a hint: the newest generation number written
+//   gen/<N>             generation N: JSON {number, kind, at_step, members,
+//                       joined, left}; written once, by compare-and-set
+//   gen/<N>/alive/<id>  "I survived generation N's failure" (Recover)
+//   gen/<N>/...         communicators of generation N (not used here)
+#include "omni/membership.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "nlohmann/json.hpp"
+#include "omni/clock.h"
+
+namespace omni {
+
+std::string Generation::ToString() const {
+  std::vector<std::string> ids;
+  ids.reserve(members.size());
+  for (const ReplicaInfo& m : members) ids.push_back(m.id);
+  std::string s = absl::StrCat("generation ", number, " (", kind, "): ", members.size(), " replica",
+                               members.size() == 1 ? "" : "s", " [", absl::StrJoin(ids, " "), "]");
+  if (!joined.empty()) absl::StrAppend(&s, ", joined ", absl::StrJoin(joined, " "));
+  if (!left.empty()) absl::StrAppend(&s, ", left ", absl::StrJoin(left, " "));
+  if (rank >= 0) absl::StrAppend(&s, ", rank ", rank);
+  return s;
+}
+
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr size_t kMaxIdLength = 64;
+// A member that neither reports in to Recover nor goes silent is dropped
+// after this many peer timeouts (its training thread is stuck).
+constexpr int kStuckPeerTimeouts = 10;
+constexpr absl::Duration kPoll = absl::Milliseconds(5);
+
+bool ValidId(const std::string& id) {
+  if (id.empty() || id.size() > kMaxIdLength) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-' || c == '.';
+  });
+}
+
+Json InfoToJson(const ReplicaInfo& r) {
+  return Json{{"id", r.id}, {"host", r.host}, {"rack", r.rack}, {"switch", r.switch_name}};
+}
+
+absl::StatusOr<ReplicaInfo> InfoFromJson(const Json& j) {
+  if (!j.is_object() || !j.contains("id") || !j["id"].is_string()) {
+    return absl::InvalidArgumentError("replica record without an id");
+  }
+  ReplicaInfo r;
+  r.id = j["id"].get<std::string>();
+  r.host = j.value("host", "");
+  r.rack = j.value("rack", "");
+  r.switch_name = j.value("switch", "");
+  return r;
+}
+
+// Switch, then rack, then host, then id: replicas under one switch (and in
+// it, one rack) get contiguous ranks.
+void TopologySort(std::vector<ReplicaInfo>& members) {
+  std::sort(members.begin(), members.end(), [](const ReplicaInfo& a, const ReplicaInfo& b) {
+    return std::tie(a.switch_name, a.rack, a.host, a.id) <
+           std::tie(b.switch_name, b.rack, b.host, b.id);
+  });
+}
+
+std::string GenKey(int64_t n) { return absl::StrCat("gen/", n); }
+
+absl::StatusOr<Generation> ParseGeneration(const std::string& key, const std::string& text) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("number") || !j.contains("members") ||
+      !j["members"].is_array()) {
+    return absl::DataLossError(absl::StrCat("store key '", key, "' is not a generation record"));
+  }
+  Generation g;
+  g.number = j.value("number", int64_t{0});
+  g.kind = j.value("kind", "");
+  g.at_step = j.value("at_step", int64_t{0});
+  for (const Json& m : j["members"]) {
+    absl::StatusOr<ReplicaInfo> r = InfoFromJson(m);
+    if (!r.ok()) {
+      return absl::DataLossError(absl::StrCat("store key '", key, "': ", r.status().message()));
+    }
+    g.members.push_back(*std::move(r));
+  }
+  if (j.contains("joined")) g.joined = j["joined"].get<std::vector<std::string>>();
+  if (j.contains("left")) g.left = j["left"].get<std::vector<std::string>>();
+  return g;
+}
+
+std::string SerializeGeneration(const Generation& g) {
+  Json members = Json::array();
+  for (const ReplicaInfo& m : g.members) members.push_back(InfoToJson(m));
+  return Json{{"number", g.number}, {"kind", g.kind},     {"at_step", g.at_step},
+              {"members", members}, {"joined", g.joined}, {"left", g.left}}
+      .dump();
+}
+
+bool Contains(const std::vector<ReplicaInfo>& v, const std::string& id) {
+  return std::any_of(v.begin(), v.end(), [&](const ReplicaInfo& r) { return r.id == id; });
+}
+
+// What a heartbeat observer knows of one replica.
+struct Observed {
+  std::string value;
+  int64_t since_ns = 0;  // when `value` was first seen (or watching began)
+  int changes = 0;       // changes seen since watching began
+};
+
+class MembershipImpl final : public Membership {
+ public:
+  MembershipImpl(Store& store, MembershipOptions options)
+      : store_(store), o_(std::move(options)), clock_(Clock::Real()) {
+    std::random_device rd;
+    session_ = absl::StrCat(getpid(), "-", rd(), rd());
+  }
+
+  ~MembershipImpl() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  MembershipImpl(const MembershipImpl&) = delete;
+  MembershipImpl& operator=(const MembershipImpl&) = delete;
+
+  absl::Status Init() {
+    if (auto st = CheckIdentity("job", o_.job_id, "job id"); !st.ok()) return st;
+    if (!o_.model_digest.empty()) {
+      if (auto st = CheckIdentity("model", o_.model_digest, "model digest"); !st.ok()) return st;
+    }
+    // An id in use by a live member of the newest generation is refused.
+    absl::StatusOr<std::optional<Generation>> latest = LatestFrom(0);
+    if (!latest.ok()) return latest.status();
+    if (latest->has_value() && Contains((*latest)->members, o_.self.id)) {
+      const std::string key = "hb/" + o_.self.id;
+      absl::StatusOr<std::optional<std::string>> first =
+          Retry(key, [&] { return store_.TryGet(key); });
+      if (!first.ok()) return first.status();
+      const int64_t until = Now() + absl::ToInt64Nanoseconds(o_.peer_timeout);
+      while (Now() < until) {
+        absl::SleepFor(o_.heartbeat);
+        absl::StatusOr<std::optional<std::string>> now =
+            Retry(key, [&] { return store_.TryGet(key); });
+        if (!now.ok()) return now.status();
+        if (*now != *first) {
+          return absl::AlreadyExistsError(
+              absl::StrCat("replica id '", o_.self.id, "' is in use by a live member of ",
+                           (*latest)->ToString(), ": give every replica its own id"));
+        }
+      }
+    }
+    Beat();
+    thread_ = std::thread([this] { HeartbeatLoop(); });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Generation> Join() override {
+    const int64_t deadline = Now() + absl::ToInt64Nanoseconds(o_.join_timeout);
+    const int64_t evicted_from = current().number;
+    {
+      absl::StatusOr<int64_t> t = Retry("join/seq", [&] { return store_.Add("join/seq", 1); });
+      if (!t.ok()) return t.status();
+      const std::string key = absl::StrCat("join/", *t);
+      const std::string info = InfoToJson(o_.self).dump();
+      if (auto st = Retry(key, [&] { return store_.Set(key, info); }); !st.ok()) return st;
+    }
+    int64_t last_seq = -1, seq_changed_ns = Now();
+    for (;;) {
+      absl::StatusOr<std::optional<std::string>> finished =
+          Retry("finished", [&] { return store_.TryGet("finished"); });
+      if (!finished.ok()) return finished.status();
+      if (finished->has_value()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "replica '", o_.self.id, "' cannot join: the job finished (", **finished, ")"));
+      }
+      absl::StatusOr<std::optional<Generation>> latest = LatestFrom(evicted_from);
+      if (!latest.ok()) return latest.status();
+      if (latest->has_value() && Contains((*latest)->members, o_.self.id)) {
+        return Adopt(**latest);
+      }
+      if (latest->has_value()) Watch((*latest)->members);
+      // Nobody to admit us: form a generation with the other joiners, once
+      // min_replicas are there and registrations have settled.
+      const bool orphaned = !latest->has_value() || AllDead((*latest)->members);
+      absl::StatusOr<int64_t> seq = ReadCounter("join/seq");
+      if (!seq.ok()) return seq.status();
+      if (*seq != last_seq) {
+        last_seq = *seq;
+        seq_changed_ns = Now();
+      }
+      if (orphaned) {
+        absl::StatusOr<std::vector<ReplicaInfo>> joiners = PendingJoiners({});
+        if (!joiners.ok()) return joiners.status();
+        const bool settled = Now() - seq_changed_ns >= absl::ToInt64Nanoseconds(o_.settle);
+        const int n = static_cast<int>(joiners->size());
+        if (n >= o_.min_replicas && (settled || n >= o_.max_replicas)) {
+          Generation g;
+          g.number = latest->has_value() ? (*latest)->number + 1 : 1;
+          g.kind = "initial";
+          g.at_step = 0;
+          g.members = *joiners;
+          if (g.members.size() > static_cast<size_t>(o_.max_replicas)) {
+            g.members.resize(static_cast<size_t>(o_.max_replicas));
+          }
+          for (const ReplicaInfo& m : g.members) g.joined.push_back(m.id);
+          if (latest->has_value()) {
+            for (const ReplicaInfo& m : (*latest)->members) g.left.push_back(m.id);
+          }
+          if (auto st = Propose(g); !st.ok()) return st.status();
+          continue;
+        }
+      }
+      if (Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "replica '", o_.self.id, "' was not admitted within ",
+            absl::FormatDuration(o_.join_timeout), ": ",
+            latest->has_value() ? "the members of " + (*latest)->ToString() +
+                                      " did not admit it (full at max_replicas, or not "
+                                      "reaching a step boundary)"
+                                : absl::StrCat("fewer than min_replicas=", o_.min_replicas,
+                                               " replicas registered")));
+      }
+      absl::SleepFor(std::min(o_.heartbeat, absl::Milliseconds(20)));
+    }
+  }
+
+  absl::StatusOr<std::optional<Generation>> AtBoundary(int64_t completed) override {
+    const Generation cur = current();
+    if (cur.number == 0 || cur.rank < 0) {
+      return absl::FailedPreconditionError("AtBoundary before Join: not a member");
+    }
+    absl::StatusOr<std::optional<Generation>> next = LatestFrom(cur.number);
+    if (!next.ok()) return next.status();
+    if (!next->has_value()) {
+      if (cur.size() >= o_.max_replicas) return std::nullopt;
+      absl::StatusOr<std::vector<ReplicaInfo>> joiners = PendingJoiners(cur.members);
+      if (!joiners.ok()) return joiners.status();
+      if (joiners->empty()) return std::nullopt;
+      Generation g;
+      g.number = cur.number + 1;
+      g.kind = "join";
+      g.at_step = completed + 1;
+      const std::vector<std::string> dead = DeadPeers();
+      for (const ReplicaInfo& m : cur.members) {
+        if (std::find(dead.begin(), dead.end(), m.id) == dead.end()) {
+          g.members.push_back(m);
+        } else {
+          g.left.push_back(m.id);
+        }
+      }
+      for (const ReplicaInfo& j : *joiners) {
+        if (g.members.size() >= static_cast<size_t>(o_.max_replicas)) break;
+        g.members.push_back(j);
+        g.joined.push_back(j.id);
+      }
+      absl::StatusOr<Generation> stored = Propose(g);
+      if (!stored.ok()) return stored.status();
+      *next = *stored;
+    }
+    const Generation& g = **next;
+    if (g.kind == "join" && g.number == cur.number + 1) {
+      if (g.at_step > completed) return std::nullopt;
+      if (g.at_step < completed) {
+        return absl::InternalError(
+            absl::StrCat("replica '", o_.self.id, "' is at the boundary after ", completed,
+                         " steps, past the boundary of ", g.ToString(), " (", g.at_step,
+                         " steps): the replicas are not in lockstep"));
+      }
+    }
+    return std::optional<Generation>(Adopt(g));
+  }
+
+  absl::StatusOr<Generation> Recover(int64_t completed) override {
+    const Generation cur = current();
+    if (cur.number == 0) return Join();
+    const int64_t start = Now();
+    const int64_t deadline = start + absl::ToInt64Nanoseconds(o_.join_timeout);
+    const int64_t stuck_after =
+        start + kStuckPeerTimeouts * absl::ToInt64Nanoseconds(o_.peer_timeout);
+    const std::string prefix = cur.prefix() + "/alive/";
+    {
+      const std::string key = prefix + o_.self.id;
+      if (auto st = Retry(key, [&] { return store_.Set(key, std::to_string(completed)); });
+          !st.ok()) {
+        return st;
+      }
+    }
+    for (;;) {
+      absl::StatusOr<std::optional<Generation>> next = LatestFrom(cur.number);
+      if (!next.ok()) return next.status();
+      if (next->has_value()) {
+        Generation g = Adopt(**next);
+        if (g.rank < 0) return Join();
+        return g;
+      }
+      std::vector<ReplicaInfo> alive;
+      std::vector<std::string> missing_alive;  // not reported, heartbeat still going
+      std::vector<std::string> gone;
+      const std::vector<std::string> dead = DeadPeers();
+      for (const ReplicaInfo& m : cur.members) {
+        const std::string key = prefix + m.id;
+        absl::StatusOr<std::optional<std::string>> v =
+            Retry(key, [&] { return store_.TryGet(key); });
+        if (!v.ok()) return v.status();
+        if (v->has_value()) {
+          alive.push_back(m);
+        } else if (std::find(dead.begin(), dead.end(), m.id) != dead.end() ||
+                   Now() >= stuck_after) {
+          gone.push_back(m.id);
+        } else {
+          missing_alive.push_back(m.id);
+        }
+      }
+      if (missing_alive.empty()) {
+        absl::StatusOr<std::vector<ReplicaInfo>> joiners = PendingJoiners(cur.members);
+        if (!joiners.ok()) return joiners.status();
+        Generation g;
+        g.number = cur.number + 1;
+        g.kind = "recover";
+        g.at_step = completed;
+        g.members = alive;
+        g.left = gone;
+        for (const ReplicaInfo& j : *joiners) {
+          if (g.members.size() >= static_cast<size_t>(o_.max_replicas)) break;
+          g.members.push_back(j);
+          g.joined.push_back(j.id);
+        }
+        if (g.size() >= o_.min_replicas) {
+          if (auto st = Propose(g); !st.ok()) return st.status();
+          continue;
+        }
+      }
+      if (Now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("no new generation after the failure of ", cur.ToString(), " within ",
+                         absl::FormatDuration(o_.join_timeout), ": ", alive.size(),
+                         " replica(s) reported in (min_replicas=", o_.min_replicas,
+                         "), waiting for [", absl::StrJoin(missing_alive, " "), "]"));
+      }
+      absl::SleepFor(kPoll);
+    }
+  }
+
+  absl::Status Finish() override {
+    const Generation g = current();
+    const std::string what =
+        absl::StrCat("finished by replica '", o_.self.id, "' in ", g.ToString());
+    return Retry("finished", [&] { return store_.CompareAndSet("finished", "", what); }).status();
+  }
+
+  Generation current() const override {
+    absl::MutexLock lock(&mu_);
+    return current_;
+  }
+
+  void SetOnPeerDead(std::function<void(const std::string& id)> callback) override {
+    absl::MutexLock lock(&mu_);
+    on_dead_ = std::move(callback);
+  }
+
+  std::vector<std::string> DeadPeers() const override {
+    absl::MutexLock lock(&mu_);
+    return {dead_.begin(), dead_.end()};
+  }
+
+  absl::Status HeartbeatError() const override {
+    absl::MutexLock lock(&mu_);
+    return hb_error_;
+  }
+
+ private:
+  int64_t Now() const { return clock_->NowNanos(); }
+
+  // Retries transient store errors with backoff for store_retry, then gives
+  // up with Unavailable naming the key. Errors about the request itself
+  // (bad key or value, missing key) are returned at once.
+  template <typename F>
+  auto Retry(const std::string& key, F f) -> decltype(f()) {
+    const int64_t until = Now() + absl::ToInt64Nanoseconds(o_.store_retry);
+    absl::Duration backoff = absl::Milliseconds(10);
+    for (;;) {
+      auto r = f();
+      absl::Status st;
+      if constexpr (std::is_same_v<decltype(r), absl::Status>) {
+        st = r;
+      } else {
+        st = r.status();
+      }
+      // (NotFound is retried: none of the calls made here can return it
+      // about the request, so it means the store's directory is gone.)
+      if (st.ok() || absl::IsInvalidArgument(st) || absl::IsFailedPrecondition(st) ||
+          absl::IsAlreadyExists(st) || absl::IsOutOfRange(st) || absl::IsDataLoss(st)) {
+        return r;
+      }
+      if (Now() >= until) {
+        return absl::UnavailableError(absl::StrCat("store unreachable for ",
+                                                   absl::FormatDuration(o_.store_retry), " (key '",
+                                                   key, "'): ", st.message()));
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Milliseconds(500));
+    }
+  }
+
+  absl::Status CheckIdentity(const std::string& key, const std::string& mine,
+                             const std::string& what) {
+    absl::StatusOr<std::string> stored =
+        Retry(key, [&] { return store_.CompareAndSet(key, "", mine); });
+    if (!stored.ok()) return stored.status();
+    if (*stored != mine) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("refusing to join: the job's ", what, " is '", *stored,
+                       "' but this replica's is '", mine, "' (replica '", o_.self.id, "')"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int64_t> ReadCounter(const std::string& key) {
+    absl::StatusOr<std::optional<std::string>> v = Retry(key, [&] { return store_.TryGet(key); });
+    if (!v.ok()) return v.status();
+    int64_t n = 0;
+    if (v->has_value() && !absl::SimpleAtoi(**v, &n)) {
+      return absl::DataLossError(absl::StrCat("store key '", key, "' is not a counter"));
+    }
+    return n;
+  }
+
+  // The newest generation with a number > `after` (nullopt when none).
+  absl::StatusOr<std::optional<Generation>> LatestFrom(int64_t after) {
+    absl::StatusOr<int64_t> hint = ReadCounter("gen/latest");
+    if (!hint.ok()) return hint.status();
+    // The hint is written after its record, so gen/<hint> exists; newer
+    // records may exist beyond it.
+    std::optional<std::string> best;
+    int64_t best_n = 0;
+    for (int64_t k = std::max(after + 1, *hint);; ++k) {
+      const std::string key = GenKey(k);
+      absl::StatusOr<std::optional<std::string>> v = Retry(key, [&] { return store_.TryGet(key); });
+      if (!v.ok()) return v.status();
+      if (!v->has_value()) break;
+      best = **v;
+      best_n = k;
+    }
+    if (!best.has_value()) return std::nullopt;
+    absl::StatusOr<Generation> g = ParseGeneration(GenKey(best_n), *best);
+    if (!g.ok()) return g.status();
+    return std::optional<Generation>(*std::move(g));
+  }
+
+  // Writes `g` unless another proposal for its number exists; returns what
+  // the store holds now.
+  absl::StatusOr<Generation> Propose(Generation g) {
+    TopologySort(g.members);
+    const std::string key = GenKey(g.number);
+    const std::string text = SerializeGeneration(g);
+    absl::StatusOr<std::string> stored =
+        Retry(key, [&] { return store_.CompareAndSet(key, "", text); });
+    if (!stored.ok()) return stored.status();
+    if (*stored == text) {
+      const std::string n = std::to_string(g.number);
+      // Best effort: readers also scan past the hint.
+      Retry("gen/latest", [&] { return store_.Set("gen/latest", n); }).IgnoreError();
+    }
+    return ParseGeneration(key, *stored);
+  }
+
+  Generation Adopt(Generation g) {
+    g.rank = -1;
+    for (size_t i = 0; i < g.members.size(); ++i) {
+      if (g.members[i].id == o_.self.id) g.rank = static_cast<int>(i);
+    }
+    absl::MutexLock lock(&mu_);
+    current_ = g;
+    dead_.clear();
+    const int64_t now = Now();
+    for (const ReplicaInfo& m : g.members) {
+      // Watching restarts: a member is dead after peer_timeout without a
+      // change from now on.
+      Observed& o = seen_[m.id];
+      o.since_ns = now;
+      o.changes = 0;
+    }
+    return g;
+  }
+
+  void Watch(const std::vector<ReplicaInfo>& members) {
+    absl::MutexLock lock(&mu_);
+    for (const ReplicaInfo& m : members) {
+      if (m.id == o_.self.id || extra_watch_.count(m.id) > 0) continue;
+      extra_watch_.insert(m.id);
+      Observed& o = seen_[m.id];
+      o.since_ns = Now();
+      o.changes = 0;
+    }
+  }
+
+  bool IsDeadLocked(const std::string& id, int64_t now) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    auto it = seen_.find(id);
+    if (it == seen_.end()) return false;  // not watched yet
+    return now - it->second.since_ns >= absl::ToInt64Nanoseconds(o_.peer_timeout);
+  }
+
+  bool AllDead(const std::vector<ReplicaInfo>& members) {
+    absl::MutexLock lock(&mu_);
+    const int64_t now = Now();
+    return std::all_of(members.begin(), members.end(), [&](const ReplicaInfo& m) {
+      return m.id != o_.self.id && seen_.count(m.id) > 0 && IsDeadLocked(m.id, now);
+    });
+  }
+
+  // Replicas that asked to join, are not in `members`, and whose heartbeat
+  // has been seen to change within peer_timeout (this replica counts as
+  // alive). In ticket order; the newest ticket of an id counts.
+  absl::StatusOr<std::vector<ReplicaInfo>> PendingJoiners(const std::vector<ReplicaInfo>& members) {
+    absl::StatusOr<int64_t> seq = ReadCounter("join/seq");
+    if (!seq.ok()) return seq.status();
+    for (int64_t t = next_ticket_; t <= *seq; ++t) {
+      const std::string key = absl::StrCat("join/", t);
+      absl::StatusOr<std::optional<std::string>> v = Retry(key, [&] { return store_.TryGet(key); });
+      if (!v.ok()) return v.status();
+      if (!v->has_value()) break;  // being written: next time
+      Json j = Json::parse(**v, nullptr, false);
+      absl::StatusOr<ReplicaInfo> info = InfoFromJson(j);
+      if (info.ok()) {
+        tickets_.erase(std::remove_if(tickets_.begin(), tickets_.end(),
+                                      [&](const ReplicaInfo& r) { return r.id == info->id; }),
+                       tickets_.end());
+        tickets_.push_back(*std::move(info));
+      }
+      next_ticket_ = t + 1;
+    }
+    std::vector<ReplicaInfo> out;
+    absl::MutexLock lock(&mu_);
+    const int64_t now = Now();
+    for (const ReplicaInfo& r : tickets_) {
+      if (Contains(members, r.id)) continue;
+      if (r.id == o_.self.id) {
+        out.push_back(r);
+        continue;
+      }
+      extra_watch_.insert(r.id);
+      auto it = seen_.find(r.id);
+      if (it == seen_.end()) {
+        seen_[r.id].since_ns = now;
+        continue;
+      }
+      if (it->second.changes > 0 && !IsDeadLocked(r.id, now)) out.push_back(r);
+    }
+    return out;
+  }
+
+  void Beat() {
+    const std::string key = "hb/" + o_.self.id;
+    const absl::Status st = store_.Set(key, absl::StrCat(session_, ":", ++beats_));
+    absl::MutexLock lock(&mu_);
+    hb_error_ = st;
+  }
+
+  void HeartbeatLoop() {
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop_), o_.heartbeat)) return;
+      }
+      Beat();
+      std::vector<std::string> ids;
+      {
+        absl::MutexLock lock(&mu_);
+        for (const ReplicaInfo& m : current_.members) ids.push_back(m.id);
+        ids.insert(ids.end(), extra_watch_.begin(), extra_watch_.end());
+      }
+      std::map<std::string, std::optional<std::string>> values;
+      for (const std::string& id : ids) {
+        if (id == o_.self.id || values.count(id) > 0) continue;
+        absl::StatusOr<std::optional<std::string>> v = store_.TryGet("hb/" + id);
+        if (v.ok()) values[id] = *v;  // a failed read is no news
+      }
+      std::vector<std::string> newly_dead;
+      std::function<void(const std::string&)> callback;
+      {
+        absl::MutexLock lock(&mu_);
+        const int64_t now = Now();
+        for (const auto& [id, v] : values) {
+          Observed& o = seen_[id];
+          const std::string value = v.value_or("");
+          if (o.since_ns == 0) {
+            o.since_ns = now;
+            o.value = value;
+          } else if (value != o.value) {
+            o.value = value;
+            o.since_ns = now;
+            ++o.changes;
+          }
+        }
+        for (const ReplicaInfo& m : current_.members) {
+          if (m.id == o_.self.id || dead_.count(m.id) > 0) continue;
+          if (IsDeadLocked(m.id, now)) {
+            dead_.insert(m.id);
+            newly_dead.push_back(m.id);
+          }
+        }
+        callback = on_dead_;
+      }
+      if (callback) {
+        for (const std::string& id : newly_dead) callback(id);
+      }
+    }
+  }
+
+  Store& store_;
+  const MembershipOptions o_;
+  const Clock* clock_;
+  std::string session_;
+  int64_t beats_ = 0;  // heartbeat thread (and Init, before it starts)
+
+  // Training thread only.
+  int64_t next_ticket_ = 1;
+  std::vector<ReplicaInfo> tickets_;
+
+  mutable absl::Mutex mu_;
+  Generation current_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Observed> seen_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> extra_watch_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> dead_ ABSL_GUARDED_BY(mu_);
+  absl::Status hb_error_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&)> on_dead_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Membership>> Membership::Create(Store& store,
+                                                               const MembershipOptions& options) {
+  const auto bad = [](const std::string& field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("MembershipOptions.", field, ": ", why));
+  };
+  if (options.job_id.empty()) return bad("job_id", "must not be empty");
+  if (!ValidId(options.self.id)) {
+    return bad("self.id",
+               absl::StrCat("'", options.self.id, "' is not 1..64 characters of [A-Za-z0-9_.-]"));
+  }
+  if (options.min_replicas < 1) return bad("min_replicas", "must be at least 1");
+  if (options.max_replicas < options.min_replicas) {
+    return bad("max_replicas",
+               absl::StrCat(options.max_replicas, " is below min_replicas ", options.min_replicas));
+  }
+  if (options.heartbeat <= absl::ZeroDuration()) return bad("heartbeat", "must be positive");
+  if (options.peer_timeout < 2 * options.heartbeat) {
+    return bad("peer_timeout", absl::StrCat(absl::FormatDuration(options.peer_timeout),
+                                            " must be at least twice the heartbeat (",
+                                            absl::FormatDuration(options.heartbeat), ")"));
+  }
+  auto m = std::make_unique<MembershipImpl>(store, options);
+  if (auto st = m->Init(); !st.ok()) return st;
+  return std::unique_ptr<Membership>(std::move(m));
+}
+
+}  // namespace omni

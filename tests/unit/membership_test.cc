@@ -1,0 +1,400 @@
+// Membership over a real FileStore, replicas as threads of this process
+// (each with its own heartbeat thread), on short timings.
+#include "omni/membership.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "omni/store.h"
+
+namespace omni {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "omni_members_XXXXXX").string();
+    path_ = mkdtemp(t.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+MembershipOptions Opts(const std::string& id, int min_replicas = 1, int max_replicas = 8) {
+  MembershipOptions o;
+  o.job_id = "job-a";
+  o.model_digest = "model-1";
+  o.self.id = id;
+  o.self.host = "host-" + id;
+  o.min_replicas = min_replicas;
+  o.max_replicas = max_replicas;
+  o.heartbeat = absl::Milliseconds(20);
+  o.peer_timeout = absl::Milliseconds(250);
+  o.settle = absl::Milliseconds(300);
+  o.join_timeout = absl::Seconds(10);
+  o.store_retry = absl::Milliseconds(300);
+  return o;
+}
+
+std::unique_ptr<Store> OpenFileStore(const TempDir& dir) {
+  absl::StatusOr<std::unique_ptr<Store>> s = OpenStore("file://" + dir.path() + "/store");
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *std::move(s) : nullptr;
+}
+
+std::unique_ptr<Membership> MustCreate(Store& store, const MembershipOptions& o) {
+  absl::StatusOr<std::unique_ptr<Membership>> m = Membership::Create(store, o);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? *std::move(m) : nullptr;
+}
+
+// Joins every membership concurrently; returns the generations.
+std::vector<Generation> JoinAll(const std::vector<Membership*>& ms) {
+  std::vector<Generation> out(ms.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    threads.emplace_back([&, i] {
+      absl::StatusOr<Generation> g = ms[i]->Join();
+      ASSERT_TRUE(g.ok()) << g.status();
+      out[i] = *g;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+std::vector<std::string> Ids(const Generation& g) {
+  std::vector<std::string> ids;
+  for (const ReplicaInfo& m : g.members) ids.push_back(m.id);
+  return ids;
+}
+
+TEST(Membership, ReplicasStartingTogetherFormOneGenerationWithDistinctRanks) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 3));
+  auto b = MustCreate(*store, Opts("b", 3));
+  auto c = MustCreate(*store, Opts("c", 3));
+  std::vector<Generation> g = JoinAll({a.get(), b.get(), c.get()});
+  std::set<int> ranks;
+  for (const Generation& x : g) {
+    EXPECT_EQ(x.number, 1);
+    EXPECT_EQ(x.kind, "initial");
+    EXPECT_EQ(Ids(x), (std::vector<std::string>{"a", "b", "c"}));
+    ranks.insert(x.rank);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+  EXPECT_EQ(g[0].prefix(), "gen/1");
+}
+
+TEST(Membership, RanksKeepReplicasOfOneSwitchAndRackContiguous) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  const struct {
+    const char* id;
+    const char* rack;
+    const char* sw;
+  } spec[] = {{"r1", "rack2", "sw1"},
+              {"r2", "rack1", "sw2"},
+              {"r3", "rack1", "sw1"},
+              {"r4", "rack2", "sw1"},
+              {"r5", "rack1", "sw2"}};
+  std::vector<std::unique_ptr<Membership>> ms;
+  std::vector<Membership*> raw;
+  for (const auto& s : spec) {
+    MembershipOptions o = Opts(s.id, 5);
+    o.self.rack = s.rack;
+    o.self.switch_name = s.sw;
+    ms.push_back(MustCreate(*store, o));
+    raw.push_back(ms.back().get());
+  }
+  const Generation g = JoinAll(raw)[0];
+  ASSERT_EQ(g.size(), 5);
+  // sw1: rack1 (r3), rack2 (r1, r4); sw2: rack1 (r2, r5).
+  EXPECT_EQ(Ids(g), (std::vector<std::string>{"r3", "r1", "r4", "r2", "r5"}));
+}
+
+TEST(Membership, RefusesAnotherJobIdNamingBoth) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a"));
+  MembershipOptions other = Opts("b");
+  other.job_id = "job-b";
+  absl::StatusOr<std::unique_ptr<Membership>> m = Membership::Create(*store, other);
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(m.status())) << m.status();
+  EXPECT_TRUE(absl::StrContains(m.status().message(), "job-a")) << m.status();
+  EXPECT_TRUE(absl::StrContains(m.status().message(), "job-b")) << m.status();
+}
+
+TEST(Membership, RefusesAnotherModelDigest) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a"));
+  MembershipOptions other = Opts("b");
+  other.model_digest = "model-2";
+  absl::StatusOr<std::unique_ptr<Membership>> m = Membership::Create(*store, other);
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(m.status())) << m.status();
+  EXPECT_TRUE(absl::StrContains(m.status().message(), "model digest")) << m.status();
+  EXPECT_TRUE(absl::StrContains(m.status().message(), "model-2")) << m.status();
+}
+
+TEST(Membership, RefusesAnIdInUseByALiveMember) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a"));
+  ASSERT_TRUE(a->Join().ok());
+  absl::StatusOr<std::unique_ptr<Membership>> twin = Membership::Create(*store, Opts("a"));
+  ASSERT_FALSE(twin.ok());
+  EXPECT_TRUE(absl::IsAlreadyExists(twin.status())) << twin.status();
+}
+
+TEST(Membership, RejectsBadOptionsNamingTheField) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  const auto field_of = [&](MembershipOptions o) {
+    absl::StatusOr<std::unique_ptr<Membership>> m = Membership::Create(*store, o);
+    EXPECT_TRUE(absl::IsInvalidArgument(m.status())) << m.status();
+    return std::string(m.status().message());
+  };
+  MembershipOptions o = Opts("a");
+  o.self.id = "has space";
+  EXPECT_TRUE(absl::StrContains(field_of(o), "self.id"));
+  o = Opts("a");
+  o.job_id = "";
+  EXPECT_TRUE(absl::StrContains(field_of(o), "job_id"));
+  o = Opts("a", 3, 2);
+  EXPECT_TRUE(absl::StrContains(field_of(o), "max_replicas"));
+  o = Opts("a");
+  o.peer_timeout = o.heartbeat;
+  EXPECT_TRUE(absl::StrContains(field_of(o), "peer_timeout"));
+}
+
+TEST(Membership, AJoinIsAdmittedAtTheSameBoundaryByEveryMember) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 2));
+  auto b = MustCreate(*store, Opts("b", 2));
+  JoinAll({a.get(), b.get()});
+  auto c = MustCreate(*store, Opts("c", 2));
+  absl::StatusOr<Generation> joined;
+  std::thread joiner([&] { joined = c->Join(); });
+
+  // The members go through boundaries in lockstep until the change lands.
+  int64_t landed_a = -1, landed_b = -1;
+  Generation ga, gb;
+  for (int64_t step = 10; step < 400 && (landed_a < 0 || landed_b < 0); ++step) {
+    absl::StatusOr<std::optional<Generation>> na = a->AtBoundary(step);
+    absl::StatusOr<std::optional<Generation>> nb = b->AtBoundary(step);
+    ASSERT_TRUE(na.ok()) << na.status();
+    ASSERT_TRUE(nb.ok()) << nb.status();
+    if (na->has_value()) {
+      landed_a = step;
+      ga = **na;
+    }
+    if (nb->has_value()) {
+      landed_b = step;
+      gb = **nb;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  joiner.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(landed_a, landed_b);
+  EXPECT_EQ(ga.number, 2);
+  EXPECT_EQ(ga.kind, "join");
+  EXPECT_EQ(ga.at_step, landed_a);
+  EXPECT_EQ(Ids(ga), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(ga.joined, (std::vector<std::string>{"c"}));
+  EXPECT_EQ(joined->number, 2);
+  EXPECT_EQ(std::set<int>({ga.rank, gb.rank, joined->rank}), (std::set<int>{0, 1, 2}));
+}
+
+TEST(Membership, NoJoinBeyondMaxReplicas) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 1, 1));
+  ASSERT_TRUE(a->Join().ok());
+  MembershipOptions co = Opts("c", 1, 1);
+  co.join_timeout = absl::Milliseconds(400);
+  auto c = MustCreate(*store, co);
+  absl::StatusOr<Generation> joined;
+  std::thread joiner([&] { joined = c->Join(); });
+  for (int64_t step = 0; step < 30; ++step) {
+    absl::StatusOr<std::optional<Generation>> n = a->AtBoundary(step);
+    ASSERT_TRUE(n.ok()) << n.status();
+    EXPECT_FALSE(n->has_value());
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  joiner.join();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(joined.status())) << joined.status();
+  EXPECT_TRUE(absl::StrContains(joined.status().message(), "max_replicas")) << joined.status();
+}
+
+TEST(Membership, ASilentPeerIsDeclaredDeadAndRecoverDropsIt) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 2, 3));
+  auto b = MustCreate(*store, Opts("b", 2, 3));
+  auto c = MustCreate(*store, Opts("c", 2, 3));
+  JoinAll({a.get(), b.get(), c.get()});
+  std::atomic<int> callbacks{0};
+  a->SetOnPeerDead([&](const std::string& id) {
+    EXPECT_EQ(id, "c");
+    ++callbacks;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  c.reset();  // its heartbeats stop
+  while (a->DeadPeers().empty() &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const double detect_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(a->DeadPeers(), (std::vector<std::string>{"c"}));
+  EXPECT_GE(detect_s, 0.2);  // not before peer_timeout (250 ms)
+  EXPECT_LT(detect_s, 1.0);
+  EXPECT_EQ(callbacks.load(), 1);
+
+  absl::StatusOr<Generation> ga, gb;
+  std::thread ta([&] { ga = a->Recover(7); });
+  std::thread tb([&] { gb = b->Recover(7); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(ga.ok()) << ga.status();
+  ASSERT_TRUE(gb.ok()) << gb.status();
+  EXPECT_EQ(ga->number, 2);
+  EXPECT_EQ(ga->kind, "recover");
+  EXPECT_EQ(Ids(*ga), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(ga->left, (std::vector<std::string>{"c"}));
+  EXPECT_EQ(gb->number, 2);
+  EXPECT_NE(ga->rank, gb->rank);
+}
+
+TEST(Membership, RecoverKeepsEveryMemberThatReportsIn) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 2));
+  auto b = MustCreate(*store, Opts("b", 2));
+  JoinAll({a.get(), b.get()});
+  absl::StatusOr<Generation> ga, gb;
+  std::thread ta([&] { ga = a->Recover(3); });
+  absl::SleepFor(absl::Milliseconds(100));  // b notices the failure later
+  std::thread tb([&] { gb = b->Recover(3); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(ga.ok()) << ga.status();
+  ASSERT_TRUE(gb.ok()) << gb.status();
+  EXPECT_EQ(ga->number, 2);
+  EXPECT_EQ(Ids(*ga), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(ga->left.empty());
+}
+
+TEST(Membership, BelowMinReplicasRecoverWaitsThenFailsNamingTheMinimum) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  MembershipOptions oa = Opts("a", 2);
+  oa.join_timeout = absl::Milliseconds(800);
+  auto a = MustCreate(*store, oa);
+  auto b = MustCreate(*store, Opts("b", 2));
+  JoinAll({a.get(), b.get()});
+  b.reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<Generation> g = a->Recover(1);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(g.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(g.status())) << g.status();
+  EXPECT_TRUE(absl::StrContains(g.status().message(), "min_replicas=2")) << g.status();
+  EXPECT_GE(s, 0.7);
+  EXPECT_LT(s, 3.0);
+}
+
+TEST(Membership, AJoinerRestoresTheMinimumAfterALoss) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 2));
+  auto b = MustCreate(*store, Opts("b", 2));
+  JoinAll({a.get(), b.get()});
+  b.reset();
+  auto c = MustCreate(*store, Opts("c", 2));
+  absl::StatusOr<Generation> gc;
+  std::thread tc([&] { gc = c->Join(); });
+  absl::StatusOr<Generation> ga = a->Recover(5);
+  tc.join();
+  ASSERT_TRUE(ga.ok()) << ga.status();
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(Ids(*ga), (std::vector<std::string>{"a", "c"}));
+  EXPECT_EQ(gc->number, ga->number);
+}
+
+TEST(Membership, AReplicaLeftOutOfANewGenerationRejoins) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 1));
+  auto b = MustCreate(*store, Opts("b", 1));
+  JoinAll({a.get(), b.get()});
+  // What b finds after being frozen past peer_timeout: the others went on
+  // to a generation without it.
+  const std::string text =
+      R"({"number":2,"kind":"recover","at_step":4,"members":[{"id":"a","host":"h"}],)"
+      R"("joined":[],"left":["b"]})";
+  ASSERT_TRUE(store->CompareAndSet("gen/2", "", text).ok());
+  absl::StatusOr<std::optional<Generation>> nb = b->AtBoundary(4);
+  ASSERT_TRUE(nb.ok()) << nb.status();
+  ASSERT_TRUE(nb->has_value());
+  EXPECT_EQ((*nb)->rank, -1);  // evicted: must join again
+  absl::StatusOr<Generation> rejoined;
+  std::thread tb([&] { rejoined = b->Join(); });
+  absl::StatusOr<std::optional<Generation>> na = a->AtBoundary(4);
+  ASSERT_TRUE(na.ok()) << na.status();
+  ASSERT_TRUE(na->has_value());
+  EXPECT_EQ((*na)->number, 2);
+  std::optional<Generation> admitted;
+  for (int64_t step = 5; step < 300 && !admitted.has_value(); ++step) {
+    absl::StatusOr<std::optional<Generation>> n = a->AtBoundary(step);
+    ASSERT_TRUE(n.ok()) << n.status();
+    admitted = *n;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  tb.join();
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  ASSERT_TRUE(admitted.has_value());
+  EXPECT_EQ(admitted->number, 3);
+  EXPECT_EQ(Ids(*admitted), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(rejoined->number, 3);
+}
+
+TEST(Membership, AnUnreachableStoreFailsCreateWithinItsRetryBound) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  fs::remove_all(dir.path() + "/store");
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<Membership>> m = Membership::Create(*store, Opts("a"));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(absl::IsUnavailable(m.status())) << m.status();
+  EXPECT_TRUE(absl::StrContains(m.status().message(), "store unreachable")) << m.status();
+  EXPECT_LT(s, 2.0);
+}
+
+}  // namespace
+}  // namespace omni
