@@ -127,7 +127,7 @@ class OMNI_EXPORT Membership {
   // After a collective of the current generation failed: agrees with the
   // surviving members on the next generation. Members that report in are
   // kept; one that does not is dropped once its heartbeat has been silent
-  // for peer_timeout. Waits (up to join_timeout) while fewer than
+  // for three heartbeat periods (at most peer_timeout). Waits (up to join_timeout) while fewer than
   // min_replicas are alive. When this replica was itself dropped it joins
   // again (as Join()).
   virtual absl::StatusOr<Generation> Recover(int64_t completed) = 0;

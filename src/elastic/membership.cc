@@ -310,6 +310,12 @@ class MembershipImpl final : public Membership {
     const int64_t stuck_after =
         start + kStuckPeerTimeouts * absl::ToInt64Nanoseconds(o_.peer_timeout);
     const std::string prefix = cur.prefix() + "/alive/";
+    // A collective already failed: a member that has not reported in and
+    // whose heartbeat has also stopped for 3 periods is taken as gone
+    // without waiting the full peer_timeout. A live member keeps beating
+    // (even while it computes) and reports in once its own collective fails;
+    // one dropped wrongly (a starved heartbeat thread) joins again.
+    const absl::Duration recover_silence = std::min(o_.peer_timeout, 3 * o_.heartbeat);
     {
       const std::string key = prefix + o_.self.id;
       if (auto st = Retry(key, [&] { return store_.Set(key, std::to_string(completed)); });
@@ -328,7 +334,6 @@ class MembershipImpl final : public Membership {
       std::vector<ReplicaInfo> alive;
       std::vector<std::string> missing_alive;  // not reported, heartbeat still going
       std::vector<std::string> gone;
-      const std::vector<std::string> dead = DeadPeers();
       for (const ReplicaInfo& m : cur.members) {
         const std::string key = prefix + m.id;
         absl::StatusOr<std::optional<std::string>> v =
@@ -336,8 +341,7 @@ class MembershipImpl final : public Membership {
         if (!v.ok()) return v.status();
         if (v->has_value()) {
           alive.push_back(m);
-        } else if (std::find(dead.begin(), dead.end(), m.id) != dead.end() ||
-                   Now() >= stuck_after) {
+        } else if (SilentFor(m.id, recover_silence) || Now() >= stuck_after) {
           gone.push_back(m.id);
         } else {
           missing_alive.push_back(m.id);
@@ -530,6 +534,13 @@ class MembershipImpl final : public Membership {
     auto it = seen_.find(id);
     if (it == seen_.end()) return false;  // not watched yet
     return now - it->second.since_ns >= absl::ToInt64Nanoseconds(o_.peer_timeout);
+  }
+
+  // No heartbeat change from `id` seen for `d` (false when not watched).
+  bool SilentFor(const std::string& id, absl::Duration d) const {
+    absl::MutexLock lock(&mu_);
+    auto it = seen_.find(id);
+    return it != seen_.end() && Now() - it->second.since_ns >= absl::ToInt64Nanoseconds(d);
   }
 
   bool AllDead(const std::vector<ReplicaInfo>& members) {
