@@ -11,7 +11,9 @@
 #      one GPU init, all-reduce / broadcast / all-gather / barrier, Abort,
 #      re-init after abort, init timeout with a peer that never comes; with
 #      2+ GPUs also one process per GPU, Abort unblocking a pending
-#      all-reduce, and Shrink (or Unimplemented before NCCL 2.27).
+#      all-reduce, and Shrink (or Unimplemented before NCCL 2.27);
+#   3. omni_torch_tests built against the host's PyTorch 2.x LibTorch, with
+#      every CUDA device's RNG generator saved and restored.
 # Prints "N passed, M failed" last; exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -57,6 +59,45 @@ failed=$((failed + n_fail))
 if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
   echo "FAIL: omni_core_tests exited ${rc} (timeout or crash)"
   failed=$((failed + 1))
+fi
+
+# 3. The LibTorch adapters against the host's PyTorch 2.x: every CUDA
+#    device's generator saved and restored (TorchState.*Cuda*), and the rest
+#    of omni_torch_tests on LibTorch 2.x. Needs a CXX11-ABI LibTorch (as the
+#    bundled abseil is); an older ABI is reported and counted as a failure.
+TORCH_PREFIX="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null || true)"
+TORCH_ABI="$(python3 -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null || true)"
+if [ -z "$TORCH_PREFIX" ]; then
+  echo "FAIL: no PyTorch on this host"
+  failed=$((failed + 1))
+elif [ "$TORCH_ABI" != "1" ]; then
+  echo "FAIL: PyTorch uses the pre-CXX11 ABI; omni::torch needs a CXX11-ABI LibTorch here"
+  failed=$((failed + 1))
+else
+  set +e
+  cmake -S . -B build-gpu-torch -DCMAKE_BUILD_TYPE=Release -DOMNI_BUILD_TORCH=ON \
+    -DOMNI_BUILD_PYTHON=OFF -DOMNI_BUILD_TESTS=ON -DOMNI_BUILD_BENCHMARKS=OFF -DOMNI_WERROR=OFF \
+    -DCUDAToolkit_ROOT="$CUDA_ROOT" -DCMAKE_PREFIX_PATH="$DEPS;$TORCH_PREFIX" \
+    -DCMAKE_INCLUDE_PATH="$DEPS/include" -DCMAKE_LIBRARY_PATH="$DEPS/lib" \
+    -DGTest_DIR="$DEPS/lib/x86_64-linux-gnu/cmake/GTest" > "$OUT/configure_torch.log" 2>&1 &&
+    cmake --build build-gpu-torch -j "$(nproc)" --target omni_torch_tests > "$OUT/build_torch.log" 2>&1
+  rc=$?
+  if [ "$rc" -ne 0 ]; then
+    tail -n 30 "$OUT/configure_torch.log" "$OUT/build_torch.log"
+    echo "FAIL: omni_torch_tests did not build against PyTorch (exit ${rc})"
+    failed=$((failed + 1))
+  else
+    timeout 300 ./build-gpu-torch/bin/omni_torch_tests 2>&1 | tee "$OUT/torch.log"
+    rc=${PIPESTATUS[0]}
+    n_ok=$(grep -c '^\[       OK \]' "$OUT/torch.log" || true)
+    n_fail=$(grep -c '^\[  FAILED  \] .*(' "$OUT/torch.log" || true)
+    grep -q '^\[       OK \] TorchState.RngStateRestoresEveryCudaGenerator' "$OUT/torch.log" ||
+      { echo "FAIL: the CUDA generator check did not pass"; n_fail=$((n_fail + 1)); }
+    echo "torch: ${n_ok} ok, ${n_fail} failed (exit ${rc})"
+    passed=$((passed + n_ok))
+    failed=$((failed + n_fail))
+  fi
+  set -e
 fi
 
 echo "${passed} passed, ${failed} failed"

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <random>
+#include <vector>
 
 #include "omni/checkpoint.h"
 #include "omni/hash.h"
@@ -165,6 +166,37 @@ TEST(TorchState, RngStateRestoresTheCpuGeneratorAndEngines) {
   ASSERT_TRUE((*mgr)->Restore(reg).ok());
   EXPECT_TRUE(torch::equal(torch::rand({4}), expected));
   EXPECT_EQ(engine(), expected_engine);
+}
+
+// Runs on a GPU host (tests/gpu/run.sh); skipped where LibTorch has no CUDA
+// device.
+TEST(TorchState, RngStateRestoresEveryCudaGenerator) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: checked by tests/gpu/run.sh";
+  Dir dir;
+  RngState rng;
+  StateRegistry reg;
+  ASSERT_TRUE(reg.Register("rng", &rng).ok());
+  CheckpointOptions co;
+  co.dir = dir.str();
+  auto mgr = CheckpointManager::Open(co);
+  ASSERT_TRUE(mgr.ok()) << mgr.status();
+  const auto devices = static_cast<int64_t>(torch::cuda::device_count());
+  torch::manual_seed(42);                  // seeds every CUDA generator too
+  for (int64_t d = 0; d < devices; ++d) {  // move each device's generator along
+    (void)torch::rand({static_cast<int64_t>(d) + 3}, torch::Device(torch::kCUDA, d));
+  }
+  ASSERT_TRUE((*mgr)->Save(1, reg, {}).ok());
+  std::vector<torch::Tensor> expected;
+  for (int64_t d = 0; d < devices; ++d) {
+    expected.push_back(torch::rand({5}, torch::Device(torch::kCUDA, d)).cpu());
+  }
+  torch::manual_seed(7);
+  ASSERT_TRUE((*mgr)->Restore(reg).ok());
+  for (int64_t d = 0; d < devices; ++d) {
+    EXPECT_TRUE(torch::equal(torch::rand({5}, torch::Device(torch::kCUDA, d)).cpu(),
+                             expected[static_cast<size_t>(d)]))
+        << "CUDA device " << d;
+  }
 }
 
 TEST(TorchState, ToDTypeRefusesComplexTensors) {
