@@ -2,8 +2,9 @@
 // torch::save / torch::load, measured side by side in one run.
 //
 //   save_vs_raw          raw write+fsync time / omni Save time (same bytes, same disk)
-//   restore_vs_raw       raw read time / omni Restore time (verify + load into tensors),
-//                        both from the disk (page cache dropped with POSIX_FADV_DONTNEED)
+//   restore_vs_raw       raw read time / omni Restore time (one pass: read into the
+//                        tensors, every checksum verified), both from the disk (page
+//                        cache dropped with POSIX_FADV_DONTNEED)
 //   save_vs_torch_save   torch::save time / omni Save time (>= 1: never slower)
 //   save_peak_extra_mib  peak RSS during a Save beyond the state itself
 //   async_stall_vs_memcpy  training-thread stall of SaveAsync / memcpy of the same bytes
@@ -207,7 +208,7 @@ int main(int argc, char** argv) {
   std::printf("state %.2f GiB in %zu tensors, %d trials (medians)\n", gib, params.size(), trials);
   std::printf("raw write+fsync %.2f GiB/s, omni save %.2f GiB/s, torch::save+fsync %.2f GiB/s\n",
               gib / med(raw_w), gib / med(save), gib / med(tsave));
-  std::printf("raw read (cold) %.2f GiB/s, omni restore (verify + load, cold) %.2f GiB/s\n",
+  std::printf("raw read (cold) %.2f GiB/s, omni restore (verified load, cold) %.2f GiB/s\n",
               gib / med(raw_r), gib / med(restore));
   std::printf("async stall %.3f s, memcpy %.3f s\n", med(stall), med(memcpy_s));
   std::printf(

@@ -46,9 +46,11 @@
 // crashed writers left: temporary and trash directories, and files of ranks
 // whose lock no live process holds.
 //
-// Restore: each rank reads its own shard. Ranks choose independently; in a
-// multi-rank job, agree on a step (e.g. the minimum over ranks of
-// RestoreResult::info.step) and pass it to Restore when they differ.
+// Restore: each rank reads its own shard, once, verifying every checksum
+// as the bytes land in the state objects (see Restore for what a corrupt
+// shard leaves). Ranks choose independently; in a multi-rank job, agree on
+// a step (e.g. the minimum over ranks of RestoreResult::info.step) and pass
+// it to Restore when they differ.
 //
 // Thread safety: a CheckpointManager is used by one thread (the training
 // thread); its asynchronous writer runs on a thread of its own, joined on
@@ -154,18 +156,34 @@ class OMNI_EXPORT CheckpointManager {
   // the recorded size; checksums are not read), newest first.
   virtual absl::StatusOr<std::vector<CheckpointInfo>> List() const = 0;
 
-  // Loads the newest valid checkpoint (or `step`) into `state`. This rank's
-  // shard is verified (sizes, header against manifest, every checksum)
-  // before any object is loaded, so a corrupt shard never causes a partial
-  // load; a checkpoint that fails verification is reported in `skipped`
-  // (naming the file and key) and the previous one is tried. Not skipped,
-  // but returned: FailedPrecondition for a newer format version (naming the
-  // version and path), another job's checkpoint (both job ids, when both are
-  // set) or a checkpoint without a shard for this rank; the error of a
-  // Stateful's Load (other shapes or missing keys, naming the key and file),
-  // after which earlier checkpoints stay loadable by `step`. With `step`,
-  // only that checkpoint is tried and its verification error is returned.
-  // NotFound when there is no valid checkpoint (listing what was skipped).
+  // Loads the newest valid checkpoint (or `step`) into `state`, reading
+  // this rank's shard once: its size and header are checked against the
+  // manifest first, then the objects load straight from the file and every
+  // tensor is checked against its checksum where it lands (entries no Load
+  // read are checked after the load), so a successful restore has checked
+  // every checksum. A checkpoint that fails a check is reported in `skipped`
+  // (naming the file, and the key for a checksum) and the previous one is
+  // tried; when the failure came midway through the load, that previous
+  // checkpoint is loaded entirely (every object's Load again), so on success
+  // the state is exactly info.step's: no key of the corrupt one survives.
+  //
+  // Not skipped, but returned: FailedPrecondition for a newer format version
+  // (naming the version and path), another job's checkpoint (both job ids,
+  // when both are set) or a checkpoint without a shard for this rank; the
+  // error of a Stateful's Load (other shapes or missing keys, naming the key
+  // and file), after which earlier checkpoints stay loadable by `step`. With
+  // `step`, only that checkpoint is tried and its error is returned.
+  // NotFound when there is no valid checkpoint (listing what was skipped)
+  // and no object was loaded.
+  //
+  // On an error other than NotFound, the objects may hold a partial state:
+  // DataLoss (naming the file and key) when a checksum failed midway and no
+  // older checkpoint could be loaded in full, or when `step` was corrupt;
+  // such errors say "partially loaded" and name the checkpoint. Re-initialize
+  // the objects, or restore an older `step`, before training on. (A Stateful
+  // that checks keys and shapes before overwriting, as Load should, leaves
+  // its object untouched on a structural error.)
+  //
   // Waits for a pending asynchronous save first.
   struct RestoreResult {
     CheckpointInfo info;

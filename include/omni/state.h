@@ -85,8 +85,10 @@ class OMNI_EXPORT Stateful {
   virtual absl::Status Save(StateWriter& writer) const = 0;
   // Should not change the object unless it returns OK: check the keys, dtypes
   // and shapes it needs (Find) before overwriting anything. The checkpoint
-  // layer verifies sizes and checksums of the whole shard before any Load,
-  // so only a structural mismatch (other shapes, missing keys) can fail here.
+  // layer checks the shard's size and header before any Load and each
+  // tensor's checksum as it is read: ReadTensor may return DataLoss, which
+  // Load should return (the restore then loads every object again from the
+  // previous valid checkpoint, so a partial load never survives).
   virtual absl::Status Load(const StateReader& reader) = 0;
 };
 

@@ -164,11 +164,15 @@ class CheckpointManager(_ClosingContext):
         """Loads the newest valid checkpoint (or ``step``) into ``state`` and
         returns its info (as ``list()``) plus ``"skipped"``: why newer
         checkpoints were not used (a corrupt shard, naming the file and key).
-        A checkpoint is verified before any object is loaded.
+        Each tensor is verified as it is read; when one fails its checksum,
+        every object is loaded again from the previous valid checkpoint.
 
         Returns ``None`` when ``dir`` holds no checkpoint at all; raises
         ``FileNotFoundError`` (listing what was skipped) when there are
-        checkpoints but none is valid, and when ``step`` does not exist."""
+        checkpoints but none is usable and nothing was loaded, and when
+        ``step`` does not exist; ``RuntimeError`` naming the file and key
+        when a corrupt checkpoint was partly loaded and no older one could
+        replace it (the state is then unspecified)."""
         return self._c.restore(_registry(state), step)
 
     def close(self) -> None:

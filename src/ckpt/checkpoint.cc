@@ -584,9 +584,9 @@ absl::Status CheckShardFiles(const Manifest& m) {
   return absl::OkStatus();
 }
 
-// Full verification of one shard: size, header against the manifest, every
-// checksum.
-absl::Status VerifyShard(const Manifest& m, int rank) {
+// Opens one shard and checks what is cheap to check: its size, and its
+// header against the manifest (every key, dtype, shape and offset).
+absl::StatusOr<Fd> OpenCheckedShard(const Manifest& m, int rank) {
   const std::string path = m.ShardPath(rank);
   const ShardRecord& rec = m.shards[rank];
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -621,7 +621,16 @@ absl::Status VerifyShard(const Manifest& m, int rank) {
           DTypeName(a.dtype), " ", ckpt::ShapeString(a.shape), " at [", a.begin, ",", a.end, "]"));
     }
   }
-  return ckpt::VerifyShardData(fd.get(), path, rec.header_bytes, want);
+  return fd;
+}
+
+// Full verification of one shard: size, header against the manifest, every
+// checksum.
+absl::Status VerifyShard(const Manifest& m, int rank) {
+  absl::StatusOr<Fd> fd = OpenCheckedShard(m, rank);
+  if (!fd.ok()) return fd.status();
+  return ckpt::VerifyShardData(fd->get(), m.ShardPath(rank), m.shards[rank].header_bytes,
+                               m.entries[rank]);
 }
 
 // Every step directory under `dir`, newest first.
@@ -1361,35 +1370,62 @@ absl::StatusOr<CheckpointManager::RestoreResult> CheckpointManagerImpl::Restore(
     if (!dirs.ok()) return dirs.status();
     candidates = *std::move(dirs);
   }
+  // One pass over each shard: its size and header are checked against the
+  // manifest first (cheap), then the objects load straight from the file,
+  // every tensor checked where it lands. When a checksum fails midway, the
+  // objects hold a mix: the next older checkpoint is then loaded entirely
+  // (every object's Load again), and only a complete load counts.
   RestoreResult result;
+  std::string partial;  // the checkpoint the objects last read from, without success
+  const auto partial_note = [&partial]() {
+    return partial.empty()
+               ? std::string()
+               : absl::StrCat("; the state objects may have been partially loaded from ", partial,
+                              " and hold an unspecified state");
+  };
   for (const auto& [s, path] : candidates) {
     absl::StatusOr<Manifest> m = LoadManifest(path);
     absl::Status st = m.status();
-    if (absl::IsFailedPrecondition(st)) return st;  // newer format: never skipped silently
+    if (absl::IsFailedPrecondition(st)) {  // newer format: never skipped silently
+      return absl::Status(st.code(), absl::StrCat(st.message(), partial_note()));
+    }
     if (st.ok()) {
       if (!opt_.job_id.empty() && !m->job_id.empty() && m->job_id != opt_.job_id) {
         return absl::FailedPreconditionError(
             absl::StrCat(path, " belongs to job '", m->job_id, "', this job is '", opt_.job_id,
-                         "'; refusing to restore another job's checkpoint"));
+                         "'; refusing to restore another job's checkpoint", partial_note()));
       }
       if (opt_.rank >= m->world_size) {
         return absl::FailedPreconditionError(absl::StrCat(
             path, " was written by ", m->world_size, " rank(s) and has no shard for rank ",
-            opt_.rank, " (world size now ", opt_.world_size, ")"));
+            opt_.rank, " (world size now ", opt_.world_size, ")", partial_note()));
       }
       st = CheckShardFiles(*m);
-      if (st.ok()) st = VerifyShard(*m, opt_.rank);
     }
-    if (!st.ok()) {
-      if (step) return st;
-      result.skipped.push_back(std::string(st.message()));
+    absl::StatusOr<Fd> fd = st.ok() ? OpenCheckedShard(*m, opt_.rank) : st;
+    if (!fd.ok()) {
+      if (step) return fd.status();
+      result.skipped.push_back(std::string(fd.status().message()));
       continue;
     }
-    absl::StatusOr<std::unique_ptr<ckpt::ShardReader>> reader = ckpt::ShardReader::Open(
-        m->ShardPath(opt_.rank), m->shards[opt_.rank].header_bytes, m->entries[opt_.rank]);
-    if (!reader.ok()) return reader.status();
-    if (absl::Status lst = Guard("loading", [&] { return state.LoadAll(**reader); }); !lst.ok()) {
-      return absl::Status(lst.code(), absl::StrCat("restore ", path, ": ", lst.message()));
+    const std::unique_ptr<ckpt::ShardReader> reader =
+        ckpt::ShardReader::Open(m->ShardPath(opt_.rank), *std::move(fd),
+                                m->shards[opt_.rank].header_bytes, m->entries[opt_.rank]);
+    const absl::Status loaded = Guard("loading", [&] { return state.LoadAll(*reader); });
+    if (reader->any_read()) partial = path;
+    // A failed read or checksum, even one a Stateful ignored or turned into
+    // another error, discards the whole load; then every entry no Load read
+    // is checked too, so that a restored checkpoint had every checksum right.
+    absl::Status bad = reader->read_error();
+    if (bad.ok() && loaded.ok()) bad = reader->VerifyUnread();
+    if (!bad.ok()) {
+      if (step) return absl::Status(bad.code(), absl::StrCat(bad.message(), partial_note()));
+      result.skipped.push_back(std::string(bad.message()));
+      continue;
+    }
+    if (!loaded.ok()) {
+      return absl::Status(loaded.code(),
+                          absl::StrCat("restore ", path, ": ", loaded.message(), partial_note()));
     }
     result.info = m->Info();
     return result;
@@ -1397,6 +1433,7 @@ absl::StatusOr<CheckpointManager::RestoreResult> CheckpointManagerImpl::Restore(
   std::string msg = absl::StrCat("no valid checkpoint in ", opt_.dir);
   if (!result.skipped.empty())
     absl::StrAppend(&msg, " (", absl::StrJoin(result.skipped, "; "), ")");
+  if (!partial.empty()) return absl::DataLossError(absl::StrCat(msg, partial_note()));
   return absl::NotFoundError(msg);
 }
 

@@ -31,7 +31,7 @@ constexpr size_t kDirectBytes = size_t{1} << 20;         // tensors this large s
 constexpr size_t kPieceBytes = size_t{8} << 20;          // hash then write, cache-warm
 constexpr uint64_t kKickBytes = uint64_t{32} << 20;      // start writeback this often
 constexpr size_t kReadBytes = size_t{16} << 20;          // verification read size
-constexpr uint64_t kLoadPieceBytes = uint64_t{2} << 20;  // read then hash, cache-warm
+constexpr uint64_t kLoadPieceBytes = uint64_t{8} << 20;  // read then hash (see ShardReader)
 constexpr uint64_t kMaxHeader = 100'000'000;             // as the safetensors reference reader
 
 uint64_t LoadLe64(const unsigned char* p) {
@@ -433,7 +433,7 @@ absl::Status VerifyShardData(int fd, const std::string& path, uint64_t data_star
   ::posix_fadvise(fd, static_cast<off_t>(data_start), static_cast<off_t>(total),
                   POSIX_FADV_SEQUENTIAL);
   // Start reading the whole data section now, so that the disk works while
-  // this thread hashes (and the load pass that follows finds it cached).
+  // this thread hashes.
   ::posix_fadvise(fd, static_cast<off_t>(data_start), static_cast<off_t>(total),
                   POSIX_FADV_WILLNEED);
 #endif
@@ -470,20 +470,19 @@ ShardReader::ShardReader(std::string path, Fd fd, uint64_t data_start,
     : path_(std::move(path)),
       fd_(std::move(fd)),
       data_start_(data_start),
-      entries_(std::move(entries)) {
+      entries_(std::move(entries)),
+      checked_(entries_.size(), false) {
   std::sort(entries_.begin(), entries_.end(),
             [](const TensorEntry& a, const TensorEntry& b) { return a.key < b.key; });
 }
 
-absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& path,
-                                                               uint64_t data_start,
-                                                               std::vector<TensorEntry> entries) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", path));
+std::unique_ptr<ShardReader> ShardReader::Open(std::string path, Fd fd, uint64_t data_start,
+                                               std::vector<TensorEntry> entries) {
 #ifdef POSIX_FADV_SEQUENTIAL
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
 #endif
-  return std::make_unique<ShardReader>(path, std::move(fd), data_start, std::move(entries));
+  return std::make_unique<ShardReader>(std::move(path), std::move(fd), data_start,
+                                       std::move(entries));
 }
 
 const TensorEntry* ShardReader::Lookup(std::string_view key) const {
@@ -506,18 +505,58 @@ absl::StatusOr<StateReader::Info> ShardReader::Find(std::string_view key) const 
 }
 
 absl::Status ShardReader::ReadChecked(const TensorEntry& e, void* dst) const {
+  any_read_ = true;
   char* p = static_cast<char*>(dst);
   Xxh3 h;
   for (uint64_t pos = e.begin; pos < e.end;) {
     const uint64_t c = std::min<uint64_t>(e.end - pos, kLoadPieceBytes);
-    if (absl::Status st = PreadAll(fd_.get(), p, c, data_start_ + pos, path_); !st.ok()) return st;
-    h.Update(p, c);
+    if (absl::Status st = PreadAll(fd_.get(), p, c, data_start_ + pos, path_); !st.ok()) {
+      if (read_error_.ok()) read_error_ = st;
+      return st;
+    }
+    h.Update(p, c);  // while the piece is still in the cache
     p += c;
     pos += c;
   }
   if (h.Digest() != e.xxh3) {
-    return DataLoss(path_, absl::StrCat("checksum mismatch for key '", e.key,
-                                        "' (the file changed after it was verified)"));
+    absl::Status st =
+        DataLoss(path_, absl::StrCat("checksum mismatch for key '", e.key, "' (xxh3 ",
+                                     HexDigest(h.Digest()), ", manifest ", HexDigest(e.xxh3), ")"));
+    if (read_error_.ok()) read_error_ = st;
+    return st;
+  }
+  checked_[static_cast<size_t>(&e - entries_.data())] = true;
+  return absl::OkStatus();
+}
+
+absl::Status ShardReader::VerifyUnread() const {
+  std::vector<const TensorEntry*> left;
+  uint64_t most = 0;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (checked_[i]) continue;
+    left.push_back(&entries_[i]);
+    most = std::max(most, entries_[i].end - entries_[i].begin);
+  }
+  std::sort(left.begin(), left.end(),
+            [](const TensorEntry* a, const TensorEntry* b) { return ByOffset(*a, *b); });
+  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(kLoadPieceBytes, most)));
+  for (const TensorEntry* e : left) {
+    Xxh3 h;
+    for (uint64_t pos = e->begin; pos < e->end;) {
+      const uint64_t c = std::min<uint64_t>(e->end - pos, buf.size());
+      if (absl::Status st = PreadAll(fd_.get(), buf.data(), c, data_start_ + pos, path_);
+          !st.ok()) {
+        return st;
+      }
+      h.Update(buf.data(), c);
+      pos += c;
+    }
+    if (h.Digest() != e->xxh3) {
+      return DataLoss(path_,
+                      absl::StrCat("checksum mismatch for key '", e->key, "' (xxh3 ",
+                                   HexDigest(h.Digest()), ", manifest ", HexDigest(e->xxh3), ")"));
+    }
+    checked_[static_cast<size_t>(e - entries_.data())] = true;
   }
   return absl::OkStatus();
 }

@@ -203,6 +203,17 @@ void WriteManifest(const std::string& root, int64_t step, const json& j) {
   WriteAll(StepDir(root, step) + "/manifest.json", j.dump());
 }
 
+// Flips one bit of the data of `key` in the shard of `step`.
+void FlipBit(const std::string& root, int64_t step, const std::string& key, uint64_t at = 5) {
+  const json j = Manifest(root, step);
+  const uint64_t off = j["shards"][0]["header_bytes"].get<uint64_t>() +
+                       j["entries"][key]["data_offsets"][0].get<uint64_t>() + at;
+  std::string shard = ReadAll(Shard(root, step));
+  ASSERT_LT(off, shard.size());
+  shard[off] = static_cast<char>(shard[off] ^ 0x10);
+  WriteAll(Shard(root, step), shard);
+}
+
 // Runs `child` in a forked process; returns its exit status and what it
 // wrote to `report` (a pipe).
 struct ChildResult {
@@ -451,12 +462,7 @@ TEST(Checkpoint, BitFlipFallsBackAndTheReportNamesFileAndKey) {
   TestState s;
   MustSave(*m, s, 1);
   MustSave(*m, s, 2);
-  const json j = Manifest(dir.path(), 2);
-  const uint64_t off = j["shards"][0]["header_bytes"].get<uint64_t>() +
-                       j["entries"]["model/b"]["data_offsets"][0].get<uint64_t>() + 5;
-  std::string shard = ReadAll(Shard(dir.path(), 2));
-  shard[off] = static_cast<char>(shard[off] ^ 0x10);
-  WriteAll(Shard(dir.path(), 2), shard);
+  FlipBit(dir.path(), 2, "model/b");
 
   TestState r;
   auto res = m->Restore(r.registry);
@@ -478,7 +484,7 @@ TEST(Checkpoint, BitFlipFallsBackAndTheReportNamesFileAndKey) {
   EXPECT_EQ(explicit_bad.status().code(), absl::StatusCode::kDataLoss);
 }
 
-TEST(Checkpoint, CorruptOnlyCheckpointIsNeverPartiallyLoaded) {
+TEST(Checkpoint, CorruptOnlyCheckpointFailsNamingFileAndKeyAndSaysTheStateIsPartial) {
   TempDir dir;
   auto m = MustOpen(Options(dir.path()));
   TestState s;
@@ -490,10 +496,147 @@ TEST(Checkpoint, CorruptOnlyCheckpointIsNeverPartiallyLoaded) {
   TestState r;
   r.Set(-1);
   auto res = m->Restore(r.registry);
-  EXPECT_EQ(res.status().code(), absl::StatusCode::kNotFound);
+  // Restore reads each shard once, checking every tensor where it lands: the
+  // model was loaded before the bad key was met, and nothing older exists.
+  EXPECT_EQ(res.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(Msg(res.status()), Shard(dir.path(), 3)));
+  EXPECT_TRUE(Contains(Msg(res.status()), "'train/step'"));
   EXPECT_TRUE(Contains(Msg(res.status()), "checksum"));
-  EXPECT_EQ(r.model.loads, 0) << "verification must come before any Load";
+  EXPECT_TRUE(Contains(Msg(res.status()), "partially loaded"));
+  EXPECT_TRUE(Contains(Msg(res.status()), "unspecified state"));
+
+  // Explicitly asked for, the same.
+  auto explicit_bad = m->Restore(r.registry, 3);
+  EXPECT_EQ(explicit_bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(Msg(explicit_bad.status()), "'train/step'"));
+  EXPECT_TRUE(Contains(Msg(explicit_bad.status()), "partially loaded"));
+}
+
+TEST(Checkpoint, CorruptionCaughtBeforeAnyLoadLeavesTheStateUntouched) {
+  TempDir dir;
+  auto m = MustOpen(Options(dir.path()));
+  TestState s;
+  MustSave(*m, s, 3);
+  fs::resize_file(Shard(dir.path(), 3), fs::file_size(Shard(dir.path(), 3)) - 1);
+
+  TestState r;
+  r.Set(-1);
+  auto res = m->Restore(r.registry);
+  EXPECT_EQ(res.status().code(), absl::StatusCode::kNotFound);  // nothing was loaded
+  EXPECT_FALSE(Contains(Msg(res.status()), "partially loaded"));
+  EXPECT_EQ(r.model.loads, 0);
   EXPECT_EQ(r.step, -1);
+}
+
+TEST(Checkpoint, BitFlipInTheLastEntryRestoresThePreviousCheckpointEntirely) {
+  TempDir dir;
+  auto m = MustOpen(Options(dir.path()));
+  TestState s;
+  MustSave(*m, s, 1);
+  MustSave(*m, s, 2);
+  FlipBit(dir.path(), 2, "train/step", 1);  // the last entry: after the model's
+
+  TestState r;
+  r.Set(-1);
+  auto res = m->Restore(r.registry);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->info.step, 1);
+  ASSERT_EQ(res->skipped.size(), 1u);
+  EXPECT_TRUE(Contains(res->skipped[0], Shard(dir.path(), 2)));
+  EXPECT_TRUE(Contains(res->skipped[0], "'train/step'"));
+  EXPECT_TRUE(Contains(res->skipped[0], "checksum"));
+  // The model was loaded from step 2 before the bad key was met, then again
+  // from step 1: nothing of step 2 survives.
+  EXPECT_EQ(r.model.loads, 2);
+  TestState want;
+  want.Set(1);
+  EXPECT_TRUE(r.model.AllEqual(want.model));
+  EXPECT_EQ(r.step, 1);
+}
+
+TEST(Checkpoint, BitFlipInALargeTensorFallsBack) {
+  // Large enough to be read in pieces hashed on another thread.
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> layout = {{"big", {5, 1 << 20}},
+                                                                            {"small", {3}}};
+  TempDir dir;
+  auto m = MustOpen(Options(dir.path()));
+  TestState s(layout);
+  MustSave(*m, s, 1);
+  MustSave(*m, s, 2);
+  FlipBit(dir.path(), 2, "model/big", (uint64_t{9} << 20) + 3);
+
+  TestState r(layout);
+  r.Set(-1);
+  auto res = m->Restore(r.registry);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->info.step, 1);
+  ASSERT_EQ(res->skipped.size(), 1u);
+  EXPECT_TRUE(Contains(res->skipped[0], "'model/big'"));
+  TestState want(layout);
+  want.Set(1);
+  EXPECT_TRUE(r.model.AllEqual(want.model));
+  EXPECT_EQ(r.step, 1);
+
+  // Intact, the large tensor round-trips.
+  auto good = m->Restore(r.registry, 1);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE(r.model.AllEqual(want.model));
+}
+
+TEST(Checkpoint, ChecksumErrorsIgnoredByAStateObjectStillFallBack) {
+  TempDir dir;
+  auto m = MustOpen(Options(dir.path()));
+  TestState s;
+  MustSave(*m, s, 1);
+  MustSave(*m, s, 2);
+  FlipBit(dir.path(), 2, "model/w");
+  // Reads everything and ignores what the reads return.
+  class Careless final : public Stateful {
+   public:
+    absl::Status Save(StateWriter&) const override { return absl::OkStatus(); }
+    absl::Status Load(const StateReader& r) override {
+      (void)r.ReadTensor("w", DType::kF32, {4, 4}, w, sizeof(w));
+      (void)r.ReadTensor("b", DType::kF32, {4}, b, sizeof(b));
+      return absl::OkStatus();
+    }
+    float w[16] = {};
+    float b[4] = {};
+  } careless;
+  StateRegistry reg;
+  ASSERT_TRUE(reg.Register("model", &careless).ok());
+  auto res = m->Restore(reg);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->info.step, 1);
+  ASSERT_EQ(res->skipped.size(), 1u);
+  EXPECT_TRUE(Contains(res->skipped[0], "'model/w'"));
+  TestState want;
+  want.Set(1);
+  EXPECT_EQ(std::vector<float>(careless.w, careless.w + 16), want.model.tensors[0].data);
+}
+
+TEST(Checkpoint, KeysNoObjectReadsAreStillVerified) {
+  TempDir dir;
+  auto m = MustOpen(Options(dir.path()));
+  TestState s;
+  MustSave(*m, s, 1);
+  MustSave(*m, s, 2);
+  FlipBit(dir.path(), 2, "model/b");
+  // Reads model/w only.
+  class OnlyW final : public Stateful {
+   public:
+    absl::Status Save(StateWriter&) const override { return absl::OkStatus(); }
+    absl::Status Load(const StateReader& r) override {
+      return r.ReadTensor("w", DType::kF32, {4, 4}, w, sizeof(w));
+    }
+    float w[16] = {};
+  } only_w;
+  StateRegistry reg;
+  ASSERT_TRUE(reg.Register("model", &only_w).ok());
+  auto res = m->Restore(reg);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->info.step, 1);
+  ASSERT_EQ(res->skipped.size(), 1u);
+  EXPECT_TRUE(Contains(res->skipped[0], "'model/b'"));
 }
 
 TEST(Checkpoint, HeaderThatDisagreesWithTheManifestIsSkippedNamingTheKey) {
