@@ -46,6 +46,15 @@ struct PreemptionOptions {
   // several notices arrive (file contents, Notice()) the earliest deadline
   // holds: a notice cannot be withdrawn or extended.
   std::string notice_file;
+  // A store key a scheduler writes, e.g. in the job's rendezvous store, with
+  // the same JSON but only {"yield_in_s": S} (counted from when the
+  // content is first read): a store is shared between hosts, and wall
+  // clocks of different hosts are never compared, so deadline_unix_ms is
+  // refused there (kept as last_notice_error()). Polled by the watcher
+  // every notice_poll. The store is not owned and must outlive the monitor;
+  // both or neither (InvalidArgument).
+  Store* notice_store = nullptr;
+  std::string notice_key;
   absl::Duration notice_poll = absl::Milliseconds(100);
   // Deadline after a signal when none is given (Kubernetes'
   // terminationGracePeriodSeconds defaults to 30 s).
@@ -107,8 +116,9 @@ class OMNI_EXPORT PreemptionMonitor {
   virtual bool pending() const = 0;
   // Signals of options.signals received since Create.
   virtual int signals_received() const = 0;
-  // The last notice-file problem (malformed JSON, missing field, unreadable
-  // file), naming the file; OK when there was none. The notice was ignored.
+  // The last notice problem (malformed JSON, missing field, unreadable file
+  // or store), naming the file or store key; OK when there was none. The
+  // notice was ignored.
   virtual absl::Status last_notice_error() const = 0;
 };
 

@@ -160,11 +160,12 @@ struct ParsedNotice {
 
 // Converts a notice to the monitor's clock: `mono_now` and `wall_now_ns`
 // (CLOCK_REALTIME, Unix ns) are read together, once, when the notice is read.
-absl::StatusOr<ParsedNotice> ParseNotice(const std::string& path, const std::string& text,
+// `source` names where the notice came from ("preemption notice file F").
+absl::StatusOr<ParsedNotice> ParseNotice(const std::string& source, const std::string& text,
                                          int64_t mono_now, int64_t wall_now_ns) {
-  const auto bad = [&path](std::string_view why) {
+  const auto bad = [&source](std::string_view why) {
     return absl::InvalidArgumentError(
-        absl::StrCat("preemption notice file ", path, ": ", internal::Sv(why),
+        absl::StrCat(source, ": ", internal::Sv(why),
                      " (expected {\"deadline_unix_ms\": N} or {\"yield_in_s\": S}); ignored"));
   };
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -374,13 +375,49 @@ class PreemptionMonitorImpl final : public PreemptionMonitor {
     if (IsBlank(text)) return;
     const int64_t mono_now = clock_->NowNanos();
     const int64_t wall_now = absl::ToUnixNanos(absl::Now());
-    auto notice = ParseNotice(path, text, mono_now, wall_now);
+    auto notice =
+        ParseNotice(absl::StrCat("preemption notice file ", path), text, mono_now, wall_now);
     if (!notice.ok()) {
       last_notice_error_ = notice.status();
       return;
     }
     AddNoticeLocked(notice->deadline_ns,
                     absl::StrCat("notice file ", path, " (", notice->what, ")"));
+  }
+
+  // The store key holds the same JSON as the notice file, but only
+  // yield_in_s: a store is shared between hosts, and wall clocks of
+  // different hosts are never compared.
+  void PollNoticeStore() {
+    const std::string source =
+        absl::StrCat("preemption notice store key '", options_.notice_key, "'");
+    absl::StatusOr<std::optional<std::string>> content =
+        options_.notice_store->TryGet(options_.notice_key);
+    absl::MutexLock l(&mu_);
+    if (!content.ok()) {
+      last_notice_error_ = absl::Status(content.status().code(),
+                                        absl::StrCat(source, ": ", content.status().message()));
+      return;
+    }
+    if (!content->has_value()) return;
+    std::string& text = **content;
+    if (text == last_notice_key_text_) return;  // each content is converted once
+    last_notice_key_text_ = text;
+    if (IsBlank(text)) return;
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("deadline_unix_ms")) {
+      last_notice_error_ = absl::InvalidArgumentError(absl::StrCat(
+          source,
+          ": deadline_unix_ms is a wall-clock time, and a store is shared between "
+          "hosts whose clocks are never compared: write {\"yield_in_s\": S}; ignored"));
+      return;
+    }
+    auto notice = ParseNotice(source, text, clock_->NowNanos(), 0);
+    if (!notice.ok()) {
+      last_notice_error_ = notice.status();
+      return;
+    }
+    AddNoticeLocked(notice->deadline_ns, absl::StrCat(source, " (", notice->what, ")"));
   }
 
   void WatchLoop() {
@@ -391,6 +428,7 @@ class PreemptionMonitorImpl final : public PreemptionMonitor {
         ObserveSignalsLocked();
       }
       if (!options_.notice_file.empty()) PollNoticeFile();
+      if (options_.notice_store != nullptr) PollNoticeStore();
       absl::MutexLock l(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.notice_poll);
       if (stop_) return;
@@ -413,6 +451,7 @@ class PreemptionMonitorImpl final : public PreemptionMonitor {
   int64_t notice_deadline_ns_ ABSL_GUARDED_BY(mu_) = 0;
   std::string notice_source_ ABSL_GUARDED_BY(mu_);
   std::string last_notice_text_ ABSL_GUARDED_BY(mu_);
+  std::string last_notice_key_text_ ABSL_GUARDED_BY(mu_);
   absl::Status last_notice_error_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -442,6 +481,16 @@ absl::StatusOr<std::unique_ptr<PreemptionMonitor>> PreemptionMonitor::Create(
   }
   if (!std::isfinite(options.k) || options.k < 0) {
     return absl::InvalidArgumentError("PreemptionOptions.k must be finite and >= 0");
+  }
+  if ((options.notice_store == nullptr) != options.notice_key.empty()) {
+    return absl::InvalidArgumentError(
+        "PreemptionOptions.notice_store and notice_key go together (both or neither)");
+  }
+  if (options.notice_store != nullptr) {
+    if (auto st = ValidateStoreKey(options.notice_key); !st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PreemptionOptions.notice_key: ", st.message()));
+    }
   }
   auto monitor = std::make_unique<PreemptionMonitorImpl>(options, clock);
   if (auto st = monitor->Install(); !st.ok()) return st;

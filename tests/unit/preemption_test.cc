@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/time/clock.h"
+#include "omni/store.h"
 
 namespace omni {
 namespace {
@@ -241,6 +242,45 @@ TEST(Preemption, MalformedNoticeFileIsIgnoredAndReportedNamingTheFile) {
 
 std::atomic<int> g_test_handler_calls{0};
 void TestHandler(int) { g_test_handler_calls.fetch_add(1); }
+
+TEST(Preemption, StoreKeyNoticeWithYieldInSecondsIsActedUpon) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenStore("file://" + (dir / "store"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  FakeClock clock;
+  PreemptionOptions o = Opts();
+  o.notice_store = store->get();
+  o.notice_key = "job/preempt";
+  auto m = MakeMonitor(o, &clock);
+  ASSERT_NE(m, nullptr);
+  const int64_t t0 = clock.NowNanos();
+  EXPECT_FALSE(m->pending());
+  ASSERT_TRUE((*store)->Set("job/preempt", R"({"yield_in_s": 12})").ok());
+  ASSERT_TRUE(WaitFor([&] { return m->pending(); }));
+  const BoundaryDecision d = m->AtBoundary(kStep, kSave);
+  EXPECT_EQ(d.deadline_ns, t0 + 12 * kSec);
+  EXPECT_TRUE(Contains(d.reason, "store key 'job/preempt'")) << d.reason;
+}
+
+TEST(Preemption, StoreKeyNoticeWithAWallClockDeadlineIsRefused) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenStore("file://" + (dir / "store"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  FakeClock clock;
+  PreemptionOptions o = Opts();
+  o.notice_store = store->get();
+  o.notice_key = "preempt";
+  auto m = MakeMonitor(o, &clock);
+  ASSERT_NE(m, nullptr);
+  ASSERT_TRUE((*store)->Set("preempt", R"({"deadline_unix_ms": 1764432000000})").ok());
+  ASSERT_TRUE(WaitFor([&] { return !m->last_notice_error().ok(); }));
+  EXPECT_TRUE(Contains(std::string(m->last_notice_error().message()), "wall-clock"))
+      << m->last_notice_error();
+  EXPECT_FALSE(m->pending());
+  PreemptionOptions half = Opts();
+  half.notice_key = "preempt";  // without a store
+  EXPECT_TRUE(absl::IsInvalidArgument(PreemptionMonitor::Create(half, &clock).status()));
+}
 
 TEST(Preemption, PreviousHandlersAreRestoredOnDestruction) {
   struct sigaction mine {};
