@@ -1,5 +1,6 @@
 #include "omni/comm.h"
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -150,6 +151,47 @@ absl::Status CheckTimeout(absl::Duration timeout, const char* call) {
   if (timeout > absl::ZeroDuration()) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(call, ": timeout ", absl::FormatDuration(timeout), " is not > 0"));
+}
+
+absl::Status CheckAllReduceArgs(const void* data, size_t count, DataType type,
+                                absl::Duration timeout) {
+  if (absl::Status s = CheckTimeout(timeout, "AllReduce"); !s.ok()) return s;
+  const size_t elem = DataTypeSize(type);
+  if (elem == 0) return absl::InvalidArgumentError("AllReduce: unknown data type");
+  if (count > std::numeric_limits<size_t>::max() / elem) {
+    return absl::InvalidArgumentError(absl::StrCat("AllReduce: count ", count, " is too large"));
+  }
+  if (count > 0 && data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("AllReduce: data is null with count ", count));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBroadcastArgs(const void* data, size_t bytes, int root, int size,
+                                absl::Duration timeout) {
+  if (absl::Status s = CheckTimeout(timeout, "Broadcast"); !s.ok()) return s;
+  if (root < 0 || root >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Broadcast: root ", root, " is out of range [0, ", size, ")"));
+  }
+  if (bytes > 0 && data == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Broadcast: data is null with ", bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAllGatherArgs(const void* in, size_t bytes, const void* out, int size,
+                                absl::Duration timeout) {
+  if (absl::Status s = CheckTimeout(timeout, "AllGather"); !s.ok()) return s;
+  if (bytes > std::numeric_limits<size_t>::max() / static_cast<size_t>(size)) {
+    return absl::InvalidArgumentError(absl::StrCat("AllGather: ", bytes, " bytes is too large"));
+  }
+  if (bytes > 0 && (in == nullptr || out == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("AllGather: ", in == nullptr ? "in" : "out",
+                                                   " is null with ", bytes, " bytes"));
+  }
+  return absl::OkStatus();
 }
 
 std::string CallName(const char* call, size_t bytes) {

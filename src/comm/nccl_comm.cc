@@ -215,11 +215,7 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
                          absl::Duration timeout) override {
-    if (absl::Status s = CheckTimeout(timeout, "AllReduce"); !s.ok()) return s;
-    if (DataTypeSize(type) == 0) return absl::InvalidArgumentError("AllReduce: unknown data type");
-    if (count > 0 && data == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("AllReduce: data is null with count ", count));
-    }
+    if (absl::Status s = CheckAllReduceArgs(data, count, type, timeout); !s.ok()) return s;
     if (count == 0) return AsyncError();
     const std::string what = absl::StrCat("nccl AllReduce(", ReduceOpName(op), ", ", count, " x ",
                                           DataTypeName(type), ") on rank ", rank_, " of ", size_);
@@ -229,14 +225,8 @@ class NcclCommunicator final : public Communicator {
   }
 
   absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) override {
-    if (absl::Status s = CheckTimeout(timeout, "Broadcast"); !s.ok()) return s;
-    if (root < 0 || root >= size_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Broadcast: root ", root, " is out of range [0, ", size_, ")"));
-    }
-    if (bytes > 0 && data == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Broadcast: data is null with ", bytes, " bytes"));
+    if (absl::Status s = CheckBroadcastArgs(data, bytes, root, size_, timeout); !s.ok()) {
+      return s;
     }
     if (bytes == 0) return AsyncError();
     const std::string what = absl::StrCat("nccl Broadcast(", bytes, " bytes from root ", root,
@@ -247,11 +237,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   absl::Status AllGather(const void* in, size_t bytes, void* out, absl::Duration timeout) override {
-    if (absl::Status s = CheckTimeout(timeout, "AllGather"); !s.ok()) return s;
-    if (bytes > 0 && (in == nullptr || out == nullptr)) {
-      return absl::InvalidArgumentError(absl::StrCat("AllGather: ", in == nullptr ? "in" : "out",
-                                                     " is null with ", bytes, " bytes"));
-    }
+    if (absl::Status s = CheckAllGatherArgs(in, bytes, out, size_, timeout); !s.ok()) return s;
     if (bytes == 0) return AsyncError();
     const std::string what =
         absl::StrCat("nccl AllGather(", bytes, " bytes per rank) on rank ", rank_, " of ", size_);

@@ -187,7 +187,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, re
     log = tmp_path / "loss.log"
     args = cmd("--ckpt-dir", tmp_path / "ckpt", "--ckpt-every", 20, "--loss-log", log)
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env(grace_s=0.3))
+                            env=env(grace_s=0.05))
     assert wait_for_steps(proc, log, 70)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
