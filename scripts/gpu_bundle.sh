@@ -15,7 +15,11 @@ cp /usr/include/xxhash.h /usr/include/xxh3.h "$D/include/"
 cp -a /usr/lib/x86_64-linux-gnu/libabsl_*.so* "$D/lib/"
 cp -a /usr/lib/x86_64-linux-gnu/libxxhash.so* "$D/lib/" 2>/dev/null || true
 cp /usr/lib/x86_64-linux-gnu/libxxhash.a "$D/lib/"
-cp -r /usr/lib/x86_64-linux-gnu/cmake/absl "$D/lib/cmake/"
+# abseil's CMake files find their prefix 4 levels up, as Debian installs
+# them (lib/x86_64-linux-gnu/cmake/absl): keep that layout.
+mkdir -p "$D/lib/x86_64-linux-gnu/cmake"
+cp -a /usr/lib/x86_64-linux-gnu/libabsl_*.so* "$D/lib/x86_64-linux-gnu/"
+cp -r /usr/lib/x86_64-linux-gnu/cmake/absl "$D/lib/x86_64-linux-gnu/cmake/"
 cp -r /usr/share/cmake/nlohmann_json "$D/share/cmake/" 2>/dev/null || \
   cp -r /usr/lib/x86_64-linux-gnu/cmake/nlohmann_json "$D/lib/cmake/"
 # GoogleTest: static libraries; its CMake files find the prefix from their own
@@ -26,7 +30,4 @@ cp /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/x86_64-linux-gnu/libgtest_main.
   /usr/lib/x86_64-linux-gnu/libgmock.a /usr/lib/x86_64-linux-gnu/libgmock_main.a \
   "$D/lib/x86_64-linux-gnu/"
 cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest "$D/lib/x86_64-linux-gnu/cmake/"
-# The abseil CMake files name /usr paths; point them at the bundle.
-grep -rl '/usr/lib/x86_64-linux-gnu' "$D/lib/cmake/absl" | xargs sed -i "s#/usr/lib/x86_64-linux-gnu#\${_IMPORT_PREFIX}/lib#g"
-grep -rl '"/usr/include"' "$D/lib/cmake/absl" | xargs -r sed -i 's#"/usr/include"#"${_IMPORT_PREFIX}/include"#g'
 du -sh "$D"

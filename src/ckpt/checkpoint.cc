@@ -75,7 +75,7 @@ std::string TmpDirName(int64_t step) {
 }
 
 std::string RankPrefix(int rank) {
-  char buf[16];
+  char buf[24];  // "rank-" + up to 11 characters of an int + "."
   std::snprintf(buf, sizeof(buf), "rank-%05d.", rank);
   return buf;
 }

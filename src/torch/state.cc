@@ -85,7 +85,9 @@ template <typename Map>
 typename Map::key_type StateKey(const torch::Tensor& p) {
   using Key = typename Map::key_type;
   if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
+    std::ostringstream os;  // what 1.x's c10::guts::to_string did (gone in 2.x)
+    os << p.unsafeGetTensorImpl();
+    return os.str();
   } else {
     return static_cast<Key>(p.unsafeGetTensorImpl());
   }

@@ -22,16 +22,30 @@ OUT="${OUT:-$PWD/build-gpu/out}"
 mkdir -p "$OUT"
 nvidia-smi -L | tee "$OUT/devices.txt" || true
 CUDA_ROOT="${CUDA_HOME:-/usr/local/cuda}"
-NCCL_HOME="${NCCL_HOME:-$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || echo "")}"
-export NCCL_HOME
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DOMNI_BUILD_TORCH=OFF -DOMNI_BUILD_PYTHON=OFF \
-  -DOMNI_BUILD_TESTS=ON -DOMNI_BUILD_BENCHMARKS=OFF -DCUDAToolkit_ROOT="$CUDA_ROOT" \
+# NCCL: the toolkit's, else the pip wheel's (nvidia-nccl-cu*), wherever the
+# wheel puts include/nccl.h.
+if [ -z "${NCCL_HOME:-}" ] && [ ! -f "$CUDA_ROOT/include/nccl.h" ]; then
+  for d in $(python3 -c 'import nvidia; print(" ".join(nvidia.__path__))' 2>/dev/null); do
+    h="$(find "$d" -name nccl.h -path '*include*' 2>/dev/null | head -n 1)"
+    if [ -n "$h" ]; then NCCL_HOME="$(dirname "$(dirname "$h")")"; break; fi
+  done
+fi
+export NCCL_HOME="${NCCL_HOME:-}"
+echo "CUDA_ROOT=$CUDA_ROOT NCCL_HOME=$NCCL_HOME" | tee "$OUT/env.txt"
+{ c++ --version | head -n 1; cmake --version | head -n 1; nvcc --version | tail -n 1;
+  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } >> "$OUT/env.txt" 2>&1 || true
+GEN=""
+command -v ninja >/dev/null && GEN="-G Ninja"
+cmake -S . -B build-gpu $GEN -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_Gloo=ON -DOMNI_BUILD_TORCH=OFF -DOMNI_BUILD_PYTHON=OFF \
+  -DOMNI_BUILD_TESTS=ON -DOMNI_BUILD_BENCHMARKS=OFF -DOMNI_WERROR=OFF -DCUDAToolkit_ROOT="$CUDA_ROOT" \
   -DCMAKE_PREFIX_PATH="$DEPS" -DCMAKE_INCLUDE_PATH="$DEPS/include" -DCMAKE_LIBRARY_PATH="$DEPS/lib" \
-  -DGTest_DIR="$DEPS/lib/x86_64-linux-gnu/cmake/GTest" \
+  -DGTest_DIR="$DEPS/lib/x86_64-linux-gnu/cmake/GTest" -Dabsl_DIR="$DEPS/lib/x86_64-linux-gnu/cmake/absl" \
   2>&1 | tee "$OUT/configure.log"
 grep -q "OMNI_HAVE_NCCL=1" "$OUT/configure.log" || { echo "FAIL: NCCL not found"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" --target omni omni_core_tests 2>&1 | tail -n 20 | tee "$OUT/build.log"
-export LD_LIBRARY_PATH="$DEPS/lib:${NCCL_HOME:+$NCCL_HOME/lib:}${LD_LIBRARY_PATH:-}"
+cmake --build build-gpu -j "$(nproc)" --target omni omni_core_tests > "$OUT/build.log" 2>&1 ||
+  { tail -n 40 "$OUT/build.log"; echo "FAIL: the core did not build"; exit 1; }
+echo "core build: $(grep -c 'warning:' "$OUT/build.log" || true) warning(s) with this compiler"
+export LD_LIBRARY_PATH="$DEPS/lib:$DEPS/lib/x86_64-linux-gnu:${NCCL_HOME:+$NCCL_HOME/lib:}${LD_LIBRARY_PATH:-}"
 
 passed=0
 failed=0
@@ -75,11 +89,11 @@ elif [ "$TORCH_ABI" != "1" ]; then
   failed=$((failed + 1))
 else
   set +e
-  cmake -S . -B build-gpu-torch -DCMAKE_BUILD_TYPE=Release -DOMNI_BUILD_TORCH=ON \
+  cmake -S . -B build-gpu-torch $GEN -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_Gloo=ON -DOMNI_BUILD_TORCH=ON \
     -DOMNI_BUILD_PYTHON=OFF -DOMNI_BUILD_TESTS=ON -DOMNI_BUILD_BENCHMARKS=OFF -DOMNI_WERROR=OFF \
     -DCUDAToolkit_ROOT="$CUDA_ROOT" -DCMAKE_PREFIX_PATH="$DEPS;$TORCH_PREFIX" \
     -DCMAKE_INCLUDE_PATH="$DEPS/include" -DCMAKE_LIBRARY_PATH="$DEPS/lib" \
-    -DGTest_DIR="$DEPS/lib/x86_64-linux-gnu/cmake/GTest" > "$OUT/configure_torch.log" 2>&1 &&
+    -DGTest_DIR="$DEPS/lib/x86_64-linux-gnu/cmake/GTest" -Dabsl_DIR="$DEPS/lib/x86_64-linux-gnu/cmake/absl" > "$OUT/configure_torch.log" 2>&1 &&
     cmake --build build-gpu-torch -j "$(nproc)" --target omni_torch_tests > "$OUT/build_torch.log" 2>&1
   rc=$?
   if [ "$rc" -ne 0 ]; then
