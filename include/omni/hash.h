@@ -1,4 +1,6 @@
-// XXH3-64 hashing, used for model digests and (later) checkpoint checksums.
+// XXH3-64 hashing, used for model digests and checkpoint checksums. Where the
+// xxhash library has its x86 dispatcher, the widest vector unit of the host
+// (SSE2, AVX2, AVX-512) is used; the digests are the same on every path.
 //
 // Thread safety: a Xxh3 object is not thread-safe; distinct objects are.
 #pragma once

@@ -2,6 +2,11 @@
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
+#if defined(OMNI_XXH3_DISPATCH)
+// Replaces XXH3_64bits{,_update} with the run-time dispatched (AVX2/AVX-512)
+// versions; the digests are the same on every path.
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <cstdio>
 
