@@ -50,6 +50,9 @@ with Omni telemetry. The same command gives bit-identical parameters.
   --batch B         samples per batch (default 8)
   --lr X            AdamW learning rate (default 0.003)
   --threads T       LibTorch intra-op threads (default 1)
+  --device D        cpu (default), cuda or cuda:N; on CUDA, deterministic kernels only
+  --dropout P       dropout probability in the decoder blocks (default 0); it draws from
+                    the device's generator, which checkpoints save and restore
   --log PATH        write the JSON Lines step log to PATH
   --trace PATH      write a Perfetto (Chrome JSON) trace to PATH
   --forecast PATH   publish idle-window forecasts to PATH (atomic file sink)
@@ -67,6 +70,8 @@ Checkpoints and preemption:
   --async-ckpt      write periodic checkpoints on a background thread
   --loss-log PATH   append "step=<N> loss=<loss>" for every step to PATH
   --notice-file F   watch F for a scheduler's notice {"deadline_unix_ms": T} / {"yield_in_s": S}
+  --notice-key K    watch key K of --store for a notice {"yield_in_s": S} (a store spans
+                    hosts, whose wall clocks are never compared)
   --params-out PATH write the final parameters to PATH (raw little-endian float32, in
                     named_parameters() order)
 
@@ -136,7 +141,8 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
                                                     "store",        "replica-id",
                                                     "min-replicas", "max-replicas",
                                                     "heartbeat-ms", "peer-timeout-ms",
-                                                    "params-out"};
+                                                    "params-out",   "device",
+                                                    "dropout",      "notice-key"};
     bool known = false;
     for (absl::string_view k : kValued) known = known || k == name;
     if (!known) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
@@ -193,6 +199,21 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
     } else if (name == "peer-timeout-ms") {
       if (auto s = ParseInt(name, value, 2, 3'600'000, &n); !s.ok()) return s;
       f.peer_timeout_ms = n;
+    } else if (name == "device") {
+      int64_t index = 0;
+      const bool cuda_n = absl::StartsWith(value, "cuda:") &&
+                          absl::SimpleAtoi(value.substr(5), &index) && index >= 0 &&
+                          index < (1 << 15);
+      if (value != "cpu" && value != "cuda" && !cuda_n) {
+        return BadValue(name, value, "cpu, cuda or cuda:N");
+      }
+      f.device = std::string(value);
+    } else if (name == "dropout") {
+      if (auto s = ParseDouble(name, value, 0.0, /*min_open=*/false, &f.dropout); !s.ok()) return s;
+      if (f.dropout >= 1.0) return BadValue(name, value, "a probability in [0, 1)");
+    } else if (name == "notice-key") {
+      if (value.empty()) return BadValue(name, value, "a non-empty store key");
+      f.notice_key = std::string(value);
     } else if (name == "replica-id") {
       if (value.empty()) return BadValue(name, value, "a non-empty id");
       f.replica_id = std::string(value);
@@ -211,6 +232,9 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
   }
   if (f.ckpt_every > 0 && f.ckpt_dir.empty()) {
     return absl::InvalidArgumentError("flag --ckpt-every needs --ckpt-dir");
+  }
+  if (!f.notice_key.empty() && f.store.empty()) {
+    return absl::InvalidArgumentError("flag --notice-key needs --store");
   }
   if (f.store.empty() != f.replica_id.empty()) {
     return absl::InvalidArgumentError("flags --store and --replica-id go together");

@@ -14,10 +14,12 @@ struct TrainFlags {
   int batch = 8;
   double lr = 3e-3;
   int threads = 1;
-  std::string log_path;       // --log: JSON Lines step log
-  std::string trace_path;     // --trace: Perfetto / Chrome trace
-  std::string forecast_path;  // --forecast: forecast file sink
-  int64_t eval_every = 50;    // 0 disables eval
+  std::string device = "cpu";  // --device: cpu, cuda or cuda:N
+  double dropout = 0;          // --dropout: in the decoder blocks (uses the device's RNG)
+  std::string log_path;        // --log: JSON Lines step log
+  std::string trace_path;      // --trace: Perfetto / Chrome trace
+  std::string forecast_path;   // --forecast: forecast file sink
+  int64_t eval_every = 50;     // 0 disables eval
   bool text_only = false;
   double stall_scale = 1.0;
   int window = 200;
@@ -30,6 +32,7 @@ struct TrainFlags {
   bool async_ckpt = false;  // --async-ckpt: periodic checkpoints written in the background
   std::string loss_log;     // --loss-log: append "step=<N> loss=<%.9g>" per step
   std::string notice_file;  // --notice-file: scheduler notice (omni::PreemptionOptions)
+  std::string notice_key;   // --notice-key: the same notice, as a key of --store
   // Elastic data parallelism (on when --store is given).
   std::string store;               // --store: file:///dir or tcp://host:port
   std::string replica_id;          // --replica-id: unique within the job

@@ -30,6 +30,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <fstream>
 #include <initializer_list>
@@ -76,7 +77,8 @@ constexpr int64_t kWarmupSteps = 20;
 // resumes from another configuration's state.
 std::string JobId(const TrainFlags& f) {
   return absl::StrCat("omni_train seed=", f.seed, " batch=", f.batch, " lr=", f.lr,
-                      " steps=", f.steps, f.text_only ? " text-only" : "");
+                      " steps=", f.steps, f.text_only ? " text-only" : "",
+                      f.dropout > 0 ? absl::StrCat(" dropout=", f.dropout) : "");
 }
 
 struct BatchTensors {
@@ -84,14 +86,15 @@ struct BatchTensors {
   torch::Tensor text;
 };
 
-BatchTensors ToTensors(Batch& b) {
+BatchTensors ToTensors(Batch& b, const torch::Device& device) {
   BatchTensors t;
   if (!b.images.empty()) {
     t.images = torch::from_blob(b.images.data(), {b.size, kChannels, kImageSize, kImageSize},
                                 torch::kFloat)
-                   .clone();
+                   .to(device, /*non_blocking=*/false, /*copy=*/true);
   }
-  t.text = torch::from_blob(b.text.data(), {b.size, kTextLen}, torch::kLong).clone();
+  t.text = torch::from_blob(b.text.data(), {b.size, kTextLen}, torch::kLong)
+               .to(device, /*non_blocking=*/false, /*copy=*/true);
   return t;
 }
 
@@ -229,7 +232,7 @@ void LogChange(const omni::GroupChange& c, const char* why) {
 absl::Status WriteParams(MultimodalLm& model, const std::string& path) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   for (const auto& p : model->parameters()) {
-    const torch::Tensor t = p.detach().to(torch::kFloat).contiguous();
+    const torch::Tensor t = p.detach().to(torch::kCPU, torch::kFloat).contiguous();
     out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
   }
   out.close();
@@ -242,11 +245,46 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+absl::StatusOr<std::unique_ptr<omni::Store>> OpenStore(const std::string& uri) {
+  if (auto st = omni::torch_ext::RegisterTcpStore(); !st.ok()) return st;
+  return omni::OpenStore(uri);
+}
+
+// The training device. On CUDA only deterministic kernels run (and cuBLAS
+// gets a fixed workspace, set in main() before CUDA starts), so that a run and
+// its preempted-and-resumed twin stay bit-identical.
+absl::StatusOr<torch::Device> TrainingDevice(const std::string& name) {
+  const torch::Device device(name);
+  if (!device.is_cuda()) return device;
+  const int64_t visible = static_cast<int64_t>(torch::cuda::device_count());
+  const int64_t index = device.has_index() ? device.index() : 0;
+  if (index >= visible) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device ", name, ": ", visible, " CUDA device(s) visible to this LibTorch"));
+  }
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::globalContext().setDeterministicCuDNN(true);
+  at::globalContext().setBenchmarkCuDNN(false);
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
 int Run(const TrainFlags& flags) {
+  // A store that the preemption monitor polls for notices is opened before it
+  // (and outlives it); otherwise the store is opened when joining the group.
+  std::unique_ptr<omni::Store> store;
+  if (!flags.notice_key.empty()) {
+    absl::StatusOr<std::unique_ptr<omni::Store>> opened = OpenStore(flags.store);
+    if (!opened.ok()) return Fail(opened.status());
+    store = *std::move(opened);
+  }
   // First, so that a signal during start-up is a preemption too (acted upon at
   // the first step boundary), not the default action.
   omni::PreemptionOptions preemption_options;
   preemption_options.notice_file = flags.notice_file;
+  if (store) {
+    preemption_options.notice_store = store.get();
+    preemption_options.notice_key = flags.notice_key;
+  }
   if (auto st = omni::ApplyEnvironment(preemption_options); !st.ok()) return Fail(st);
   absl::StatusOr<std::unique_ptr<omni::PreemptionMonitor>> monitor_or =
       omni::PreemptionMonitor::Create(preemption_options);
@@ -255,6 +293,9 @@ int Run(const TrainFlags& flags) {
 
   torch::set_num_threads(flags.threads);
   torch::manual_seed(flags.seed);
+  const absl::StatusOr<torch::Device> device_or = TrainingDevice(flags.device);
+  if (!device_or.ok()) return Fail(device_or.status());
+  const torch::Device device = *device_or;
 
   // ---- telemetry
   omni::TelemetryOptions options;
@@ -280,7 +321,9 @@ int Run(const TrainFlags& flags) {
   ModelConfig model_config;
   model_config.vocab = kVocab;
   model_config.text_len = kTextLen;
-  MultimodalLm model(model_config);
+  model_config.dropout = flags.dropout;
+  MultimodalLm model(model_config);  // initialised on the CPU: the same on every device
+  model->to(device);
   torch::optim::AdamW optimizer(model->parameters(),
                                 torch::optim::AdamWOptions(flags.lr).weight_decay(0.01));
   omni::torch_ext::WarmupCosineSchedule schedule(optimizer, flags.lr, kWarmupSteps, flags.steps);
@@ -303,7 +346,7 @@ int Run(const TrainFlags& flags) {
   DataConfig eval_data = data;
   eval_data.batch = kEvalSamples;
   Batch eval_batch = MakeBatch(eval_data, kEvalStream, 0, /*decode=*/false);
-  const BatchTensors eval_tensors = ToTensors(eval_batch);
+  const BatchTensors eval_tensors = ToTensors(eval_batch, device);
 
   // ---- the full training state, by key
   struct Progress {
@@ -364,7 +407,6 @@ int Run(const TrainFlags& flags) {
 
   // ---- elastic data parallelism: join the group; a replica that is behind
   // (or new) receives the replicated state from the most advanced one.
-  std::unique_ptr<omni::Store> store;
   std::unique_ptr<omni::ElasticGroup> group;
   omni::StateRegistry replicated;  // everything but this replica's RNGs
   if (!flags.store.empty()) {
@@ -376,10 +418,11 @@ int Run(const TrainFlags& flags) {
              {"train", &progress_state}}) {
       if (auto st = replicated.Register(name, object); !st.ok()) return Fail(st);
     }
-    if (auto st = omni::torch_ext::RegisterTcpStore(); !st.ok()) return Fail(st);
-    absl::StatusOr<std::unique_ptr<omni::Store>> opened = omni::OpenStore(flags.store);
-    if (!opened.ok()) return Fail(opened.status());
-    store = *std::move(opened);
+    if (!store) {
+      absl::StatusOr<std::unique_ptr<omni::Store>> opened = OpenStore(flags.store);
+      if (!opened.ok()) return Fail(opened.status());
+      store = *std::move(opened);
+    }
     omni::ElasticOptions eo;
     eo.membership.job_id = JobId(flags);
     eo.membership.model_digest = ModelDigest(model);
@@ -468,11 +511,11 @@ int Run(const TrainFlags& flags) {
             sampler.BatchAt(sampler.cursor(), gen.rank, gen.size());
         if (!indices.ok()) return Fail(indices.status());
         Batch b = MakeBatchOf(data, kTrainStream, step, *indices, /*decode=*/true);
-        batch = ToTensors(b);
+        batch = ToTensors(b, device);
       } else {
         absl::StatusOr<Batch> next = loader->Next();
         if (!next.ok()) return Fail(next.status());
-        batch = ToTensors(*next);
+        batch = ToTensors(*next, device);
         sampler.Commit();  // consumed
       }
     }
@@ -516,7 +559,7 @@ int Run(const TrainFlags& flags) {
         for (auto& prm : model->parameters()) {
           const auto numel = static_cast<size_t>(prm.numel());
           if (prm.grad().defined()) {
-            const torch::Tensor g = prm.grad().contiguous();
+            const torch::Tensor g = prm.grad().to(torch::kCPU).contiguous();
             std::copy_n(g.data_ptr<float>(), numel, flat.data() + at);
           }
           at += numel;
@@ -529,7 +572,7 @@ int Run(const TrainFlags& flags) {
           for (auto& prm : model->parameters()) {
             const auto numel = static_cast<size_t>(prm.numel());
             if (!prm.grad().defined()) prm.mutable_grad() = torch::zeros_like(prm);
-            std::copy_n(flat.data() + at, numel, prm.grad().data_ptr<float>());
+            prm.grad().copy_(torch::from_blob(flat.data() + at, prm.sizes(), torch::kFloat));
             at += numel;
           }
           loss_value = flat[total];
@@ -716,6 +759,9 @@ int Run(const TrainFlags& flags) {
 }  // namespace omni_train
 
 int main(int argc, char** argv) {
+  // cuBLAS is deterministic only with a fixed workspace, chosen before CUDA
+  // starts (a user's own setting stays).
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   absl::StatusOr<omni_train::TrainFlags> flags = omni_train::ParseFlags(argc, argv);
   if (!flags.ok()) {
     std::fprintf(stderr, "omni_train: %s\nRun 'omni_train --help' for usage.\n",

@@ -30,7 +30,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   return proj_->forward(y);
 }
 
-DecoderBlockImpl::DecoderBlockImpl(int64_t d_model, int64_t heads, int64_t mlp_ratio) {
+DecoderBlockImpl::DecoderBlockImpl(int64_t d_model, int64_t heads, int64_t mlp_ratio,
+                                   double dropout)
+    : dropout_(dropout) {
   ln1_ = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({d_model})));
   attn_ = register_module("attn", CausalSelfAttention(d_model, heads));
   ln2_ = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({d_model})));
@@ -38,9 +40,14 @@ DecoderBlockImpl::DecoderBlockImpl(int64_t d_model, int64_t heads, int64_t mlp_r
   fc2_ = register_module("fc2", nn::Linear(mlp_ratio * d_model, d_model));
 }
 
+// No call at all without dropout, so that no generator is drawn from.
+torch::Tensor DecoderBlockImpl::Dropout(const torch::Tensor& x) {
+  return dropout_ > 0 && is_training() ? torch::dropout(x, dropout_, /*train=*/true) : x;
+}
+
 torch::Tensor DecoderBlockImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor h = x + attn_->forward(ln1_->forward(x));
-  return h + fc2_->forward(torch::gelu(fc1_->forward(ln2_->forward(h))));
+  const torch::Tensor h = x + Dropout(attn_->forward(ln1_->forward(x)));
+  return h + Dropout(fc2_->forward(torch::gelu(fc1_->forward(ln2_->forward(h)))));
 }
 
 ImageEncoderImpl::ImageEncoderImpl(int64_t d_model) {
@@ -65,7 +72,8 @@ MultimodalLmImpl::MultimodalLmImpl(const ModelConfig& config) : config_(config) 
       "pos_emb", torch::randn({config.image_tokens + config.text_len, config.d_model}) * 0.02);
   blocks_ = register_module("blocks", nn::ModuleList());
   for (int64_t i = 0; i < config.layers; ++i) {
-    blocks_->push_back(DecoderBlock(config.d_model, config.heads, config.mlp_ratio));
+    blocks_->push_back(
+        DecoderBlock(config.d_model, config.heads, config.mlp_ratio, config.dropout));
   }
   ln_f_ = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({config.d_model})));
   head_ = register_module("head", nn::Linear(config.d_model, config.vocab));

@@ -20,6 +20,7 @@ struct ModelConfig {
   int64_t layers = 2;
   int64_t heads = 4;
   int64_t mlp_ratio = 4;
+  double dropout = 0;  // after attention and after the MLP, in training mode
 };
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
@@ -35,10 +36,12 @@ TORCH_MODULE(CausalSelfAttention);
 
 class DecoderBlockImpl : public torch::nn::Module {
  public:
-  DecoderBlockImpl(int64_t d_model, int64_t heads, int64_t mlp_ratio);
+  DecoderBlockImpl(int64_t d_model, int64_t heads, int64_t mlp_ratio, double dropout = 0);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
+  torch::Tensor Dropout(const torch::Tensor& x);
+  double dropout_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   CausalSelfAttention attn_{nullptr};
   torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};

@@ -61,6 +61,11 @@ struct PreemptionOptions {
   absl::Duration grace = absl::Seconds(30);
   // Step and save costs are taken as mean + k·stddev.
   double k = 2.0;
+  // Another step is started only when (step + save) · (1 + slack) fits
+  // before the deadline, so that a step slower than any seen so far (a
+  // machine that just became busy) does not turn the save into a miss. The
+  // steps given up are redone after the resume; nothing is lost.
+  double slack = 0.5;
 };
 
 // Reads OMNI_PREEMPT_GRACE_S (seconds, a non-negative number) from the

@@ -292,7 +292,8 @@ class PreemptionMonitorImpl final : public PreemptionMonitor {
     const int64_t remaining = SatSub(deadline, now);
     const bool escalated = signals >= 2;
     const bool save_fits = save_ns <= remaining;
-    const bool step_and_save_fit = SatAdd(step_ns, save_ns) <= remaining;
+    const double ahead_ns = static_cast<double>(SatAdd(step_ns, save_ns)) * (1 + options_.slack);
+    const bool step_and_save_fit = ahead_ns <= static_cast<double>(remaining);
 
     BoundaryDecision d;
     d.deadline_ns = deadline;
@@ -314,9 +315,10 @@ class PreemptionMonitorImpl final : public PreemptionMonitor {
       d.action = BoundaryAction::kExitWithoutSave;
       verdict = "the save does not fit: exiting without saving";
     }
-    d.reason = absl::StrCat("preemption requested by ", what, "; deadline in ",
-                            remaining / 1'000'000, " ms; next step ", CostText(step_ns), ", save ",
-                            CostText(save_ns), " (mean + ", options_.k, "·stddev); ", verdict);
+    d.reason =
+        absl::StrCat("preemption requested by ", what, "; deadline in ", remaining / 1'000'000,
+                     " ms; next step ", CostText(step_ns), ", save ", CostText(save_ns),
+                     " (mean + ", options_.k, "·stddev, slack ", options_.slack, "); ", verdict);
     return d;
   }
 
@@ -481,6 +483,9 @@ absl::StatusOr<std::unique_ptr<PreemptionMonitor>> PreemptionMonitor::Create(
   }
   if (!std::isfinite(options.k) || options.k < 0) {
     return absl::InvalidArgumentError("PreemptionOptions.k must be finite and >= 0");
+  }
+  if (!std::isfinite(options.slack) || options.slack < 0) {
+    return absl::InvalidArgumentError("PreemptionOptions.slack must be finite and >= 0");
   }
   if ((options.notice_store == nullptr) != options.notice_key.empty()) {
     return absl::InvalidArgumentError(

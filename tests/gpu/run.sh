@@ -13,7 +13,9 @@
 #      2+ GPUs also one process per GPU, Abort unblocking a pending
 #      all-reduce, and Shrink (or Unimplemented before NCCL 2.27);
 #   3. omni_torch_tests built against the host's PyTorch 2.x LibTorch, with
-#      every CUDA device's RNG generator saved and restored.
+#      every CUDA device's RNG generator saved and restored;
+#   4. omni_train --device cuda: deterministic (two runs, one params_xxh3),
+#      and tests/integration/test_preemption.py on CUDA (bit-exact resumes).
 # Prints "N passed, M failed" last; exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -94,7 +96,7 @@ else
     -DCUDAToolkit_ROOT="$CUDA_ROOT" -DCMAKE_PREFIX_PATH="$DEPS;$TORCH_PREFIX" \
     -DCMAKE_INCLUDE_PATH="$DEPS/include" -DCMAKE_LIBRARY_PATH="$DEPS/lib" \
     -DGTest_DIR="$DEPS/lib/x86_64-linux-gnu/cmake/GTest" -Dabsl_DIR="$DEPS/lib/x86_64-linux-gnu/cmake/absl" > "$OUT/configure_torch.log" 2>&1 &&
-    cmake --build build-gpu-torch -j "$(nproc)" --target omni_torch_tests > "$OUT/build_torch.log" 2>&1
+    cmake --build build-gpu-torch -j "$(nproc)" --target omni_torch_tests omni_train omni > "$OUT/build_torch.log" 2>&1
   rc=$?
   if [ "$rc" -ne 0 ]; then
     tail -n 30 "$OUT/configure_torch.log" "$OUT/build_torch.log"
@@ -110,6 +112,38 @@ else
     echo "torch: ${n_ok} ok, ${n_fail} failed (exit ${rc})"
     passed=$((passed + n_ok))
     failed=$((failed + n_fail))
+
+    # 4. Training on the GPU: two runs of omni_train --device cuda (with
+    #    dropout, which draws from the CUDA generator) give one params_xxh3,
+    #    and the preemption tests (SIGTERM at several steps, SIGKILL at random
+    #    moments, notices, a corrupt checkpoint) hold on CUDA: every resumed
+    #    run equals the uninterrupted one bit for bit.
+    T=./build-gpu-torch/bin/omni_train
+    a=$("$T" --device cuda --dropout 0.1 --steps 60 --eval-every 20 --quiet 2>&1 | tail -n 1)
+    b=$("$T" --device cuda --dropout 0.1 --steps 60 --eval-every 20 --quiet 2>&1 | tail -n 1)
+    c=$("$T" --device cpu --dropout 0.1 --steps 60 --eval-every 20 --quiet 2>&1 | tail -n 1)
+    echo "cuda run 1: $a"; echo "cuda run 2: $b"; echo "cpu run:    $c"
+    if [[ "$a" == final* && "$a" == "$b" ]]; then
+      passed=$((passed + 1))
+    else
+      echo "FAIL: two CUDA runs of omni_train differ (or failed)"
+      failed=$((failed + 1))
+    fi
+    OMNI_BIN_DIR="$PWD/build-gpu-torch/bin" OMNI_TRAIN_EXTRA="--device cuda" PYTHONUNBUFFERED=1 \
+      timeout 400 python3 -m pytest -q -p no:cacheprovider -rs \
+      --junitxml="$OUT/preemption_cuda.xml" tests/integration/test_preemption.py 2>&1 |
+      tee "$OUT/preemption_cuda.log"
+    rc=${PIPESTATUS[0]}
+    n_all=$(grep -o '<testcase ' "$OUT/preemption_cuda.xml" 2>/dev/null | wc -l || true)
+    n_bad=$(grep -Eo '<(failure|error)' "$OUT/preemption_cuda.xml" 2>/dev/null | wc -l || true)
+    n_skip=$(grep -o '<skipped' "$OUT/preemption_cuda.xml" 2>/dev/null | wc -l || true)
+    n_ok=$((n_all - n_bad - n_skip))
+    echo "preemption on cuda: ${n_ok} ok, ${n_bad} failed, ${n_skip} skipped (exit ${rc})"
+    if [ "$rc" -eq 0 ]; then
+      passed=$((passed + n_ok))
+    else
+      failed=$((failed + (n_bad > 0 ? n_bad : 1)))
+    fi
   fi
   set -e
 fi

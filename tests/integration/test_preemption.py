@@ -27,7 +27,11 @@ EXIT_PREEMPTED, EXIT_NO_SAVE = 75, 76
 pytestmark = pytest.mark.skipif(not TRAINER.exists(), reason=f"{TRAINER} not built")
 
 STEPS = 120
-BASE = ["--steps", STEPS, "--seed", 5, "--eval-every", 25, "--quiet"]
+# Dropout draws from the device's generator every step, so a resume that
+# restored the wrong RNG state would diverge at once. OMNI_TRAIN_EXTRA adds
+# flags: tests/gpu/run.sh runs this file with "--device cuda".
+BASE = ["--steps", STEPS, "--seed", 5, "--eval-every", 25, "--dropout", 0.1, "--quiet",
+        *os.environ.get("OMNI_TRAIN_EXTRA", "").split()]
 
 
 def cmd(*extra):
@@ -180,6 +184,43 @@ def test_a_scheduler_notice_file_stops_the_job(tmp_path, reference):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_PREEMPTED, err
     assert final(finish(args[:-2], env()).stdout) == ref_final
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_scheduler_notice_in_a_store_key_stops_the_job(tmp_path):
+    """--notice-key: the scheduler writes {"yield_in_s": S} into the job's
+    store (here a c10d TCPStore hosted by the trainer, written from Python's
+    torch.distributed); the job saves, exits 75, and resumes bit-exactly."""
+    dist = pytest.importorskip("torch.distributed")
+    info = subprocess.run([str(OMNI), "info"], capture_output=True, text=True, check=False).stdout
+    if "gloo=yes" not in info:
+        pytest.skip("omni built without Gloo: no elastic group, so no --store")
+    port = free_port()
+    store_args = ["--store", f"tcp://127.0.0.1:{port}?server=1", "--replica-id", "r0"]
+    # The reference: the same elastic (one replica) run, uninterrupted.
+    ref = subprocess.run(cmd(*store_args, "--loss-log", tmp_path / "ref.log"),
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert ref.returncode == 0, ref.stderr
+    log = tmp_path / "loss.log"
+    args = cmd(*store_args, "--ckpt-dir", tmp_path / "ckpt", "--loss-log", log,
+               "--notice-key", "scheduler/notice")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for_steps(proc, log, 5)
+    client = dist.TCPStore("127.0.0.1", port, is_master=False)
+    client.set("scheduler/notice", json.dumps({"yield_in_s": 0.6}))
+    del client
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert len(losses(log)) < STEPS
+    done = finish(args, env())
+    assert final(done.stdout) == final(ref.stdout)
+    assert losses(log) == losses(tmp_path / "ref.log")
 
 
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, reference):

@@ -63,6 +63,7 @@ PreemptionOptions Opts(absl::Duration grace = absl::Seconds(10)) {
   PreemptionOptions o;
   o.grace = grace;
   o.k = 2.0;
+  o.slack = 0;  // exact thresholds; the slack has its own test
   o.notice_poll = absl::Milliseconds(5);
   return o;
 }
@@ -124,6 +125,23 @@ TEST(Preemption, SigtermContinuesWhileStepAndSaveFitThenSavesThenExitsWithoutSav
   EXPECT_EQ(d.action, BoundaryAction::kExitWithoutSave);
   EXPECT_TRUE(Contains(d.reason, "without saving")) << d.reason;
   EXPECT_EQ(d.deadline_ns, t0 + 10 * kSec);
+}
+
+TEST(Preemption, SlackStopsEarlierSoThatASlowerStepCannotMakeTheSaveMiss) {
+  FakeClock clock;
+  PreemptionOptions o = Opts(absl::Seconds(10));
+  o.slack = 0.5;
+  auto m = MakeMonitor(o, &clock);
+  ASSERT_NE(m, nullptr);
+  const int64_t t0 = clock.NowNanos();
+  ASSERT_EQ(raise(SIGTERM), 0);
+  EXPECT_TRUE(m->pending());
+  clock.Set(t0 + 10 * kSec - 6'300'000'000);  // (step + save) · 1.5 left
+  EXPECT_EQ(m->AtBoundary(kStep, kSave).action, BoundaryAction::kContinue);
+  clock.Advance(std::chrono::nanoseconds(1));
+  const BoundaryDecision d = m->AtBoundary(kStep, kSave);
+  EXPECT_EQ(d.action, BoundaryAction::kSaveAndExit);  // without the slack: another step
+  EXPECT_TRUE(Contains(d.reason, "slack 0.5")) << d.reason;
 }
 
 TEST(Preemption, SecondSignalEscalatesToSaveNowOrExitIfTheSaveCannotFit) {
@@ -329,6 +347,10 @@ TEST(Preemption, BadOptionsAreRejectedAndLeaveNoHandlerBehind) {
             absl::StatusCode::kInvalidArgument);
   o = Opts();
   o.k = -1;
+  EXPECT_EQ(PreemptionMonitor::Create(o, &clock).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o = Opts();
+  o.slack = -0.1;
   EXPECT_EQ(PreemptionMonitor::Create(o, &clock).status().code(),
             absl::StatusCode::kInvalidArgument);
   struct sigaction term_before {};
