@@ -268,6 +268,24 @@ absl::StatusOr<torch::Device> TrainingDevice(const std::string& name) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
+// The store prefix of a generation's stop agreement.
+std::string StopPrefix(const omni::Generation& gen) { return gen.prefix() + "/stop/"; }
+
+// After Start, before the group's first collective: rank 0 removes an
+// agreement that an earlier run of the job left under this generation's
+// prefix (a whole job restarted on the same store takes up its last
+// generation again). Not for a replica admitted into a running generation
+// (listed as joined there): the members may already be reading the
+// generation's agreement, and a fresh generation has none to remove.
+absl::Status ClearStaleStop(omni::Store& store, const omni::Generation& gen) {
+  const bool joined_running =
+      gen.kind != "initial" &&
+      std::find(gen.joined.begin(), gen.joined.end(), gen.members[0].id) != gen.joined.end();
+  if (gen.rank != 0 || joined_running) return absl::OkStatus();
+  const std::unique_ptr<omni::Store> view = omni::MakePrefixStore(store, StopPrefix(gen));
+  return omni::StopCoordinator::Clear(*view);
+}
+
 int Run(const TrainFlags& flags) {
   // A store that the preemption monitor polls for notices is opened before it
   // (and outlives it); otherwise the store is opened when joining the group.
@@ -438,6 +456,7 @@ int Run(const TrainFlags& flags) {
     absl::StatusOr<omni::GroupChange> started = group->Start(progress.step);
     if (!started.ok()) return Fail(started.status());
     LogChange(*started, "joined");
+    if (auto st = ClearStaleStop(*store, group->generation()); !st.ok()) return Fail(st);
   }
   // Micro-batch of a replica: a full group takes its share in one.
   const int64_t micro_batch = (flags.batch + flags.max_replicas - 1) / flags.max_replicas;
@@ -490,6 +509,11 @@ int Run(const TrainFlags& flags) {
     if (write.mean_s == 0) write = unmeasured_save;  // no checkpoint measured yet
     return std::make_pair(step, write);
   };
+
+  // In --store mode: the agreement on the stop boundary, per generation.
+  std::unique_ptr<omni::Store> stop_store;
+  std::unique_ptr<omni::StopCoordinator> stop;
+  int64_t stop_generation = -1;
 
   // ---- training loop
   const auto t0 = std::chrono::steady_clock::now();
@@ -665,9 +689,31 @@ int Run(const TrainFlags& flags) {
         completed = progress.step;
       }
     }
-    if (!monitor.pending()) continue;
-    const auto [step_cost, save_cost] = costs(step + 1);
-    const omni::BoundaryDecision d = monitor.AtBoundary(step_cost, save_cost);
+    omni::BoundaryDecision d;
+    if (monitor.pending()) {
+      auto [step_cost, save_cost] = costs(step + 1);
+      if (group) {
+        // The agreed stop comes one boundary after the first local decision:
+        // look two steps ahead.
+        const omni::Cost second = costs(step + 2).first;
+        step_cost.mean_s += second.mean_s;
+        step_cost.stddev_s += second.stddev_s;
+      }
+      d = monitor.AtBoundary(step_cost, save_cost);
+    }
+    if (group) {
+      // Every replica stops at one boundary, whichever of them was told to
+      // stop (a signal to one replica, or a notice key that all of them read).
+      const omni::Generation gen = group->generation();
+      if (!stop || stop_generation != gen.number) {
+        stop_store = omni::MakePrefixStore(*store, StopPrefix(gen));
+        stop = std::make_unique<omni::StopCoordinator>(*stop_store);
+        stop_generation = gen.number;
+      }
+      absl::StatusOr<omni::BoundaryDecision> agreed = stop->AtBoundary(step, d);
+      if (!agreed.ok()) return Fail(agreed.status());
+      d = *std::move(agreed);
+    }
     if (d.action == omni::BoundaryAction::kContinue) continue;
     std::fprintf(stderr, "omni_train: preempted after step %" PRId64 ": %s\n", step,
                  d.reason.c_str());

@@ -191,6 +191,50 @@ def test_a_frozen_replica_is_evicted_and_rejoins_cleanly(tmp_path, long_referenc
     assert "joined r2" in err0, err0
 
 
+def test_sigterm_to_one_replica_stops_all_at_one_boundary_and_resume_is_bit_exact(
+        tmp_path, monkeypatch):
+    """A preemption in --store mode is job-wide: the replicas agree on one
+    stop boundary through the store (omni::StopCoordinator), each saves its
+    checkpoint there and exits 75; restarted, they resume at that boundary and
+    end bit-identical to an uninterrupted run of the same two replicas (same
+    ranks, so the same summation order: no tolerance needed here)."""
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir()
+    run_dir.mkdir()
+    refs = start(ref_dir, 2, "--min-replicas", 2, steps=LONG)
+    ref = set()
+    for r in refs:
+        rc, out, err = r.wait()
+        assert rc == 0, err
+        ref.add(final(out)[1])
+    assert len(ref) == 1
+
+    monkeypatch.setenv("OMNI_PREEMPT_GRACE_S", "0.5")
+
+    def launch():
+        return [Replica(run_dir, run_dir / "store", rid, "--min-replicas", 2, "--ckpt-dir",
+                        run_dir / f"ckpt-{rid}", steps=LONG) for rid in ("r0", "r1")]
+
+    reps = launch()
+    wait_steps(reps[1], 20)
+    reps[1].proc.send_signal(signal.SIGTERM)  # only r1 is told
+    saved = set()
+    for r in reps:
+        rc, _, err = r.wait(timeout=120)
+        assert rc == 75, f"{r.rid}: exit {rc}\n{err}"
+        assert "agreed stop after step" in err, err
+        m = re.search(r"saved step (\d+) to ", err)
+        assert m, err
+        saved.add(int(m.group(1)))
+    assert len(saved) == 1, f"the replicas saved different steps: {saved}"
+    assert 20 < saved.pop() < LONG
+    monkeypatch.delenv("OMNI_PREEMPT_GRACE_S")
+    for r in launch():
+        rc, out, err = r.wait()
+        assert rc == 0, f"{r.rid}: exit {rc}\n{err}"
+        assert final(out)[1] in ref, f"{r.rid}: {final(out)} != reference {ref}"
+
+
 def test_another_job_is_refused_with_a_clear_error(tmp_path):
     reps = start(tmp_path, 1, "--min-replicas", 1)
     wait_steps(reps[0], 3)
