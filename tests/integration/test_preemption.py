@@ -228,11 +228,14 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, re
     log = tmp_path / "loss.log"
     args = cmd("--ckpt-dir", tmp_path / "ckpt", "--ckpt-every", 20, "--loss-log", log)
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env(grace_s=0.05))
+                            env=env(grace_s=0.3))
     assert wait_for_steps(proc, log, 70)
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=60)
-    assert proc.returncode == EXIT_PREEMPTED
+    _, err = proc.communicate(timeout=60)
+    # Either way there are at least two checkpoints (20, 40, 60 and perhaps
+    # the preemption's): what is tested here is the fallback, not the
+    # deadline (a loaded machine can honestly make the last save miss it).
+    assert proc.returncode in (EXIT_PREEMPTED, EXIT_NO_SAVE), err
     steps = sorted((tmp_path / "ckpt").glob("step-*"))
     assert len(steps) >= 2
     shard = next(steps[-1].glob("*.safetensors"))
