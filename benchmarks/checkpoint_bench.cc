@@ -8,10 +8,17 @@
 //   save_vs_torch_save   torch::save time / omni Save time (>= 1: never slower)
 //   save_peak_extra_mib  peak RSS during a Save beyond the state itself
 //   async_stall_vs_memcpy  training-thread stall of SaveAsync / memcpy of the same bytes
-//                        (median; the first snapshot also faults its host memory in,
-//                        reported separately as async_first_stall_s)
+//                        into memory already touched (as a re-used snapshot's is); the
+//                        first snapshot also faults its host memory in, reported
+//                        separately as async_first_stall_s
 //
-// Usage: bench_checkpoint [MiB=1024] [dir=build/bench/ckpt]
+// The disk (and the memory bandwidth) of a shared machine drift by tens of
+// percent within seconds, so every ratio is the median of per-pair ratios: each
+// omni measurement is paired with the adjacent measurement of its baseline,
+// taken in alternating order (A B, then B A), and the pairs' ratios are
+// reduced with a median. *_min / *_max give the spread of the pairs.
+//
+// Usage: bench_checkpoint [MiB=1024] [dir=build/bench/ckpt] [trials=7]
 #include <fcntl.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -108,11 +115,34 @@ double RawRead(const std::string& path, std::vector<torch::Tensor>& ts) {
   return Now() - t0;
 }
 
+// Median of per-pair ratios (the mean of the two middle ones for an even count).
+struct Spread {
+  double median = 0, min = 0, max = 0;
+};
+Spread Summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return {n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.front(), v.back()};
+}
+
+double Median(std::vector<double> v) { return Summarize(std::move(v)).median; }
+
+double Memcpy(const std::vector<torch::Tensor>& ts, std::vector<char>& dst) {
+  const double t0 = Now();
+  size_t off = 0;
+  for (const auto& t : ts) {
+    std::memcpy(dst.data() + off, t.data_ptr(), t.nbytes());
+    off += t.nbytes();
+  }
+  return Now() - t0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int64_t mib = argc > 1 ? std::atoll(argv[1]) : 1024;
   const std::string dir = argc > 2 ? argv[2] : "build/bench/ckpt";
+  const int trials = argc > 3 ? std::max(1, std::atoi(argv[3])) : 7;
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   std::filesystem::create_directories(dir);
@@ -133,39 +163,88 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(mgr.status().message()).c_str());
     return 1;
   }
+  // Frees the disk space outside the timed regions (every contender writes
+  // into fresh files).
+  const auto clean = [&] {
+    for (const auto& e : std::filesystem::directory_iterator(co.dir)) {
+      if (e.path().filename().string().rfind("step-", 0) == 0) {
+        std::filesystem::remove_all(e.path(), ec);
+      }
+    }
+    std::filesystem::remove(dir + "/raw.bin", ec);
+    std::filesystem::remove(dir + "/torch.pt", ec);
+    ::sync();
+  };
 
-  const int trials = 5;
-  std::vector<double> raw_w, raw_r, save, restore, tsave, stall, memcpy_s;
-  long peak_extra_kb = 0;
-  std::vector<char> copy_dst(bytes);
-  for (int t = 0; t < trials; ++t) {
-    raw_w.push_back(RawWrite(dir + "/raw.bin", params));
-    const long rss0 = StatusKb("VmRSS:");
-    ResetPeakRss();
-    double t0 = Now();
-    auto s = (*mgr)->Save(t + 1, reg, {});
-    save.push_back(Now() - t0);
-    if (!s.ok()) {
-      std::fprintf(stderr, "save: %s\n", std::string(s.status().message()).c_str());
+  // The first snapshot maps and faults in its host memory; later ones re-use
+  // it (keep_snapshot_memory). It is reported on its own, outside the pairs.
+  std::vector<char> copy_dst(bytes);  // zero-filled: touched, like re-used snapshot memory
+  Memcpy(params, copy_dst);
+  double first_stall = 0;
+  {
+    auto a = (*mgr)->SaveAsync(1, reg, {});
+    if (!a.ok()) {
+      std::fprintf(stderr, "save async: %s\n", std::string(a.status().message()).c_str());
       return 1;
     }
-    peak_extra_kb = std::max(peak_extra_kb, StatusKb("VmHWM:") - rss0);
-    // Cold reads of both, in alternating order (the disk is shared and noisy).
+    first_stall = a->snapshot_s;
+    if (!(*mgr)->WaitForPending().ok()) return 1;
+    clean();
+  }
+
+  const int read_pairs_per_trial = 2;
+  std::vector<double> raw_w, raw_r, save, restore, tsave, stall, memcpy_s;
+  std::vector<double> save_ratio, restore_ratio, stall_ratio;
+  long peak_extra_kb = 0;
+  int64_t step = 2;
+  for (int t = 0; t < trials; ++t) {
+    const bool baseline_first = t % 2 == 0;
+    // Save: raw write+fsync and omni Save, adjacent, in alternating order.
+    double w = 0;
+    double sv = 0;
     for (int k = 0; k < 2; ++k) {
-      EvictPageCache(dir);
-      if ((k + t) % 2 == 0) {
-        raw_r.push_back(RawRead(dir + "/raw.bin", params));
+      if ((k == 0) == baseline_first) {
+        w = RawWrite(dir + "/raw.bin", params);
         continue;
       }
-      t0 = Now();
-      auto r = (*mgr)->Restore(reg);
-      restore.push_back(Now() - t0);
-      if (!r.ok()) {
-        std::fprintf(stderr, "restore: %s\n", std::string(r.status().message()).c_str());
+      const long rss0 = StatusKb("VmRSS:");
+      ResetPeakRss();
+      const double t0 = Now();
+      auto s = (*mgr)->Save(step++, reg, {});
+      sv = Now() - t0;
+      if (!s.ok()) {
+        std::fprintf(stderr, "save: %s\n", std::string(s.status().message()).c_str());
         return 1;
       }
+      peak_extra_kb = std::max(peak_extra_kb, StatusKb("VmHWM:") - rss0);
     }
-    t0 = Now();
+    raw_w.push_back(w);
+    save.push_back(sv);
+    save_ratio.push_back(w / sv);
+    // Cold reads: raw read and omni Restore, adjacent, in alternating order.
+    for (int pair = 0; pair < read_pairs_per_trial; ++pair) {
+      const bool raw_first = (t * read_pairs_per_trial + pair) % 2 == 0;
+      double r = 0;
+      double rs = 0;
+      for (int k = 0; k < 2; ++k) {
+        EvictPageCache(dir);
+        if ((k == 0) == raw_first) {
+          r = RawRead(dir + "/raw.bin", params);
+          continue;
+        }
+        const double t0 = Now();
+        auto res = (*mgr)->Restore(reg);
+        rs = Now() - t0;
+        if (!res.ok()) {
+          std::fprintf(stderr, "restore: %s\n", std::string(res.status().message()).c_str());
+          return 1;
+        }
+      }
+      raw_r.push_back(r);
+      restore.push_back(rs);
+      restore_ratio.push_back(r / rs);
+    }
+    double t0 = Now();
     torch::save(params, dir + "/torch.pt");
     {
       const int fd = ::open((dir + "/torch.pt").c_str(), O_RDONLY);
@@ -173,51 +252,63 @@ int main(int argc, char** argv) {
       ::close(fd);
     }
     tsave.push_back(Now() - t0);
-    // Async: the stall is the snapshot copy; compare with a plain memcpy.
-    t0 = Now();
-    size_t off = 0;
-    for (auto& p : params) {
-      std::memcpy(copy_dst.data() + off, p.data_ptr(), p.nbytes());
-      off += p.nbytes();
+    // Async: the stall is the snapshot copy; compare with a plain memcpy of the
+    // same bytes, adjacent, in alternating order. The memcpy never overlaps the
+    // background write (it would compete for memory bandwidth).
+    double m = 0;
+    double st = 0;
+    for (int k = 0; k < 2; ++k) {
+      if ((k == 0) == baseline_first) {
+        m = Memcpy(params, copy_dst);
+        continue;
+      }
+      auto a = (*mgr)->SaveAsync(step++, reg, {});
+      if (!a.ok()) {
+        std::fprintf(stderr, "save async: %s\n", std::string(a.status().message()).c_str());
+        return 1;
+      }
+      st = a->snapshot_s;
+      if (!(*mgr)->WaitForPending().ok()) return 1;
     }
-    memcpy_s.push_back(Now() - t0);
-    auto a = (*mgr)->SaveAsync(100 + t, reg, {});
-    if (!a.ok()) {
-      std::fprintf(stderr, "save async: %s\n", std::string(a.status().message()).c_str());
-      return 1;
-    }
-    stall.push_back(a->snapshot_s);
-    std::printf("trial %d: async stall %.3f s, memcpy %.3f s; raw read %.3f s, restore %.3f s\n", t,
-                a->snapshot_s, memcpy_s.back(), raw_r.back(), restore.back());
-    if (!(*mgr)->WaitForPending().ok()) return 1;
-    // Free the disk space outside the timed regions (both contenders write
-    // into fresh files).
-    for (const auto& e : std::filesystem::directory_iterator(co.dir)) {
-      if (e.path().filename().string().rfind("step-", 0) == 0)
-        std::filesystem::remove_all(e.path(), ec);
-    }
-    std::filesystem::remove(dir + "/raw.bin", ec);
-    std::filesystem::remove(dir + "/torch.pt", ec);
-    ::sync();
+    memcpy_s.push_back(m);
+    stall.push_back(st);
+    stall_ratio.push_back(st / m);
+    std::printf(
+        "trial %d: raw write %.3f s, save %.3f s; raw read / restore %.3f / %.3f s, %.3f / %.3f "
+        "s; async stall %.3f s, memcpy %.3f s\n",
+        t, w, sv, raw_r[raw_r.size() - 2], restore[restore.size() - 2], raw_r.back(),
+        restore.back(), st, m);
+    clean();
   }
-  const auto med = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   const double gib = static_cast<double>(bytes) / (1 << 30);
-  std::printf("state %.2f GiB in %zu tensors, %d trials (medians)\n", gib, params.size(), trials);
+  const Spread sr = Summarize(save_ratio);
+  const Spread rr = Summarize(restore_ratio);
+  const Spread ar = Summarize(stall_ratio);
+  std::printf("state %.2f GiB in %zu tensors, %d trials; throughputs are medians of the times\n",
+              gib, params.size(), trials);
   std::printf("raw write+fsync %.2f GiB/s, omni save %.2f GiB/s, torch::save+fsync %.2f GiB/s\n",
-              gib / med(raw_w), gib / med(save), gib / med(tsave));
+              gib / Median(raw_w), gib / Median(save), gib / Median(tsave));
   std::printf("raw read (cold) %.2f GiB/s, omni restore (verified load, cold) %.2f GiB/s\n",
-              gib / med(raw_r), gib / med(restore));
-  std::printf("async stall %.3f s, memcpy %.3f s\n", med(stall), med(memcpy_s));
+              gib / Median(raw_r), gib / Median(restore));
+  std::printf("async stall %.3f s, memcpy %.3f s (first snapshot %.3f s)\n", Median(stall),
+              Median(memcpy_s), first_stall);
+  std::printf(
+      "ratios are medians of per-pair ratios (adjacent runs, alternating order): save_vs_raw "
+      "%.3f [%.3f, %.3f] over %zu pairs, restore_vs_raw %.3f [%.3f, %.3f] over %zu pairs, "
+      "async_stall_vs_memcpy %.3f [%.3f, %.3f] over %zu pairs\n",
+      sr.median, sr.min, sr.max, save_ratio.size(), rr.median, rr.min, rr.max, restore_ratio.size(),
+      ar.median, ar.min, ar.max, stall_ratio.size());
   std::printf(
       "{\"benchmark\":\"checkpoint\",\"state_gib\":%.3f,\"save_vs_raw\":%.3f,\"restore_vs_raw\":%."
-      "3f,"
-      "\"save_vs_torch_save\":%.3f,\"save_peak_extra_mib\":%.1f,\"async_stall_vs_memcpy\":%.3f,"
-      "\"async_first_stall_s\":%.3f}\n",
-      gib, med(raw_w) / med(save), med(raw_r) / med(restore), med(tsave) / med(save),
-      static_cast<double>(peak_extra_kb) / 1024.0, med(stall) / med(memcpy_s), stall.front());
+      "3f,\"save_vs_torch_save\":%.3f,\"save_peak_extra_mib\":%.1f,\"async_stall_vs_memcpy\":%."
+      "3f,\"async_first_stall_s\":%.3f,\"ratio_method\":\"median_of_pairs\",\"trials\":%d,"
+      "\"restore_pairs\":%zu,\"save_vs_raw_min\":%.3f,\"save_vs_raw_max\":%.3f,"
+      "\"restore_vs_raw_min\":%.3f,\"restore_vs_raw_max\":%.3f,\"async_stall_vs_memcpy_min\":%.3f,"
+      "\"async_stall_vs_memcpy_max\":%.3f,\"async_stall_s\":%.3f,\"memcpy_s\":%.3f}\n",
+      gib, sr.median, rr.median, Median(tsave) / Median(save),
+      static_cast<double>(peak_extra_kb) / 1024.0, ar.median, first_stall, trials,
+      restore_ratio.size(), sr.min, sr.max, rr.min, rr.max, ar.min, ar.max, Median(stall),
+      Median(memcpy_s));
   mgr->reset();  // joins the writer before the files go
   std::filesystem::remove_all(dir, ec);
   return 0;
