@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
     save_ratio.push_back(w / sv);
     // Cold reads: raw read and omni Restore, adjacent, in alternating order.
     for (int pair = 0; pair < read_pairs_per_trial; ++pair) {
-      const bool raw_first = (t * read_pairs_per_trial + pair) % 2 == 0;
+      const bool raw_first = (t + pair) % 2 == 0;  // A B, B A; then B A, A B
       double r = 0;
       double rs = 0;
       for (int k = 0; k < 2; ++k) {
