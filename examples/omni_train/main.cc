@@ -271,21 +271,6 @@ absl::StatusOr<torch::Device> TrainingDevice(const std::string& name) {
 // The store prefix of a generation's stop agreement.
 std::string StopPrefix(const omni::Generation& gen) { return gen.prefix() + "/stop/"; }
 
-// After Start, before the group's first collective: rank 0 removes an
-// agreement that an earlier run of the job left under this generation's
-// prefix (a whole job restarted on the same store takes up its last
-// generation again). Not for a replica admitted into a running generation
-// (listed as joined there): the members may already be reading the
-// generation's agreement, and a fresh generation has none to remove.
-absl::Status ClearStaleStop(omni::Store& store, const omni::Generation& gen) {
-  const bool joined_running =
-      gen.kind != "initial" &&
-      std::find(gen.joined.begin(), gen.joined.end(), gen.members[0].id) != gen.joined.end();
-  if (gen.rank != 0 || joined_running) return absl::OkStatus();
-  const std::unique_ptr<omni::Store> view = omni::MakePrefixStore(store, StopPrefix(gen));
-  return omni::StopCoordinator::Clear(*view);
-}
-
 int Run(const TrainFlags& flags) {
   // A store that the preemption monitor polls for notices is opened before it
   // (and outlives it); otherwise the store is opened when joining the group.
@@ -444,7 +429,10 @@ int Run(const TrainFlags& flags) {
     omni::ElasticOptions eo;
     eo.membership.job_id = JobId(flags);
     eo.membership.model_digest = ModelDigest(model);
-    eo.membership.self = {flags.replica_id, Hostname(), Env("OMNI_RACK"), Env("OMNI_SWITCH")};
+    eo.membership.self.id = flags.replica_id;
+    eo.membership.self.host = Hostname();
+    eo.membership.self.rack = Env("OMNI_RACK");
+    eo.membership.self.switch_name = Env("OMNI_SWITCH");
     eo.membership.min_replicas = flags.min_replicas;
     eo.membership.max_replicas = flags.max_replicas;
     eo.membership.heartbeat = absl::Milliseconds(flags.heartbeat_ms);
@@ -456,7 +444,6 @@ int Run(const TrainFlags& flags) {
     absl::StatusOr<omni::GroupChange> started = group->Start(progress.step);
     if (!started.ok()) return Fail(started.status());
     LogChange(*started, "joined");
-    if (auto st = ClearStaleStop(*store, group->generation()); !st.ok()) return Fail(st);
   }
   // Micro-batch of a replica: a full group takes its share in one.
   const int64_t micro_batch = (flags.batch + flags.max_replicas - 1) / flags.max_replicas;

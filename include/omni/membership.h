@@ -52,6 +52,10 @@ struct ReplicaInfo {
   std::string host;  // informational, and a placement key
   std::string rack;  // topology labels ("" = unknown)
   std::string switch_name;
+  // Set by Membership (ignored in options.self): the process that holds the
+  // id, so that a replica restarted with the same id is not mistaken for
+  // the process that was a member before (its generation, its heartbeats).
+  std::string session;
 };
 
 struct MembershipOptions {

@@ -157,12 +157,6 @@ class OMNI_EXPORT StopCoordinator {
   // The agreed stop step, once there is one (-1 before).
   int64_t agreed_step() const { return agreed_step_; }
 
-  // Removes an agreement left in `store` by an earlier run (a job restarted
-  // on the same store, whose group re-forms under the same prefix). Call it
-  // from one rank when the group (re)starts, before the ranks' next
-  // collective: no rank reads the agreement before that collective ends.
-  static absl::Status Clear(Store& store);
-
  private:
   Store& store_;
   int64_t agreed_step_ = -1;

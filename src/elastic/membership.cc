@@ -69,7 +69,11 @@ bool ValidId(const std::string& id) {
 }
 
 Json InfoToJson(const ReplicaInfo& r) {
-  return Json{{"id", r.id}, {"host", r.host}, {"rack", r.rack}, {"switch", r.switch_name}};
+  return Json{{"id", r.id},
+              {"host", r.host},
+              {"rack", r.rack},
+              {"switch", r.switch_name},
+              {"session", r.session}};
 }
 
 absl::StatusOr<ReplicaInfo> InfoFromJson(const Json& j) {
@@ -81,6 +85,7 @@ absl::StatusOr<ReplicaInfo> InfoFromJson(const Json& j) {
   r.host = j.value("host", "");
   r.rack = j.value("rack", "");
   r.switch_name = j.value("switch", "");
+  r.session = j.value("session", "");
   return r;
 }
 
@@ -129,6 +134,21 @@ bool Contains(const std::vector<ReplicaInfo>& v, const std::string& id) {
   return std::any_of(v.begin(), v.end(), [&](const ReplicaInfo& r) { return r.id == id; });
 }
 
+// `id` is in `v` as the process of `session` (a record without a session,
+// written before sessions were recorded, matches any).
+bool ContainsSession(const std::vector<ReplicaInfo>& v, const std::string& id,
+                     const std::string& session) {
+  return std::any_of(v.begin(), v.end(), [&](const ReplicaInfo& r) {
+    return r.id == id && (r.session.empty() || r.session == session);
+  });
+}
+
+// The session part of a heartbeat value "<session>:<counter>".
+std::string SessionOf(const std::string& heartbeat) {
+  const size_t colon = heartbeat.rfind(':');
+  return colon == std::string::npos ? std::string() : heartbeat.substr(0, colon);
+}
+
 // What a heartbeat observer knows of one replica.
 struct Observed {
   std::string value;
@@ -142,6 +162,8 @@ class MembershipImpl final : public Membership {
       : store_(store), o_(std::move(options)), clock_(Clock::Real()) {
     std::random_device rd;
     session_ = absl::StrCat(getpid(), "-", rd(), rd());
+    self_ = o_.self;
+    self_.session = session_;
   }
 
   ~MembershipImpl() override {
@@ -193,7 +215,7 @@ class MembershipImpl final : public Membership {
       absl::StatusOr<int64_t> t = Retry("join/seq", [&] { return store_.Add("join/seq", 1); });
       if (!t.ok()) return t.status();
       const std::string key = absl::StrCat("join/", *t);
-      const std::string info = InfoToJson(o_.self).dump();
+      const std::string info = InfoToJson(self_).dump();
       if (auto st = Retry(key, [&] { return store_.Set(key, info); }); !st.ok()) return st;
     }
     int64_t last_seq = -1, seq_changed_ns = Now();
@@ -207,7 +229,9 @@ class MembershipImpl final : public Membership {
       }
       absl::StatusOr<std::optional<Generation>> latest = LatestFrom(evicted_from);
       if (!latest.ok()) return latest.status();
-      if (latest->has_value() && Contains((*latest)->members, o_.self.id)) {
+      // A generation that lists this id as another process (this replica
+      // restarted) is not ours: it is an earlier incarnation's.
+      if (latest->has_value() && ContainsSession((*latest)->members, o_.self.id, session_)) {
         return Adopt(**latest);
       }
       if (latest->has_value()) Watch((*latest)->members);
@@ -530,9 +554,14 @@ class MembershipImpl final : public Membership {
     }
   }
 
-  bool IsDeadLocked(const std::string& id, int64_t now) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+  // Silent for peer_timeout, or (with `session` given) its id now beats for
+  // another process: the member's own process is gone (it was restarted).
+  bool IsDeadLocked(const std::string& id, int64_t now, const std::string& session = "") const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     auto it = seen_.find(id);
     if (it == seen_.end()) return false;  // not watched yet
+    const std::string beating = SessionOf(it->second.value);
+    if (!session.empty() && !beating.empty() && beating != session) return true;
     return now - it->second.since_ns >= absl::ToInt64Nanoseconds(o_.peer_timeout);
   }
 
@@ -547,7 +576,9 @@ class MembershipImpl final : public Membership {
     absl::MutexLock lock(&mu_);
     const int64_t now = Now();
     return std::all_of(members.begin(), members.end(), [&](const ReplicaInfo& m) {
-      return m.id != o_.self.id && seen_.count(m.id) > 0 && IsDeadLocked(m.id, now);
+      // This id as an earlier process (before a restart) is gone for good.
+      if (m.id == o_.self.id) return !m.session.empty() && m.session != session_;
+      return seen_.count(m.id) > 0 && IsDeadLocked(m.id, now, m.session);
     });
   }
 
@@ -637,7 +668,7 @@ class MembershipImpl final : public Membership {
         }
         for (const ReplicaInfo& m : current_.members) {
           if (m.id == o_.self.id || dead_.count(m.id) > 0) continue;
-          if (IsDeadLocked(m.id, now)) {
+          if (IsDeadLocked(m.id, now, m.session)) {
             dead_.insert(m.id);
             newly_dead.push_back(m.id);
           }
@@ -654,6 +685,7 @@ class MembershipImpl final : public Membership {
   const MembershipOptions o_;
   const Clock* clock_;
   std::string session_;
+  ReplicaInfo self_;   // o_.self with this process's session
   int64_t beats_ = 0;  // heartbeat thread (and Init, before it starts)
 
   // Training thread only.

@@ -63,6 +63,4 @@ absl::StatusOr<BoundaryDecision> StopCoordinator::AtBoundary(int64_t step,
   return agreed_;
 }
 
-absl::Status StopCoordinator::Clear(Store& store) { return store.Delete(kStopKey).status(); }
-
 }  // namespace omni

@@ -233,6 +233,8 @@ def test_sigterm_to_one_replica_stops_all_at_one_boundary_and_resume_is_bit_exac
         rc, out, err = r.wait()
         assert rc == 0, f"{r.rid}: exit {rc}\n{err}"
         assert final(out)[1] in ref, f"{r.rid}: {final(out)} != reference {ref}"
+        # A new generation, not the stopped processes' one taken up again.
+        assert "joined: generation 2 (initial)" in err, err
 
 
 def test_another_job_is_refused_with_a_clear_error(tmp_path):

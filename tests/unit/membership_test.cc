@@ -105,6 +105,32 @@ TEST(Membership, ReplicasStartingTogetherFormOneGenerationWithDistinctRanks) {
   EXPECT_EQ(g[0].prefix(), "gen/1");
 }
 
+// A whole job restarted on the same store (after a preemption): the new
+// processes carry the old ids but must not take up the old generation (its
+// communicator keys and its stop agreement belong to the dead processes);
+// they form a new one, at once rather than after the peer timeout.
+TEST(Membership, RestartedReplicasFormANewGenerationInsteadOfTakingUpTheirOldOne) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  {
+    auto a = MustCreate(*store, Opts("a", 2));
+    auto b = MustCreate(*store, Opts("b", 2));
+    std::vector<Generation> g = JoinAll({a.get(), b.get()});
+    ASSERT_EQ(g[0].number, 1);
+  }                                         // both processes "exit": their heartbeats stop
+  absl::SleepFor(absl::Milliseconds(300));  // past the peer timeout: ids free again
+  auto a = MustCreate(*store, Opts("a", 2));
+  auto b = MustCreate(*store, Opts("b", 2));
+  std::vector<Generation> g = JoinAll({a.get(), b.get()});
+  for (const Generation& x : g) {
+    EXPECT_EQ(x.number, 2);
+    EXPECT_EQ(x.kind, "initial");
+    EXPECT_EQ(Ids(x), (std::vector<std::string>{"a", "b"}));
+    EXPECT_EQ(x.left, (std::vector<std::string>{"a", "b"}));  // the earlier processes
+  }
+  EXPECT_NE(g[0].members[0].session, g[0].members[1].session);
+}
+
 TEST(Membership, RanksKeepReplicasOfOneSwitchAndRackContiguous) {
   TempDir dir;
   auto store = OpenFileStore(dir);

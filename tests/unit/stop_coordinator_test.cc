@@ -123,27 +123,6 @@ TEST(StopCoordinator, TheFirstProposalWinsWithItsAction) {
   EXPECT_NE(fb->reason.find("no time"), std::string::npos);
 }
 
-TEST(StopCoordinator, ClearRemovesTheAgreementOfAnEarlierRun) {
-  TempDir dir;
-  auto store = OpenDirStore(dir.path());
-  {
-    StopCoordinator earlier(*store);
-    ASSERT_TRUE(earlier.AtBoundary(37, Local(BoundaryAction::kSaveAndExit)).ok());
-    ASSERT_EQ(earlier.agreed_step(), 38);
-  }
-  // The job restarts at step 39 on the same store: without Clear the old
-  // agreement would make the ranks stop at once (or fail, past it).
-  StopCoordinator stale(*store);
-  EXPECT_FALSE(stale.AtBoundary(39, Local(BoundaryAction::kContinue)).ok());
-  ASSERT_TRUE(StopCoordinator::Clear(*store).ok());
-  ASSERT_TRUE(StopCoordinator::Clear(*store).ok());  // nothing left: still fine
-  StopCoordinator fresh(*store);
-  auto d = fresh.AtBoundary(39, Local(BoundaryAction::kContinue));
-  ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->action, BoundaryAction::kContinue);
-  EXPECT_EQ(fresh.agreed_step(), -1);
-}
-
 TEST(StopCoordinator, ARankPastTheAgreedStopIsAnError) {
   TempDir dir;
   auto store = OpenDirStore(dir.path());
