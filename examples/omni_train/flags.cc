@@ -84,6 +84,9 @@ with its own --replica-id; replicas come and go at step boundaries):
   --max-replicas N     admit at most N replicas (default and limit: --batch)
   --heartbeat-ms T     heartbeat period (default 100)
   --peer-timeout-ms T  a replica silent this long is dropped (default 1000)
+  --leave-on-preempt   a preempted replica leaves alone at the next boundary but one
+                       (the others go on at once, without a timeout); by default a
+                       preemption of any replica stops every replica at one boundary
 The global batch (--batch) stays the same whatever the number of replicas: each
 takes its share of it in micro-batches of at most ceil(batch / max-replicas)
 samples, and gradients are summed across replicas. Topology labels for rank
@@ -119,7 +122,8 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
     }
 
     // Boolean flags.
-    if (name == "text-only" || name == "quiet" || name == "help" || name == "async-ckpt") {
+    if (name == "text-only" || name == "quiet" || name == "help" || name == "async-ckpt" ||
+        name == "leave-on-preempt") {
       if (has_value) {
         return absl::InvalidArgumentError(absl::StrCat("flag --", name, " takes no value"));
       }
@@ -127,6 +131,7 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
       if (name == "quiet") f.quiet = true;
       if (name == "help") f.help = true;
       if (name == "async-ckpt") f.async_ckpt = true;
+      if (name == "leave-on-preempt") f.leave_on_preempt = true;
       continue;
     }
 
@@ -232,6 +237,9 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
   }
   if (f.ckpt_every > 0 && f.ckpt_dir.empty()) {
     return absl::InvalidArgumentError("flag --ckpt-every needs --ckpt-dir");
+  }
+  if (f.leave_on_preempt && f.store.empty()) {
+    return absl::InvalidArgumentError("flag --leave-on-preempt needs --store");
   }
   if (!f.notice_key.empty() && f.store.empty()) {
     return absl::InvalidArgumentError("flag --notice-key needs --store");

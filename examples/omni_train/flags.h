@@ -40,6 +40,7 @@ struct TrainFlags {
   int max_replicas = 0;            // --max-replicas (0 = --batch)
   int64_t heartbeat_ms = 100;      // --heartbeat-ms
   int64_t peer_timeout_ms = 1000;  // --peer-timeout-ms
+  bool leave_on_preempt = false;   // --leave-on-preempt: a preempted replica leaves alone
   std::string params_out;          // --params-out: raw float32 parameters at the end
 };
 

@@ -501,6 +501,9 @@ int Run(const TrainFlags& flags) {
   std::unique_ptr<omni::Store> stop_store;
   std::unique_ptr<omni::StopCoordinator> stop;
   int64_t stop_generation = -1;
+  bool leaving = false;        // --leave-on-preempt: a leave is requested
+  bool left_group = false;     // ... and has taken effect
+  bool leave_refused = false;  // ... and refused (min_replicas): the job stops
 
   // ---- training loop
   const auto t0 = std::chrono::steady_clock::now();
@@ -671,7 +674,11 @@ int Run(const TrainFlags& flags) {
     if (group) {
       absl::StatusOr<std::optional<omni::GroupChange>> change = group->AtBoundary(completed);
       if (!change.ok()) return Fail(change.status());
-      if (change->has_value()) {
+      if (change->has_value() && (*change)->generation.rank < 0 && leaving) {
+        left_group = true;  // the others go on in this generation, without us
+        std::fprintf(stderr, "omni_train: elastic: left the group: %s t_mono_ns=%" PRId64 "\n",
+                     (*change)->generation.ToString().c_str(), omni::Clock::Real()->NowNanos());
+      } else if (change->has_value()) {
         LogChange(**change, "changed");
         completed = progress.step;
       }
@@ -688,7 +695,33 @@ int Run(const TrainFlags& flags) {
       }
       d = monitor.AtBoundary(step_cost, save_cost);
     }
-    if (group) {
+    // --leave-on-preempt: this replica leaves alone, after one more step,
+    // while the others go on. When the others would be too few
+    // (min_replicas) the whole job stops at one boundary instead; while
+    // another change is pending, it asks again at the next boundary; when not
+    // even a save fits any more, it exits alone (the others see a failure).
+    bool job_wide = group != nullptr && !flags.leave_on_preempt;
+    if (group && flags.leave_on_preempt && !leaving && !leave_refused &&
+        d.action == omni::BoundaryAction::kSaveAndExit) {
+      const absl::Status asked = group->Leave(completed);
+      if (asked.ok()) {
+        leaving = true;
+        std::fprintf(stderr, "omni_train: elastic: leaving the group after step %" PRId64 " (%s)\n",
+                     step + 1, d.reason.c_str());
+      } else {
+        std::fprintf(stderr, "omni_train: elastic: %s\n", asked.ToString().c_str());
+        leave_refused = !absl::IsUnavailable(asked);
+      }
+      if (!leave_refused) d = omni::BoundaryDecision{};
+    }
+    if (leave_refused) job_wide = true;
+    if (left_group) {
+      d.action = omni::BoundaryAction::kSaveAndExit;
+      d.reason = "left the elastic group gracefully";
+    } else if (leaving) {
+      // On the way out: only a save that would no longer fit stops us now.
+      if (d.action != omni::BoundaryAction::kExitWithoutSave) d = omni::BoundaryDecision{};
+    } else if (job_wide) {
       // Every replica stops at one boundary, whichever of them was told to
       // stop (a signal to one replica, or a notice key that all of them read).
       const omni::Generation gen = group->generation();

@@ -101,6 +101,13 @@ class OMNI_EXPORT ElasticGroup {
   // generation fails (another replica lost meanwhile).
   virtual absl::StatusOr<GroupChange> Recover(const absl::Status& failure, int64_t completed) = 0;
 
+  // A graceful leave (Membership::RequestLeave): the others build the next
+  // generation without this replica at the boundary after `completed` + 1
+  // steps, without waiting for a heartbeat timeout. There, AtBoundary
+  // returns a change whose generation has rank -1 and closes this replica's
+  // communicator: save what is needed and exit. Errors as RequestLeave.
+  virtual absl::Status Leave(int64_t completed) = 0;
+
   virtual Generation generation() const = 0;
   virtual Communicator& comm() = 0;
   virtual Membership& membership() = 0;

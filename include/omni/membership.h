@@ -84,7 +84,8 @@ struct MembershipOptions {
 struct OMNI_EXPORT Generation {
   int64_t number = 0;
   // "initial" (first formation, or re-formation after every member died),
-  // "join" (planned at a step boundary) or "recover" (after a failure).
+  // "join" (planned at a step boundary), "leave" (a graceful leave, planned
+  // at a step boundary) or "recover" (after a failure).
   std::string kind;
   // For "join": the boundary (number of completed steps) at which every
   // member switches to this generation. For others: informational (the
@@ -141,6 +142,14 @@ class OMNI_EXPORT Membership {
   // saying so instead of waiting for admission. Call it once training is
   // complete (every member may; it is idempotent).
   virtual absl::Status Finish() = 0;
+
+  // A graceful leave: proposes the next generation without this replica
+  // (kind "leave"), taking effect for every member at the boundary after
+  // `completed` + 1 steps, where AtBoundary returns it (rank -1 here).
+  // FailedPrecondition when the others would be fewer than min_replicas (or
+  // this replica is not a member); Unavailable when another change of the
+  // generation is already pending (ask again at the next boundary).
+  virtual absl::Status RequestLeave(int64_t completed) = 0;
 
   // The generation this replica is in (number 0 before Join).
   virtual Generation current() const = 0;

@@ -204,6 +204,14 @@ class ElasticGroupImpl final : public ElasticGroup {
     if (!next.ok()) return next.status();
     if (!next->has_value()) return std::nullopt;
     Generation g = **std::move(next);
+    if (g.rank < 0 && leaving_) {
+      DropComm();  // the others have moved on to `g` without us
+      GroupChange left;
+      left.generation = std::move(g);
+      left.completed = completed;
+      left.agree_ms = MsSince(t0);
+      return std::optional<GroupChange>(std::move(left));
+    }
     if (g.rank < 0) {
       // Dropped (e.g. seen dead while frozen): join again.
       DropComm();
@@ -236,6 +244,12 @@ class ElasticGroupImpl final : public ElasticGroup {
     absl::StatusOr<Generation> g = membership_->Recover(completed);
     if (!g.ok()) return g.status();
     return Enter(*std::move(g), completed, t0, failure);
+  }
+
+  absl::Status Leave(int64_t completed) override {
+    absl::Status st = membership_->RequestLeave(completed);
+    if (st.ok()) leaving_ = true;
+    return st;
   }
 
   Generation generation() const override { return membership_->current(); }
@@ -375,6 +389,7 @@ class ElasticGroupImpl final : public ElasticGroup {
   std::unique_ptr<Membership> membership_;
   absl::Mutex comm_mu_;
   std::unique_ptr<Communicator> comm_ ABSL_GUARDED_BY(comm_mu_);
+  bool leaving_ = false;  // training thread only
 };
 
 }  // namespace

@@ -217,6 +217,7 @@ class MembershipImpl final : public Membership {
       const std::string key = absl::StrCat("join/", *t);
       const std::string info = InfoToJson(self_).dump();
       if (auto st = Retry(key, [&] { return store_.Set(key, info); }); !st.ok()) return st;
+      my_ticket_ = *t;
     }
     int64_t last_seq = -1, seq_changed_ns = Now();
     for (;;) {
@@ -314,7 +315,7 @@ class MembershipImpl final : public Membership {
       *next = *stored;
     }
     const Generation& g = **next;
-    if (g.kind == "join" && g.number == cur.number + 1) {
+    if ((g.kind == "join" || g.kind == "leave") && g.number == cur.number + 1) {
       if (g.at_step > completed) return std::nullopt;
       if (g.at_step < completed) {
         return absl::InternalError(
@@ -399,6 +400,41 @@ class MembershipImpl final : public Membership {
       }
       absl::SleepFor(kPoll);
     }
+  }
+
+  absl::Status RequestLeave(int64_t completed) override {
+    const Generation cur = current();
+    if (cur.rank < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("replica '", o_.self.id, "' cannot leave: not a member"));
+    }
+    if (cur.size() - 1 < o_.min_replicas) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "replica '", o_.self.id, "' cannot leave ", cur.ToString(), ": the others would be ",
+          cur.size() - 1, ", fewer than min_replicas=", o_.min_replicas));
+    }
+    Generation g;
+    g.number = cur.number + 1;
+    g.kind = "leave";
+    g.at_step = completed + 1;
+    for (const ReplicaInfo& m : cur.members) {
+      if (m.id != o_.self.id) g.members.push_back(m);
+    }
+    g.left.push_back(o_.self.id);
+    absl::StatusOr<Generation> stored = Propose(g);
+    if (!stored.ok()) return stored.status();
+    if (stored->kind != "leave" || stored->left != g.left || stored->at_step != g.at_step) {
+      return absl::UnavailableError(absl::StrCat(
+          "replica '", o_.self.id, "' cannot leave yet: ", stored->ToString(), " is pending"));
+    }
+    // Withdraw this replica's join ticket, so that a member that has not
+    // read it yet does not admit us again while our heartbeat still looks
+    // alive (a record without an id is skipped).
+    if (my_ticket_ > 0) {
+      const std::string key = absl::StrCat("join/", my_ticket_);
+      Retry(key, [&] { return store_.Set(key, R"({"withdrawn":true})"); }).IgnoreError();
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Finish() override {
@@ -525,6 +561,10 @@ class MembershipImpl final : public Membership {
   }
 
   Generation Adopt(Generation g) {
+    // Admitted: their tickets are used up (coming back takes a new one).
+    tickets_.erase(std::remove_if(tickets_.begin(), tickets_.end(),
+                                  [&](const ReplicaInfo& r) { return Contains(g.members, r.id); }),
+                   tickets_.end());
     g.rank = -1;
     for (size_t i = 0; i < g.members.size(); ++i) {
       if (g.members[i].id == o_.self.id) g.rank = static_cast<int>(i);
@@ -691,6 +731,7 @@ class MembershipImpl final : public Membership {
   // Training thread only.
   int64_t next_ticket_ = 1;
   std::vector<ReplicaInfo> tickets_;
+  int64_t my_ticket_ = 0;  // this replica's newest join ticket
 
   mutable absl::Mutex mu_;
   Generation current_ ABSL_GUARDED_BY(mu_);

@@ -237,6 +237,33 @@ def test_sigterm_to_one_replica_stops_all_at_one_boundary_and_resume_is_bit_exac
         assert "joined: generation 2 (initial)" in err, err
 
 
+def test_leave_on_preempt_one_replica_leaves_and_the_others_go_on_at_once(
+        tmp_path, long_reference, monkeypatch):
+    """--leave-on-preempt: SIGTERM to one of three replicas makes it leave
+    alone at the boundary after the next step (a "leave" generation, no
+    heartbeat timeout, no failed collective); it saves its checkpoint and
+    exits 75, the two others finish identical and within the tolerance."""
+    monkeypatch.setenv("OMNI_PREEMPT_GRACE_S", "0.5")  # else it trains on for 30 s
+    reps = [Replica(tmp_path, tmp_path / "store", rid, "--min-replicas", 2,
+                    "--leave-on-preempt", "--ckpt-dir", tmp_path / f"ckpt-{rid}", steps=LONG)
+            for rid in ("r0", "r1", "r2")]
+    leaver = reps[2]
+    wait_steps(leaver, 20)
+    leaver.proc.send_signal(signal.SIGTERM)
+    rc, _, err = leaver.wait(timeout=60)
+    assert rc == 75, err
+    assert "leaving the group after step" in err and "left the group" in err, err
+    assert "saved step" in err, err
+    finish_all(reps[:2], long_reference)
+    for r in reps[:2]:
+        err = r.err_path.read_text()
+        assert re.search(r"changed: generation \d+ \(leave\): 2 replicas \[r0 r1\], left r2",
+                         err), err
+        # No failure, no recovery, and the leaver is not admitted again.
+        for bad in ("failed", "recovered", "(recover)", "(join)"):
+            assert bad not in err, err
+
+
 def test_another_job_is_refused_with_a_clear_error(tmp_path):
     reps = start(tmp_path, 1, "--min-replicas", 1)
     wait_steps(reps[0], 3)

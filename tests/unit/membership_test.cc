@@ -255,6 +255,44 @@ TEST(Membership, AJoinIsAdmittedAtTheSameBoundaryByEveryMember) {
   EXPECT_EQ(std::set<int>({ga.rank, gb.rank, joined->rank}), (std::set<int>{0, 1, 2}));
 }
 
+TEST(Membership, AGracefulLeaveTakesEffectForEveryMemberAtTheNextBoundary) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 2));
+  auto b = MustCreate(*store, Opts("b", 2));
+  auto c = MustCreate(*store, Opts("c", 2));
+  JoinAll({a.get(), b.get(), c.get()});
+  ASSERT_TRUE(b->RequestLeave(5).ok());
+  // A second change of the same generation has to wait for this one.
+  absl::Status second = c->RequestLeave(5);
+  EXPECT_TRUE(absl::IsUnavailable(second)) << second;
+  for (Membership* m : {a.get(), b.get(), c.get()}) {
+    absl::StatusOr<std::optional<Generation>> n = m->AtBoundary(5);
+    ASSERT_TRUE(n.ok()) << n.status();
+    EXPECT_FALSE(n->has_value());  // not yet: after one more step
+  }
+  std::vector<Generation> next;
+  for (Membership* m : {a.get(), b.get(), c.get()}) {
+    absl::StatusOr<std::optional<Generation>> n = m->AtBoundary(6);
+    ASSERT_TRUE(n.ok()) << n.status();
+    ASSERT_TRUE(n->has_value());
+    next.push_back(**n);
+  }
+  for (const Generation& g : next) {
+    EXPECT_EQ(g.number, 2);
+    EXPECT_EQ(g.kind, "leave");
+    EXPECT_EQ(Ids(g), (std::vector<std::string>{"a", "c"}));
+    EXPECT_EQ(g.left, (std::vector<std::string>{"b"}));
+  }
+  EXPECT_EQ(next[0].rank, 0);
+  EXPECT_EQ(next[1].rank, -1);  // b is out
+  EXPECT_EQ(next[2].rank, 1);
+  // With min_replicas 2, the last two cannot leave each other.
+  absl::Status refused = c->RequestLeave(6);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_NE(refused.message().find("min_replicas=2"), absl::string_view::npos) << refused;
+}
+
 TEST(Membership, NoJoinBeyondMaxReplicas) {
   TempDir dir;
   auto store = OpenFileStore(dir);
