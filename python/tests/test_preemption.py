@@ -56,11 +56,11 @@ def test_a_signal_replaces_the_python_handler_while_the_monitor_lives():
     previous = signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
     try:
         with omni.PreemptionMonitor(signals=[signal.SIGUSR1], apply_environment=False) as pm:
-            os.kill(os.getpid(), signal.SIGUSR1)
+            signal.raise_signal(signal.SIGUSR1)  # delivered to this thread before it returns
             assert pm.pending and pm.signals_received == 1
             assert pm.at_boundary(0.0, 0.0, 0.0, 0.0).deadline_ns > 0
         assert got == []  # Python's handler did not run
-        os.kill(os.getpid(), signal.SIGUSR1)  # restored on close
+        signal.raise_signal(signal.SIGUSR1)  # restored on close
         assert got == [1]
     finally:
         signal.signal(signal.SIGUSR1, previous)
