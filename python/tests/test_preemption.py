@@ -1,7 +1,6 @@
 """The preemption monitor, and a real preempted training process that resumes
 to the same result as an uninterrupted run."""
 
-import os
 import signal
 import subprocess
 import sys
