@@ -159,10 +159,11 @@ struct ParsedNotice {
 };
 
 // Converts a notice to the monitor's clock: `mono_now` and `wall_now_ns`
-// (CLOCK_REALTIME, Unix ns) are read together, once, when the notice is read.
+// (CLOCK_REALTIME, Unix ns; nullopt refuses deadline_unix_ms, as for a store
+// key) are read together, once, when the notice is read.
 // `source` names where the notice came from ("preemption notice file F").
 absl::StatusOr<ParsedNotice> ParseNotice(const std::string& source, const std::string& text,
-                                         int64_t mono_now, int64_t wall_now_ns) {
+                                         int64_t mono_now, std::optional<int64_t> wall_now_ns) {
   const auto bad = [&source](std::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": ", internal::Sv(why),
@@ -175,16 +176,22 @@ absl::StatusOr<ParsedNotice> ParseNotice(const std::string& source, const std::s
   out.deadline_ns = kMaxNs;
   bool any = false;
   if (auto it = j.find("deadline_unix_ms"); it != j.end()) {
+    if (!wall_now_ns.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source,
+          ": deadline_unix_ms is a wall-clock time, and a store is shared between "
+          "hosts whose clocks are never compared: write {\"yield_in_s\": S}; ignored"));
+    }
     if (!it->is_number()) return bad("deadline_unix_ms is not a number");
     int64_t delta_ns = 0;
     if (it->is_number_integer()) {
       const int64_t ms = it->get<int64_t>();
       if (ms < 0 || ms > 9'000'000'000'000) return bad("deadline_unix_ms is out of range");
-      delta_ns = ms * 1'000'000 - wall_now_ns;
+      delta_ns = ms * 1'000'000 - *wall_now_ns;
     } else {
       const double ms = it->get<double>();
       if (!std::isfinite(ms) || ms < 0 || ms > 9e12) return bad("deadline_unix_ms is out of range");
-      delta_ns = static_cast<int64_t>(std::llround(ms * 1e6 - static_cast<double>(wall_now_ns)));
+      delta_ns = static_cast<int64_t>(std::llround(ms * 1e6 - static_cast<double>(*wall_now_ns)));
     }
     out.deadline_ns = std::min(out.deadline_ns, SatAdd(mono_now, delta_ns));
     out.what = absl::StrCat("deadline_unix_ms=", it->dump());
@@ -371,20 +378,24 @@ class PreemptionMonitorImpl final : public PreemptionMonitor {
       return;
     }
     if (!content->has_value()) return;
-    std::string& text = **content;
-    if (text == last_notice_text_) return;  // each content is converted once
-    last_notice_text_ = text;
+    ConsumeNoticeLocked(absl::StrCat("preemption notice file ", path), **content, last_notice_text_,
+                        absl::ToUnixNanos(absl::Now()));
+  }
+
+  // A notice's content, once per new content (an empty one is none).
+  // `wall_now_ns`: nullopt where a wall-clock deadline is refused.
+  void ConsumeNoticeLocked(const std::string& source, const std::string& text,
+                           std::string& last_text, std::optional<int64_t> wall_now_ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (text == last_text) return;  // each content is converted once
+    last_text = text;
     if (IsBlank(text)) return;
-    const int64_t mono_now = clock_->NowNanos();
-    const int64_t wall_now = absl::ToUnixNanos(absl::Now());
-    auto notice =
-        ParseNotice(absl::StrCat("preemption notice file ", path), text, mono_now, wall_now);
+    auto notice = ParseNotice(source, text, clock_->NowNanos(), wall_now_ns);
     if (!notice.ok()) {
       last_notice_error_ = notice.status();
       return;
     }
-    AddNoticeLocked(notice->deadline_ns,
-                    absl::StrCat("notice file ", path, " (", notice->what, ")"));
+    AddNoticeLocked(notice->deadline_ns, absl::StrCat(source, " (", notice->what, ")"));
   }
 
   // The store key holds the same JSON as the notice file, but only
@@ -402,24 +413,7 @@ class PreemptionMonitorImpl final : public PreemptionMonitor {
       return;
     }
     if (!content->has_value()) return;
-    std::string& text = **content;
-    if (text == last_notice_key_text_) return;  // each content is converted once
-    last_notice_key_text_ = text;
-    if (IsBlank(text)) return;
-    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("deadline_unix_ms")) {
-      last_notice_error_ = absl::InvalidArgumentError(absl::StrCat(
-          source,
-          ": deadline_unix_ms is a wall-clock time, and a store is shared between "
-          "hosts whose clocks are never compared: write {\"yield_in_s\": S}; ignored"));
-      return;
-    }
-    auto notice = ParseNotice(source, text, clock_->NowNanos(), 0);
-    if (!notice.ok()) {
-      last_notice_error_ = notice.status();
-      return;
-    }
-    AddNoticeLocked(notice->deadline_ns, absl::StrCat(source, " (", notice->what, ")"));
+    ConsumeNoticeLocked(source, **content, last_notice_key_text_, std::nullopt);
   }
 
   void WatchLoop() {
