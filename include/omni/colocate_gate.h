@@ -1,0 +1,150 @@
+// Guest side of co-location: a job that runs in a critical (host) job's idle
+// windows gates its own work unit by unit.
+//
+// Before each unit (a step or a micro-batch) the guest asks BeforeUnit with
+// the window that is open now (an adapter fills OpenWindow from the host's
+// live notices or its store key) and a bound of the unit's cost: it starts the
+// unit only when the window's remaining duration at the stated confidence
+// covers cost + guard, and otherwise waits. When the host leaves its idle
+// phase early, whoever reads the host's notices calls HostClosed (any
+// thread); the guest sees it at its next unit boundary (cooperative yield:
+// the latency is at most one unit) or is paused from outside (ProcessPauser,
+// omni/colocate_pause.h). Both latencies are recorded: Stats().
+//
+// All times are nanoseconds on the gate's Clock.
+//
+// Thread safety: BeforeUnit, UnitDone and Stats are called by the guest's
+// training thread; HostClosed may be called from any thread concurrently.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "omni/clock.h"
+#include "omni/export.h"
+
+namespace omni::colocate {
+
+// The host's window that is open now, as the notices channel states it.
+struct OpenWindow {
+  bool open = false;
+  uint64_t window_id = 0;
+  int64_t opened_at_ns = 0;
+  // Remaining idle duration at `confidence`, as of as_of_ns.
+  int64_t remaining_ns = 0;
+  int64_t as_of_ns = 0;
+  double confidence = 0;
+};
+
+enum class GateVerdict : uint8_t {
+  kStart = 0,         // start the unit now
+  kWaitNoWindow = 1,  // no window is open (or the host closed it)
+  kWaitLowConfidence = 2,
+  kWaitTooShort = 3,  // the window's remainder does not cover cost + guard
+};
+
+OMNI_EXPORT const char* GateVerdictName(GateVerdict v);
+
+struct GateDecision {
+  GateVerdict verdict = GateVerdict::kWaitNoWindow;
+  // Remaining duration of the window at decision time (0 when none).
+  int64_t remaining_ns = 0;
+  bool start() const { return verdict == GateVerdict::kStart; }
+};
+
+struct GateOptions {
+  // Margin between the end of a unit and the end of the window.
+  absl::Duration guard = absl::Milliseconds(1);
+  // Windows stated at a lower confidence are not used.
+  double min_confidence = 0.9;
+};
+
+struct GateStats {
+  int64_t units_started = 0;
+  int64_t waits = 0;
+  // Units that ended after the host's window closed (the host was delayed).
+  int64_t deadline_misses = 0;
+  int64_t overrun_ns = 0;  // total time units ran past the close
+  // Yields: from the host's close to the guest's stop.
+  int64_t yields = 0;
+  int64_t yield_p50_ns = 0;
+  int64_t yield_p99_ns = 0;
+  int64_t yield_max_ns = 0;
+};
+
+class OMNI_EXPORT GuestGate {
+ public:
+  // InvalidArgument for a null clock, a negative guard, a min_confidence
+  // outside [0, 1].
+  static absl::StatusOr<std::unique_ptr<GuestGate>> Create(const GateOptions& options,
+                                                           const Clock* clock = Clock::Real());
+
+  // At a unit boundary: start a unit whose cost is at most unit_cost_ns, or
+  // wait? A close reported by HostClosed for this window (or a later one)
+  // counts as "no window" and records the yield latency of the unit that was
+  // running. A start is counted in Stats().units_started, a wait in waits.
+  GateDecision BeforeUnit(const OpenWindow& window, int64_t unit_cost_ns);
+
+  // The unit started by the last kStart ended at end_ns. When the host closed
+  // the window before end_ns, the unit is a deadline miss and the overrun is
+  // recorded.
+  void UnitDone(int64_t end_ns);
+
+  // The host left window `window_id` (or every window up to it) at closed_ns.
+  // Any thread; lock-free.
+  void HostClosed(uint64_t window_id, int64_t closed_ns);
+
+  // Records a yield that happened outside the gate (e.g. a measured pause).
+  void RecordYield(int64_t latency_ns);
+
+  GateStats Stats() const;
+
+  GuestGate(const GateOptions& options, const Clock* clock);  // use Create
+
+ private:
+  bool ClosedFor(uint64_t window_id, int64_t* closed_ns) const;
+
+  GateOptions options_;
+  const Clock* clock_;
+  int64_t guard_ns_;
+  // Written by HostClosed (any thread): the highest closed window id + 1
+  // (0: none) and when it closed.
+  std::atomic<uint64_t> closed_upto_{0};
+  std::atomic<int64_t> closed_at_ns_{0};
+  // Training thread only.
+  bool unit_running_ = false;
+  uint64_t unit_window_ = 0;
+  uint64_t yielded_window_ = 0;  // id + 1 of the last window whose close was counted
+  GateStats stats_;
+  std::vector<int64_t> yield_ns_;
+};
+
+// An upper bound of a unit's cost from the units seen: mean + k·stddev over an
+// exponentially weighted history (weight `alpha` for the newest), never below
+// the longest of the last few units; `initial_ns` before any unit.
+//
+// Thread safety: one thread at a time.
+class OMNI_EXPORT UnitCostBound {
+ public:
+  explicit UnitCostBound(int64_t initial_ns, double k = 3.0, double alpha = 0.1)
+      : initial_ns_(initial_ns), k_(k), alpha_(alpha) {}
+  void Observe(int64_t unit_ns);
+  int64_t BoundNs() const;
+  int64_t count() const { return n_; }
+
+ private:
+  static constexpr int kRecent = 8;
+  int64_t initial_ns_;
+  double k_;
+  double alpha_;
+  int64_t n_ = 0;
+  double mean_ = 0;
+  double var_ = 0;
+  int64_t recent_[kRecent] = {};
+};
+
+}  // namespace omni::colocate

@@ -1,0 +1,68 @@
+// Pausing a guest process from outside, for when a guest cannot wait for its
+// next unit boundary (its units are long, or it does not use the gate).
+//
+// On CPUs: SIGSTOP stops every thread of the guest at once (it cannot be
+// caught or ignored), and SIGCONT resumes it where it was; Pause returns when
+// the kernel reports the process stopped (state 'T' in /proc/<pid>/stat), so
+// the latency it returns is the time until the guest no longer runs. The
+// guest's memory stays resident: pausing frees the cores, not the memory.
+//
+// On GPUs a stopped process's kernels already queued keep running to their
+// end, so SIGSTOP alone frees the device only after the queue drains (bounded
+// by the longest kernel in flight). The equivalents there:
+//  - cooperative yield at a unit boundary (GuestGate): the guest stops
+//    submitting work; latency ≤ one unit, the only way that also bounds the
+//    queue;
+//  - CUDA stream priorities (cudaStreamCreateWithPriority): the host's
+//    kernels go first at block boundaries, the guest's fill in; no stop;
+//  - CUDA MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, or MIG: a guest limited
+//    to a share of the SMs; isolation, not a yield;
+//  - a guest-side cudaDeviceSynchronize after each unit bounds the queue to
+//    one unit, so SIGSTOP then frees the device within one unit.
+//
+// Thread safety: a ProcessPauser is used by one thread at a time.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "omni/export.h"
+
+namespace omni::colocate {
+
+class OMNI_EXPORT ProcessPauser {
+ public:
+  // Pauses and resumes the process `pid` (the caller must be allowed to
+  // signal it). Resumes it on destruction when it is paused.
+  explicit ProcessPauser(pid_t pid) : pid_(pid) {}
+  ~ProcessPauser();
+  ProcessPauser(const ProcessPauser&) = delete;
+  ProcessPauser& operator=(const ProcessPauser&) = delete;
+
+  // Sends SIGSTOP and waits (polling /proc/<pid>/stat, at most `timeout`)
+  // until the process is stopped; returns the time from the signal to the
+  // observed stop. NotFound when the process does not exist,
+  // PermissionDenied when it may not be signalled, DeadlineExceeded naming
+  // the pid when it is not stopped within `timeout`.
+  absl::StatusOr<absl::Duration> Pause(absl::Duration timeout = absl::Seconds(1));
+
+  // Sends SIGCONT and waits (at most `timeout`) until the process is no
+  // longer stopped; returns that time. Errors as Pause.
+  absl::StatusOr<absl::Duration> Resume(absl::Duration timeout = absl::Seconds(1));
+
+  bool paused() const { return paused_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_;
+  bool paused_ = false;
+};
+
+// The state letter of /proc/<pid>/stat ('R', 'S', 'T', 'Z', ...). NotFound
+// when there is no such process.
+OMNI_EXPORT absl::StatusOr<char> ProcessState(pid_t pid);
+
+}  // namespace omni::colocate
