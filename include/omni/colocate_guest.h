@@ -1,0 +1,90 @@
+// The guest's loop: run units of work while the host's open window allows,
+// wait otherwise, stop at a unit boundary when told. The pieces that do not
+// depend on the Runtime: the Runtime facade wires its own save-and-exit
+// decision into `stop`, and an adapter over the live notices channel (or the
+// host's store key) implements WindowSource.
+//
+// Thread safety: RunGuestLoop runs on the guest's training thread.
+// ManualWindowSource may be written from any thread (the notices reader)
+// while the loop reads it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "omni/clock.h"
+#include "omni/colocate_gate.h"
+#include "omni/export.h"
+
+namespace omni::colocate {
+
+// Where a guest reads its host's windows.
+class OMNI_EXPORT WindowSource {
+ public:
+  virtual ~WindowSource() = default;
+  // The window open now (open == false when none).
+  virtual OpenWindow Current() = 0;
+  // Blocks until Current() may have changed, at most `timeout`; true when it
+  // changed.
+  virtual bool WaitForChange(absl::Duration timeout) = 0;
+};
+
+// A WindowSource that a notices reader sets: Open when the host enters an
+// idle phase, Close when it leaves (Close also tells the gate, so that a unit
+// in flight is counted as a yield).
+class OMNI_EXPORT ManualWindowSource final : public WindowSource {
+ public:
+  // `gate` (optional, not owned) receives HostClosed on Close.
+  explicit ManualWindowSource(GuestGate* gate = nullptr) : gate_(gate) {}
+  void Open(const OpenWindow& window);
+  void Close(uint64_t window_id, int64_t closed_ns);
+  OpenWindow Current() override;
+  bool WaitForChange(absl::Duration timeout) override;
+
+ private:
+  GuestGate* gate_;
+  absl::Mutex mu_;
+  OpenWindow window_ ABSL_GUARDED_BY(mu_);
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t seen_ ABSL_GUARDED_BY(mu_) = 0;  // the version Current() last returned
+};
+
+struct GuestLoopOptions {
+  // Stop after this many units (< 0: no limit).
+  int64_t max_units = -1;
+  // The longest single wait for a window change before looking again.
+  absl::Duration wait_poll = absl::Milliseconds(50);
+  // The unit cost bound before any unit ran (e.g. the guest's next-step
+  // bound from its own forecaster); then UnitCostBound learns it.
+  int64_t initial_unit_ns = 50'000'000;
+};
+
+enum class GuestStop : uint8_t {
+  kMaxUnits = 0,       // max_units done
+  kStopRequested = 1,  // `stop` was set (e.g. the runtime decided to save and exit)
+  kUnitFailed = 2,     // a unit returned an error (in unit_status)
+};
+
+struct GuestLoopResult {
+  GuestStop why = GuestStop::kMaxUnits;
+  int64_t units = 0;
+  absl::Status unit_status;  // the failing unit's error for kUnitFailed
+  GateStats stats;
+};
+
+// Runs `unit` whenever `gate` allows it in `source`'s current window, waits
+// for a change otherwise, and checks `stop` at every boundary (so a stop
+// takes at most one unit, or one wait_poll while waiting). Times are read
+// from `clock`.
+OMNI_EXPORT GuestLoopResult RunGuestLoop(GuestGate& gate, WindowSource& source,
+                                         const std::function<absl::Status()>& unit,
+                                         const std::atomic<bool>& stop,
+                                         const GuestLoopOptions& options,
+                                         const Clock* clock = Clock::Real());
+
+}  // namespace omni::colocate
