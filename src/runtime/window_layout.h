@@ -53,6 +53,14 @@ struct WindowLayout {
   PhasesRecord phases;
 };
 
+// The layout is a format (docs/telemetry.md): any change needs a new
+// kWindowSchemaVersion.
+static_assert(offsetof(WindowLayout, schema_version) == 8);
+static_assert(offsetof(WindowLayout, writer_pid) == 24);
+static_assert(offsetof(WindowLayout, notice) == 64);
+static_assert(offsetof(WindowLayout, phases) == 128);
+static_assert(offsetof(PhasesRecord, phases) == 24 && sizeof(PhaseRecord) == 1096);
+static_assert(sizeof(WindowLayout) == 35264);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<double>::is_always_lock_free);
 static_assert(std::atomic<int64_t>::is_always_lock_free);
