@@ -14,7 +14,11 @@ echo "== the forecast the runtime made one step before the last eval (omni forec
 echo "== forecast quality, replayed on this run's step log (omni eval) =="
 "$BUILD/bin/omni" eval "$OUT/steps.jsonl"
 echo
+echo "== the last 60 steps as a picture: real idle time against forecast windows (omni plot) =="
+"$BUILD/bin/omni" plot "$OUT/steps.jsonl" --from-step 240 --out "$OUT/timeline.svg"
+echo
 echo "Files written:"
 echo "  step log (JSON Lines):      $OUT/steps.jsonl"
 echo "  timeline (ui.perfetto.dev): $OUT/trace.json"
 echo "  latest forecast (JSON):     $OUT/forecast.json"
+echo "  idle timeline (SVG):        $OUT/timeline.svg"

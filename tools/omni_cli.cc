@@ -6,6 +6,8 @@
 //                                  the forecast the runtime would have published
 //   omni eval LOG [--stride N] [--k K] [--horizon-s S] [--json]
 //                                  precision / recall of forecasts replayed on LOG
+//   omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N]
+//                                  SVG timeline: real idle time against forecast windows
 //   omni ckpt ls DIR               checkpoints under DIR: step, shards, bytes, created, valid
 //   omni ckpt verify DIR|STEPDIR   every checksum of one checkpoint (or of all under DIR)
 //   omni ckpt show STEPDIR         a checkpoint's manifest and entries
@@ -27,6 +29,7 @@
 #include "omni/nccl.h"
 #include "omni/step_log.h"
 #include "omni/version.h"
+#include "plot.h"
 
 namespace {
 
@@ -37,6 +40,7 @@ constexpr const char* kUsage =
     "       omni eval LOG [--stride N] [--k K] [--horizon-s S] [--window N] [--horizon] [--json]\n"
     "         (--horizon scores each forecast over its whole horizon instead of\n"
     "          while it is the current one)\n"
+    "       omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N] [--k K] [--width PX]\n"
     "       omni ckpt ls DIR\n"
     "       omni ckpt verify DIR|STEPDIR   (exit 1 naming the first bad file / key)\n"
     "       omni ckpt show STEPDIR\n";
@@ -204,6 +208,7 @@ int main(int argc, char** argv) {
   }
   if (cmd == "info") return Info();
   if (cmd == "ckpt") return Ckpt(argc, argv);
+  if (cmd == "plot") return omni::cli::PlotCommand(argc, argv);
   if (cmd != "stats" && cmd != "forecast" && cmd != "eval") return Usage("unknown command " + cmd);
 
   Parsed p;

@@ -1,5 +1,6 @@
-// Where forecasts go: a file replaced atomically (for node agents), a
-// callback, and later a store key. A sink is a small class; new ones plug in.
+// Where forecasts and window notices go: a file replaced atomically (for node
+// agents), a callback, and store keys for readers on other hosts. A sink is a
+// small class; new ones plug in.
 //
 // Thread safety: Telemetry calls a sink from its worker thread only; a sink
 // used elsewhere must be called from one thread at a time.
@@ -12,6 +13,8 @@
 #include "absl/status/statusor.h"
 #include "omni/export.h"
 #include "omni/forecast.h"
+#include "omni/store.h"
+#include "omni/window_channel.h"
 
 namespace omni {
 
@@ -21,6 +24,12 @@ class OMNI_EXPORT ForecastSink {
   // Publishes one forecast. Errors are reported, counted and retried with the
   // next forecast; they never stop training.
   virtual absl::Status Publish(const Forecast& forecast) = 0;
+  // Publishes one window notice ("idle now" / "busy again"), a few
+  // milliseconds after the hooks wrote it. Optional: the default ignores it.
+  virtual absl::Status PublishWindow(const WindowNotice& notice) {
+    (void)notice;
+    return absl::OkStatus();
+  }
   virtual std::string Describe() const = 0;
 };
 
@@ -33,5 +42,19 @@ OMNI_EXPORT absl::StatusOr<std::unique_ptr<ForecastSink>> MakeFileSink(const std
 // Calls `fn` with each forecast; its Status is the publish result.
 OMNI_EXPORT std::unique_ptr<ForecastSink> MakeCallbackSink(
     std::function<absl::Status(const Forecast&)> fn, std::string name = "callback");
+
+// Keys a store sink writes under its prefix (docs/telemetry.md).
+inline constexpr const char* kForecastStoreKey = "forecast";  // ForecastToJson
+inline constexpr const char* kWindowStoreKey = "window";      // WindowNoticeToJson
+inline constexpr const char* kDefaultStorePrefix = "omni/telemetry";
+
+// For readers on other hosts: Set(<prefix>/forecast, ForecastToJson) for each
+// forecast and Set(<prefix>/window, WindowNoticeToJson) for each window
+// notice (its times are on the writer host's clock; elapsed_ns and
+// remaining_ns are as of the publication). Does not own `store`, which must
+// outlive the sink. InvalidArgument naming the key when the prefix does not
+// make valid store keys (see omni/store.h).
+OMNI_EXPORT absl::StatusOr<std::unique_ptr<ForecastSink>> MakeStoreSink(
+    Store& store, const std::string& prefix = kDefaultStorePrefix);
 
 }  // namespace omni

@@ -11,7 +11,9 @@
 //
 // The hooks (BeginStep, EndStep, BeginPhase, EndPhase, RecordPhase) are the
 // per-step path: they read the clock, write into a preallocated ring of
-// StepRecords and never allocate, lock or do I/O (on success). A worker thread
+// StepRecords and never allocate, lock or do I/O (on success). Entering and
+// leaving an idle phase also writes a window notice into a seqlock record
+// (omni/window_channel.h), likewise without allocating or locking. A worker thread
 // drains the ring: statistics, step log, trace, forecasts and sinks. Misuse
 // (a step ended twice, phases that do not nest, a non-finite duration) returns
 // an error Status, is counted, and leaves telemetry working; the step it
@@ -34,6 +36,7 @@
 #include "omni/phase.h"
 #include "omni/sinks.h"
 #include "omni/stats.h"
+#include "omni/window_channel.h"
 
 namespace omni {
 
@@ -49,6 +52,12 @@ struct TelemetryOptions {
   std::string source = "omni";
   int ring_capacity = 256;  // completed steps buffered for the worker (power of two)
   absl::Duration worker_poll = absl::Milliseconds(2);
+  // Live window notices ("idle now" / "busy again", omni/window_channel.h):
+  // the shared-memory channel of that name for readers on this host (empty =
+  // the notices stay in this process: LatestWindow() and the sinks), and the
+  // confidence of the remaining durations they state.
+  std::string window_channel_name;
+  double window_confidence = 0.95;
 };
 
 struct TelemetryCounters {
@@ -65,7 +74,8 @@ struct TelemetryCounters {
 class OMNI_EXPORT Telemetry {
  public:
   // Errors: InvalidArgument naming the option (window, warm-up, forecast
-  // options, ring capacity); the step log or trace path not writable (naming
+  // options, ring capacity, window channel name or confidence); the step log
+  // or trace path not writable, or the window channel not creatable (naming
   // the path and the OS error).
   static absl::StatusOr<std::unique_ptr<Telemetry>> Create(const TelemetryOptions& options,
                                                            const Clock* clock = Clock::Real());
@@ -107,6 +117,10 @@ class OMNI_EXPORT Telemetry {
   // statistics are stationary or when forecasting is off).
   virtual absl::StatusOr<Forecast> LatestForecast() const = 0;
   virtual TelemetryCounters Counters() const = 0;
+  // The current window notice: open (with the remaining duration given the
+  // time elapsed, at options.window_confidence) or closed. Sinks receive each
+  // new notice from the worker (ForecastSink::PublishWindow).
+  virtual WindowNotice LatestWindow() const = 0;
   virtual PhaseCatalog Phases() const = 0;
   virtual const Forecaster& forecaster() const = 0;
   // Drains the ring, closes the step log and trace (fsynced) and joins the

@@ -32,7 +32,38 @@ class CallbackSink final : public ForecastSink {
   std::string name_;
 };
 
+class StoreSink final : public ForecastSink {
+ public:
+  StoreSink(Store& store, std::string forecast_key, std::string window_key)
+      : store_(store), forecast_key_(std::move(forecast_key)), window_key_(std::move(window_key)) {}
+  absl::Status Publish(const Forecast& forecast) override {
+    return store_.Set(forecast_key_, ForecastToJson(forecast));
+  }
+  absl::Status PublishWindow(const WindowNotice& notice) override {
+    return store_.Set(window_key_, WindowNoticeToJson(notice));
+  }
+  std::string Describe() const override {
+    return absl::StrCat("store keys ", forecast_key_, ", ", window_key_);
+  }
+
+ private:
+  Store& store_;
+  std::string forecast_key_, window_key_;
+};
+
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<ForecastSink>> MakeStoreSink(Store& store,
+                                                            const std::string& prefix) {
+  std::string forecast_key = absl::StrCat(prefix, "/", kForecastStoreKey);
+  std::string window_key = absl::StrCat(prefix, "/", kWindowStoreKey);
+  for (const std::string* key : {&forecast_key, &window_key}) {
+    if (auto st = ValidateStoreKey(*key); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("store sink: ", st.message()));
+    }
+  }
+  return std::make_unique<StoreSink>(store, std::move(forecast_key), std::move(window_key));
+}
 
 absl::StatusOr<std::unique_ptr<ForecastSink>> MakeFileSink(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("forecast file path is empty");

@@ -6,16 +6,22 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "omni/step_log.h"
+#include "omni/window_channel.h"
 #include "runtime/trace_writer.h"
 
 namespace omni {
 namespace {
 
 constexpr uint16_t kNoSpan = 0xffff;
+// How many records ahead BeginStep prefetches the ring (the header and the
+// first two spans are in the record's first two cache lines).
+constexpr uint64_t kPrefetchSteps = 4;
 
 class TelemetryImpl final : public Telemetry {
  public:
@@ -26,11 +32,25 @@ class TelemetryImpl final : public Telemetry {
         ring_(static_cast<size_t>(options.ring_capacity)),
         mask_(static_cast<uint64_t>(options.ring_capacity) - 1),
         forecaster_(forecaster),
-        stats_(std::move(stats)) {}
+        stats_(std::move(stats)) {
+    const PhaseCatalog builtin;
+    for (int p = 0; p < builtin.size(); ++p) {
+      idle_kind_[p].store(builtin.idle_kind(static_cast<PhaseId>(p)), std::memory_order_relaxed);
+    }
+  }
 
   ~TelemetryImpl() override { Close().IgnoreError(); }
 
   absl::Status Start() {
+    if (options_.window_channel_name.empty()) {
+      window_ = WindowChannelWriter::CreateInProcess(options_.window_confidence);
+    } else {
+      auto w =
+          WindowChannelWriter::Create(options_.window_channel_name, options_.window_confidence);
+      if (!w.ok()) return w.status();
+      window_ = *std::move(w);
+    }
+    PublishPhaseQuantiles();
     StepLogHeader header;
     header.source = options_.source;
     header.phases = catalog_;
@@ -56,6 +76,7 @@ class TelemetryImpl final : public Telemetry {
     absl::MutexLock l(&mu_);
     auto id = catalog_.Register(name, idle);
     if (id.ok()) {
+      idle_kind_[*id].store(idle, std::memory_order_relaxed);
       stats_.UpdateCatalog(catalog_);
       num_phases_.store(catalog_.size(), std::memory_order_release);
     }
@@ -73,15 +94,12 @@ class TelemetryImpl final : public Telemetry {
   // ------------------------------------------------------------ hooks
   absl::Status BeginStep() override { return BeginStep(last_step_ + 1); }
 
+  // The hooks keep their error paths in separate cold functions, so the
+  // common path is a few loads and stores with a small stack frame.
   absl::Status BeginStep(int64_t step) override {
-    if (closed_.load(std::memory_order_relaxed)) return Misuse(Closed("BeginStep"));
-    if (step_open_) {
-      return Misuse(absl::FailedPreconditionError(
-          absl::StrCat("BeginStep(", step, ") while step ", cur_->step, " is still open")));
-    }
-    if (step <= last_step_) {
-      return Misuse(absl::InvalidArgumentError(
-          absl::StrCat("BeginStep(", step, "): not after the last step ", last_step_)));
+    if (ABSL_PREDICT_FALSE(closed_.load(std::memory_order_relaxed) || step_open_ ||
+                           step <= last_step_)) {
+      return BeginStepError(step);
     }
     const uint64_t h = head_.load(std::memory_order_relaxed);
     if (h - cached_tail_ >= ring_.size()) cached_tail_ = tail_.load(std::memory_order_acquire);
@@ -92,6 +110,12 @@ class TelemetryImpl final : public Telemetry {
       cur_ = &ring_[h & mask_];
       cur_dropped_ = false;
     }
+    // The records a few steps ahead were last read by the worker on another
+    // core (or not touched for a whole lap of the ring): request them for
+    // writing now, so that a later step's stores do not wait for them.
+    const char* ahead = reinterpret_cast<const char*>(&ring_[(h + kPrefetchSteps) & mask_]);
+    __builtin_prefetch(ahead, 1);
+    __builtin_prefetch(ahead + 64, 1);
     cur_->step = step;
     cur_->num_spans = 0;
     cur_->spans_truncated = false;
@@ -106,44 +130,80 @@ class TelemetryImpl final : public Telemetry {
 
   absl::Status EndStep() override {
     const int64_t now = clock_->NowNanos();
-    if (!step_open_) {
-      return Misuse(absl::FailedPreconditionError(
-          absl::StrCat("EndStep() with no open step (last step ", last_step_, ")")));
-    }
-    absl::Status st;
-    if (depth_ > 0) {
-      st = absl::FailedPreconditionError(
-          absl::StrCat("EndStep() of step ", cur_->step, " with ", depth_,
-                       " phase(s) still open; closed them at the step end"));
-      while (depth_ > 0) CloseSpan(now);
-    }
+    if (ABSL_PREDICT_FALSE(!step_open_ || depth_ > 0)) return EndStepSlow(now);
+    FinishStep(now);
+    return absl::OkStatus();
+  }
+
+  // Hands the open step (no phase open) to the worker.
+  void FinishStep(int64_t now) {
     cur_->end_ns = now;
     step_open_ = false;
     last_step_ = cur_->step;
-    if (cur_->spans_truncated) truncated_.fetch_add(1, std::memory_order_relaxed);
-    if (cur_dropped_) {
+    if (ABSL_PREDICT_FALSE(cur_->spans_truncated))
+      truncated_.fetch_add(1, std::memory_order_relaxed);
+    if (ABSL_PREDICT_FALSE(cur_dropped_)) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
     } else {
       head_.store(head_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     }
-    if (!st.ok()) return Misuse(std::move(st));
-    return absl::OkStatus();
+  }
+
+  // EndStep without an open step, or with phases still open.
+  ABSL_ATTRIBUTE_NOINLINE ABSL_ATTRIBUTE_COLD absl::Status EndStepSlow(int64_t now) {
+    if (!step_open_) {
+      return Misuse(absl::FailedPreconditionError(
+          absl::StrCat("EndStep() with no open step (last step ", last_step_, ")")));
+    }
+    absl::Status st = absl::FailedPreconditionError(
+        absl::StrCat("EndStep() of step ", cur_->step, " with ", depth_,
+                     " phase(s) still open; closed them at the step end"));
+    while (depth_ > 0) CloseSpan(now);
+    UpdateWindow(now);
+    FinishStep(now);
+    return Misuse(std::move(st));
   }
 
   absl::Status BeginPhase(PhaseId phase) override {
-    if (auto st = CheckPhaseCall("BeginPhase", phase); !st.ok()) return st;
-    if (depth_ >= kMaxPhaseDepth) {
-      return Misuse(absl::InvalidArgumentError(absl::StrCat(
-          "BeginPhase(", static_cast<int>(phase), "): nesting deeper than ", kMaxPhaseDepth)));
+    if (ABSL_PREDICT_FALSE(!PhaseCallOk(phase) || depth_ >= kMaxPhaseDepth)) {
+      return BeginPhaseError(phase);
     }
-    OpenSpan(phase, clock_->NowNanos());
+    const int64_t now = clock_->NowNanos();
+    OpenSpan(phase, now);
+    UpdateWindow(now);
     return absl::OkStatus();
   }
 
   absl::Status EndPhase(PhaseId phase) override {
     const int64_t now = clock_->NowNanos();
+    if (ABSL_PREDICT_FALSE(!PhaseCallOk(phase) || depth_ == 0 ||
+                           open_phase_[depth_ - 1] != phase)) {
+      return EndPhaseError(phase);
+    }
+    CloseSpan(now);
+    UpdateWindow(now);
+    return absl::OkStatus();
+  }
+
+  ABSL_ATTRIBUTE_NOINLINE ABSL_ATTRIBUTE_COLD absl::Status BeginStepError(int64_t step) {
+    if (closed_.load(std::memory_order_relaxed)) return Misuse(Closed("BeginStep"));
+    if (step_open_) {
+      return Misuse(absl::FailedPreconditionError(
+          absl::StrCat("BeginStep(", step, ") while step ", cur_->step, " is still open")));
+    }
+    return Misuse(absl::InvalidArgumentError(
+        absl::StrCat("BeginStep(", step, "): not after the last step ", last_step_)));
+  }
+
+  ABSL_ATTRIBUTE_NOINLINE ABSL_ATTRIBUTE_COLD absl::Status BeginPhaseError(PhaseId phase) {
+    if (auto st = CheckPhaseCall("BeginPhase", phase); !st.ok()) return st;
+    return Misuse(absl::InvalidArgumentError(absl::StrCat(
+        "BeginPhase(", static_cast<int>(phase), "): nesting deeper than ", kMaxPhaseDepth)));
+  }
+
+  ABSL_ATTRIBUTE_NOINLINE ABSL_ATTRIBUTE_COLD absl::Status EndPhaseError(PhaseId phase) {
     if (auto st = CheckPhaseCall("EndPhase", phase); !st.ok()) return st;
-    if (depth_ == 0 || open_phase_[depth_ - 1] != phase) {
+    {
       return Misuse(absl::InvalidArgumentError(absl::StrCat(
           "EndPhase(", PhaseName(phase), ") in step ", cur_->step, ": ",
           depth_ == 0
@@ -151,8 +211,6 @@ class TelemetryImpl final : public Telemetry {
               : absl::StrCat("the innermost open phase is ", PhaseName(open_phase_[depth_ - 1])),
           "; phases must nest")));
     }
-    CloseSpan(now);
-    return absl::OkStatus();
   }
 
   absl::Status RecordPhase(PhaseId phase, double seconds) override {
@@ -223,6 +281,8 @@ class TelemetryImpl final : public Telemetry {
     return c;
   }
 
+  WindowNotice LatestWindow() const override { return window_->Latest(clock_->NowNanos()); }
+
   PhaseCatalog Phases() const override {
     absl::MutexLock l(&mu_);
     return catalog_;
@@ -254,6 +314,11 @@ class TelemetryImpl final : public Telemetry {
   std::string PhaseName(PhaseId p) const {
     absl::MutexLock l(&mu_);  // error path only
     return catalog_.Contains(p) ? catalog_.name(p) : absl::StrCat("#", static_cast<int>(p));
+  }
+
+  bool PhaseCallOk(PhaseId phase) const {
+    return !closed_.load(std::memory_order_relaxed) && step_open_ &&
+           phase < num_phases_.load(std::memory_order_acquire);
   }
 
   absl::Status CheckPhaseCall(const char* what, PhaseId phase) {
@@ -294,6 +359,24 @@ class TelemetryImpl final : public Telemetry {
     sibling_end_[depth_] = now;
   }
 
+  // Window notices: the window is open while the innermost open phase is an
+  // idle one. Called after the open phases changed; writes a notice only on a
+  // transition (a seqlock record: no allocation, lock or I/O).
+  void UpdateWindow(int64_t now) {
+    const PhaseId inner = depth_ > 0 ? open_phase_[depth_ - 1] : PhaseId{0};
+    const IdleKind kind =
+        depth_ > 0 ? idle_kind_[inner].load(std::memory_order_relaxed) : IdleKind::kNone;
+    if (window_open_ && (kind == IdleKind::kNone || inner != window_phase_)) {
+      window_->CloseWindow(now);
+      window_open_ = false;
+    }
+    if (!window_open_ && kind != IdleKind::kNone) {
+      window_->OpenWindow(inner, kind, cur_->step, now);
+      window_open_ = true;
+      window_phase_ = inner;
+    }
+  }
+
   absl::Status Misuse(absl::Status st) {
     misuse_.fetch_add(1, std::memory_order_relaxed);
     absl::MutexLock l(&mu_);
@@ -324,8 +407,11 @@ class TelemetryImpl final : public Telemetry {
         flushes = flush_requests_;
         flush_pending = flush_requests_ > flushes_served_;
       }
+      const uint64_t before = tail_.load(std::memory_order_relaxed);
       const uint64_t done = Drain();
       MaybePublish(/*force=*/stop || flush_pending);
+      if (done != before) PublishPhaseQuantiles();
+      PublishWindowToSinks();
       absl::MutexLock l(&wake_mu_);
       processed_ = done;
       flushes_served_ = flushes;
@@ -393,6 +479,34 @@ class TelemetryImpl final : public Telemetry {
     }
   }
 
+  // Window notices (worker side): each idle phase's duration quantiles into
+  // the channel's phase table, and each new notice to the sinks.
+  void PublishPhaseQuantiles() {
+    absl::MutexLock l(&mu_);
+    for (int p = 0; p < catalog_.size(); ++p) {
+      const auto id = static_cast<PhaseId>(p);
+      quantiles_[id] = catalog_.idle_kind(id) == IdleKind::kNone
+                           ? DurationQuantiles{}
+                           : QuantilesOf(stats_.phase_total(id).Values());
+    }
+    window_->PublishPhases(catalog_, quantiles_);
+  }
+
+  void PublishWindowToSinks() {
+    const WindowNotice n = window_->Latest(clock_->NowNanos());
+    if (n.sequence == last_window_sequence_) return;
+    last_window_sequence_ = n.sequence;
+    absl::MutexLock s(&sinks_mu_);
+    for (const auto& sink : sinks_) {
+      const absl::Status st = sink->PublishWindow(n);
+      if (!st.ok()) {
+        absl::MutexLock l(&mu_);
+        RecordExportError(absl::Status(
+            st.code(), absl::StrCat("window sink ", sink->Describe(), ": ", st.message())));
+      }
+    }
+  }
+
   // Immutable after construction.
   const TelemetryOptions options_;
   const Clock* const clock_;
@@ -411,6 +525,14 @@ class TelemetryImpl final : public Telemetry {
   std::array<PhaseId, kMaxPhaseDepth> open_phase_{};
   std::array<int64_t, kMaxPhaseDepth + 1> sibling_end_{};  // end of the last span per depth
   uint64_t cached_tail_ = 0;
+  bool window_open_ = false;
+  PhaseId window_phase_ = 0;
+  // Written by RegisterPhase before num_phases_ is released; read by the hooks.
+  std::array<std::atomic<IdleKind>, kMaxPhases> idle_kind_{};
+  // Created in Start(); the hooks write notices, the worker the phase table.
+  std::unique_ptr<WindowChannelWriter> window_;
+  std::array<DurationQuantiles, kMaxPhases> quantiles_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_window_sequence_ = 0;  // worker
 
   // Shared, lock-free.
   std::atomic<uint64_t> head_{0};
@@ -462,6 +584,10 @@ absl::StatusOr<std::unique_ptr<Telemetry>> Telemetry::Create(const TelemetryOpti
   }
   if (options.publish_interval_ns < 0) {
     return absl::InvalidArgumentError("publish_interval must not be negative");
+  }
+  if (!(options.window_confidence > 0 && options.window_confidence < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window_confidence must be in (0, 1), got ", options.window_confidence));
   }
   if (options.worker_poll <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("worker_poll must be positive");

@@ -1,0 +1,157 @@
+// "Idle now" / "busy again": live window notices for schedulers on the same
+// host, through a shared-memory seqlock record cheap enough to poll every
+// millisecond.
+//
+// When the training thread enters an idle phase (IdleKind != kNone) the
+// telemetry hooks write a window-open notice (phase, kind, step, the time it
+// opened); when the innermost open phase is no longer that idle phase they
+// write a closed notice. The worker thread writes, in a second record, each
+// phase's name and the empirical quantiles of its duration from the rolling
+// statistics. A reader combines the two: the remaining duration of an open
+// window given the time already elapsed, at a stated confidence, is the
+// conditional quantile of the phase's duration (see RemainingGivenElapsed).
+//
+//   // In the training process (Telemetry owns the writer):
+//   TelemetryOptions o;  o.window_channel_name = "job-42";
+//   // In a scheduler on the same host:
+//   auto r = omni::WindowChannelReader::Open("job-42").value();
+//   for (;;) {
+//     auto n = r->WaitForChange(absl::Milliseconds(100));
+//     if (n.ok() && n->state == omni::WindowState::kOpen) Use(n->remaining_ns);
+//   }
+//
+// The channel is the POSIX shared-memory object "/omni-window.<name>" (on
+// Linux the file /dev/shm/omni-window.<name>); its layout is versioned
+// (magic, schema version, size) and described in docs/telemetry.md. Readers
+// never block the writer: a read that overlaps a write is retried.
+//
+// Thread safety: a WindowChannelWriter's notice methods (Open/CloseWindow)
+// must be called from one thread at a time (the training thread) and never
+// allocate, lock or do I/O; PublishPhases from one thread at a time (the
+// worker). A WindowChannelReader may be used from one thread at a time; any
+// number of readers in any number of processes may read one channel.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "omni/clock.h"
+#include "omni/export.h"
+#include "omni/phase.h"
+
+namespace omni {
+
+// Quantiles of a phase's duration at probabilities i / (kDurationQuantiles-1).
+inline constexpr int kDurationQuantiles = 129;
+
+struct DurationQuantiles {
+  int64_t samples = 0;                          // 0 = nothing measured yet
+  std::array<double, kDurationQuantiles> ns{};  // non-decreasing
+};
+
+// The empirical quantiles of `values` (nanoseconds, any order; may be empty).
+OMNI_EXPORT DurationQuantiles QuantilesOf(std::vector<double> values);
+
+// The duration r a window of a phase with duration quantiles `q` still lasts,
+// having lasted `elapsed_ns`, with probability at least `confidence`:
+//   P(D ≥ elapsed + r | D > elapsed) ≥ confidence,
+// i.e. elapsed + r = Q(1 − confidence·(1 − F(elapsed))) with F and Q the
+// distribution and quantile functions, both rounded to the grid in the
+// conservative direction (r is never longer than the grid can vouch for; the
+// claim holds on the measured durations themselves). 0 when the
+// window already lasted longer than anything measured; -1 when nothing was
+// measured (q.samples == 0). REQUIRES: 0 ≤ confidence ≤ 1.
+OMNI_EXPORT int64_t RemainingGivenElapsed(const DurationQuantiles& q, int64_t elapsed_ns,
+                                          double confidence);
+
+enum class WindowState : uint8_t {
+  kNone = 0,    // no idle phase was entered yet
+  kOpen = 1,    // the devices are idle now
+  kClosed = 2,  // the last window has closed: busy again
+};
+OMNI_EXPORT const char* WindowStateName(WindowState state);  // "none", "open", "closed"
+
+struct WindowNotice {
+  uint64_t sequence = 0;  // notices written so far (each open and each close)
+  WindowState state = WindowState::kNone;
+  PhaseId phase = 0;
+  std::string phase_name;  // "" until the worker published the phase names
+  IdleKind kind = IdleKind::kNone;
+  int64_t step = -1;
+  int64_t opened_ns = 0;  // writer's clock (CLOCK_MONOTONIC: comparable on one host)
+  int64_t closed_ns = 0;  // 0 while open
+  // Filled by the reader at `read_at_ns` (its clock) from the phase's
+  // quantiles; -1 when not open or not yet measured.
+  int64_t read_at_ns = 0;
+  int64_t elapsed_ns = 0;
+  double confidence = 0;             // the writer's stated confidence
+  int64_t remaining_ns = -1;         // at `confidence` (RemainingGivenElapsed)
+  int64_t remaining_median_ns = -1;  // at confidence 0.5
+  int64_t phase_samples = 0;         // durations the quantiles come from
+  bool writer_closed = false;        // the writer has shut down; no more notices
+};
+
+// Versioned JSON (schema "omni.window", version 1; docs/telemetry.md).
+OMNI_EXPORT std::string WindowNoticeToJson(const WindowNotice& notice);
+// InvalidArgument naming the field for malformed input; FailedPrecondition for
+// another schema or a newer version.
+OMNI_EXPORT absl::StatusOr<WindowNotice> WindowNoticeFromJson(const std::string& json);
+
+class OMNI_EXPORT WindowChannelWriter {
+ public:
+  // Creates (or takes over and re-initialises) the shared-memory channel
+  // `name`: 1..100 characters of [A-Za-z0-9_.-]. Errors: InvalidArgument
+  // naming a bad name or confidence outside (0, 1); the OS error naming the
+  // object when it cannot be created or mapped.
+  static absl::StatusOr<std::unique_ptr<WindowChannelWriter>> Create(const std::string& name,
+                                                                     double confidence = 0.95);
+  // The same record in this process's memory only (no reader elsewhere can
+  // see it; Telemetry uses it when no channel is named).
+  static std::unique_ptr<WindowChannelWriter> CreateInProcess(double confidence = 0.95);
+  virtual ~WindowChannelWriter() = default;  // marks the channel closed, unlinks it
+
+  // Training thread: allocation-, lock- and I/O-free.
+  virtual void OpenWindow(PhaseId phase, IdleKind kind, int64_t step, int64_t now_ns) = 0;
+  virtual void CloseWindow(int64_t now_ns) = 0;
+
+  // Worker thread: each phase's name and duration quantiles (index = PhaseId;
+  // at most kMaxPhases). May allocate.
+  virtual void PublishPhases(const PhaseCatalog& catalog,
+                             const std::array<DurationQuantiles, kMaxPhases>& quantiles) = 0;
+
+  // The current notice, as a reader at `now_ns` on the writer's clock sees it.
+  virtual WindowNotice Latest(int64_t now_ns) const = 0;
+  // "" for an in-process channel.
+  virtual const std::string& name() const = 0;
+};
+
+class OMNI_EXPORT WindowChannelReader {
+ public:
+  // Maps the channel `name` read-only. Errors: InvalidArgument for a bad
+  // name; NotFound naming the channel when no writer created it;
+  // FailedPrecondition naming it when it is corrupt (size or magic) or of
+  // another schema version (stating both versions).
+  static absl::StatusOr<std::unique_ptr<WindowChannelReader>> Open(
+      const std::string& name, const Clock* clock = Clock::Real());
+  virtual ~WindowChannelReader() = default;
+
+  // The current notice (a consistent copy; a read overlapping a write is
+  // retried). Unavailable when the writer stayed mid-write for 10,000
+  // retries (it died while writing). A few tens of nanoseconds when no write
+  // overlaps.
+  virtual absl::StatusOr<WindowNotice> Read() = 0;
+  // Polls every `poll` until the notice's sequence differs from the last one
+  // this reader returned (from Read or WaitForChange), then returns it.
+  // DeadlineExceeded after `timeout` (a timeout <= 0 checks once);
+  // Unavailable as Read. Time is measured on the reader's clock; the polls
+  // sleep for real.
+  virtual absl::StatusOr<WindowNotice> WaitForChange(
+      absl::Duration timeout, absl::Duration poll = absl::Microseconds(50)) = 0;
+};
+
+}  // namespace omni

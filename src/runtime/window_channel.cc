@@ -1,0 +1,379 @@
+#include "omni/window_channel.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/fs.h"
+#include "runtime/window_layout.h"
+
+namespace omni {
+namespace {
+
+using internal::WindowLayout;
+
+constexpr int kMaxRetries = 10'000;
+constexpr size_t kMaxNameLength = 100;
+
+absl::Status ValidateChannelName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxNameLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "window channel name must be 1..", kMaxNameLength, " characters, got '", name, "'"));
+  }
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "window channel name '", name, "' has a character other than [A-Za-z0-9_.-]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string ShmName(const std::string& name) { return "/omni-window." + name; }
+
+// Copies the notice record; false when a write overlapped (retry).
+bool TryReadNotice(const internal::NoticeRecord& r, WindowNotice& n) {
+  const uint64_t s1 = r.seq.load(std::memory_order_acquire);
+  if ((s1 & 1) != 0) return false;
+  n.sequence = r.sequence.load(std::memory_order_relaxed);
+  n.step = r.step.load(std::memory_order_relaxed);
+  n.opened_ns = r.opened_ns.load(std::memory_order_relaxed);
+  n.closed_ns = r.closed_ns.load(std::memory_order_relaxed);
+  const uint32_t state = r.state.load(std::memory_order_relaxed);
+  const uint32_t phase = r.phase.load(std::memory_order_relaxed);
+  const uint32_t kind = r.kind.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (r.seq.load(std::memory_order_relaxed) != s1) return false;
+  n.state = state <= 2 ? static_cast<WindowState>(state) : WindowState::kNone;
+  n.phase = static_cast<PhaseId>(phase < kMaxPhases ? phase : 0);
+  n.kind = kind < kNumIdleKinds ? static_cast<IdleKind>(kind) : IdleKind::kNone;
+  return true;
+}
+
+struct PhaseCopy {
+  char name[internal::kPhaseNameWords * 8 + 1] = {};
+  DurationQuantiles q;
+  double confidence = 0;
+};
+
+bool TryReadPhase(const internal::PhasesRecord& r, PhaseId phase, PhaseCopy& out) {
+  const uint64_t s1 = r.seq.load(std::memory_order_acquire);
+  if ((s1 & 1) != 0) return false;
+  const internal::PhaseRecord& p = r.phases[phase];
+  for (size_t i = 0; i < internal::kPhaseNameWords; ++i) {
+    const uint64_t w = p.name[i].load(std::memory_order_relaxed);
+    std::memcpy(out.name + 8 * i, &w, 8);
+  }
+  out.q.samples = p.samples.load(std::memory_order_relaxed);
+  for (int i = 0; i < kDurationQuantiles; ++i) {
+    out.q.ns[i] = p.quantile_ns[i].load(std::memory_order_relaxed);
+  }
+  out.confidence = r.confidence.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return r.seq.load(std::memory_order_relaxed) == s1;
+}
+
+// A consistent notice with the remaining duration computed at `now_ns`.
+absl::StatusOr<WindowNotice> ReadLayout(const WindowLayout& l, int64_t now_ns,
+                                        const std::string& what) {
+  WindowNotice n;
+  int tries = 0;
+  while (!TryReadNotice(l.notice, n)) {
+    if (++tries >= kMaxRetries) {
+      return absl::UnavailableError(
+          absl::StrCat(what, ": the writer stayed in the middle of a notice update (did it die?)"));
+    }
+    if (tries % 64 == 0) std::this_thread::yield();
+  }
+  PhaseCopy p;
+  tries = 0;
+  while (!TryReadPhase(l.phases, n.phase, p)) {
+    if (++tries >= kMaxRetries) {
+      return absl::UnavailableError(absl::StrCat(
+          what, ": the writer stayed in the middle of a phase-table update (did it die?)"));
+    }
+    if (tries % 64 == 0) std::this_thread::yield();
+  }
+  n.writer_closed = l.writer_closed.load(std::memory_order_acquire) != 0;
+  n.read_at_ns = now_ns;
+  n.confidence = p.confidence;
+  n.phase_samples = p.q.samples;
+  if (n.state != WindowState::kNone) n.phase_name = p.name;
+  if (n.state == WindowState::kOpen) {
+    n.elapsed_ns = std::max<int64_t>(0, now_ns - n.opened_ns);
+    n.remaining_ns = RemainingGivenElapsed(p.q, n.elapsed_ns, p.confidence);
+    n.remaining_median_ns = RemainingGivenElapsed(p.q, n.elapsed_ns, 0.5);
+  } else if (n.state == WindowState::kClosed) {
+    n.elapsed_ns = n.closed_ns - n.opened_ns;
+  }
+  return n;
+}
+
+class WriterImpl final : public WindowChannelWriter {
+ public:
+  // `layout` is either owned_ (in-process) or an mmap of the named channel.
+  WriterImpl(std::string name, WindowLayout* layout, std::unique_ptr<WindowLayout> owned)
+      : name_(std::move(name)), owned_(std::move(owned)), l_(layout) {}
+
+  ~WriterImpl() override {
+    l_->writer_closed.store(1, std::memory_order_release);
+    if (!name_.empty()) {
+      ::munmap(l_, sizeof(WindowLayout));
+      ::shm_unlink(ShmName(name_).c_str());
+    }
+  }
+  WriterImpl(const WriterImpl&) = delete;
+  WriterImpl& operator=(const WriterImpl&) = delete;
+
+  void OpenWindow(PhaseId phase, IdleKind kind, int64_t step, int64_t now_ns) override {
+    internal::NoticeRecord& r = l_->notice;
+    BeginWrite(r.seq, notice_seq_);
+    r.sequence.store(++sequence_, std::memory_order_relaxed);
+    r.step.store(step, std::memory_order_relaxed);
+    r.opened_ns.store(now_ns, std::memory_order_relaxed);
+    r.closed_ns.store(0, std::memory_order_relaxed);
+    r.state.store(static_cast<uint32_t>(WindowState::kOpen), std::memory_order_relaxed);
+    r.phase.store(phase, std::memory_order_relaxed);
+    r.kind.store(static_cast<uint32_t>(kind), std::memory_order_relaxed);
+    EndWrite(r.seq, notice_seq_);
+  }
+
+  void CloseWindow(int64_t now_ns) override {
+    internal::NoticeRecord& r = l_->notice;
+    BeginWrite(r.seq, notice_seq_);
+    r.sequence.store(++sequence_, std::memory_order_relaxed);
+    r.closed_ns.store(now_ns, std::memory_order_relaxed);
+    r.state.store(static_cast<uint32_t>(WindowState::kClosed), std::memory_order_relaxed);
+    EndWrite(r.seq, notice_seq_);
+  }
+
+  void PublishPhases(const PhaseCatalog& catalog,
+                     const std::array<DurationQuantiles, kMaxPhases>& quantiles) override {
+    internal::PhasesRecord& r = l_->phases;
+    BeginWrite(r.seq, phases_seq_);
+    r.num_phases.store(static_cast<uint32_t>(catalog.size()), std::memory_order_relaxed);
+    for (int id = 0; id < catalog.size(); ++id) {
+      internal::PhaseRecord& p = r.phases[id];
+      char buf[internal::kPhaseNameWords * 8] = {};  // NUL-padded
+      const std::string& name = catalog.name(static_cast<PhaseId>(id));
+      name.copy(buf, sizeof(buf) - 1);
+      for (size_t i = 0; i < internal::kPhaseNameWords; ++i) {
+        uint64_t w = 0;
+        std::memcpy(&w, buf + 8 * i, 8);
+        p.name[i].store(w, std::memory_order_relaxed);
+      }
+      p.kind.store(static_cast<uint32_t>(catalog.idle_kind(static_cast<PhaseId>(id))),
+                   std::memory_order_relaxed);
+      const DurationQuantiles& q = quantiles[static_cast<size_t>(id)];
+      p.samples.store(q.samples, std::memory_order_relaxed);
+      for (int i = 0; i < kDurationQuantiles; ++i) {
+        p.quantile_ns[i].store(q.ns[static_cast<size_t>(i)], std::memory_order_relaxed);
+      }
+    }
+    EndWrite(r.seq, phases_seq_);
+  }
+
+  WindowNotice Latest(int64_t now_ns) const override {
+    // The writer's own record is never mid-write from another thread's view
+    // for long; a failure here cannot happen unless a hook is concurrently
+    // interrupted forever, so fall back to an empty notice.
+    static const std::string kWhat = "window channel";
+    auto n = ReadLayout(*l_, now_ns, kWhat);
+    return n.ok() ? *std::move(n) : WindowNotice{};
+  }
+
+  const std::string& name() const override { return name_; }
+
+  void Init(double confidence) {
+    l_->schema_version.store(internal::kWindowSchemaVersion, std::memory_order_relaxed);
+    l_->layout_bytes.store(sizeof(WindowLayout), std::memory_order_relaxed);
+    l_->writer_pid.store(::getpid(), std::memory_order_relaxed);
+    l_->phases.confidence.store(confidence, std::memory_order_relaxed);
+    l_->magic.store(internal::kWindowMagic, std::memory_order_release);
+  }
+
+ private:
+  // Writer side of the seqlock (one writer per record; `mine` is the
+  // writer's copy of the word, so it never reads the shared line): odd, then
+  // the payload, then even. The release fence keeps the payload stores after
+  // the odd store for any reader that sees one of them.
+  static void BeginWrite(std::atomic<uint64_t>& seq, uint64_t& mine) {
+    seq.store(++mine, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+  }
+  static void EndWrite(std::atomic<uint64_t>& seq, uint64_t& mine) {
+    seq.store(++mine, std::memory_order_release);
+  }
+
+  const std::string name_;
+  std::unique_ptr<WindowLayout> owned_;
+  WindowLayout* const l_;
+  uint64_t sequence_ = 0;    // training thread
+  uint64_t notice_seq_ = 0;  // training thread
+  uint64_t phases_seq_ = 0;  // worker
+};
+
+class ReaderImpl final : public WindowChannelReader {
+ public:
+  ReaderImpl(std::string name, const WindowLayout* layout, const Clock* clock)
+      : name_(std::move(name)),
+        what_(absl::StrCat("window channel '", name_, "'")),
+        l_(layout),
+        clock_(clock) {}
+  ~ReaderImpl() override {
+    ::munmap(const_cast<WindowLayout*>(l_), sizeof(WindowLayout));  // NOLINT
+  }
+  ReaderImpl(const ReaderImpl&) = delete;
+  ReaderImpl& operator=(const ReaderImpl&) = delete;
+
+  absl::StatusOr<WindowNotice> Read() override {
+    auto n = ReadLayout(*l_, clock_->NowNanos(), what_);
+    if (n.ok()) last_sequence_ = n->sequence;
+    return n;
+  }
+
+  absl::StatusOr<WindowNotice> WaitForChange(absl::Duration timeout, absl::Duration poll) override {
+    const int64_t start = clock_->NowNanos();
+    const int64_t timeout_ns = absl::ToInt64Nanoseconds(timeout);
+    const int64_t poll_ns = std::max<int64_t>(1, absl::ToInt64Nanoseconds(poll));
+    // Bounded by the clock and by the number of polls, so a clock that does
+    // not move (a FakeClock) cannot make the wait unbounded.
+    const int64_t max_polls = timeout_ns <= 0 ? 0 : timeout_ns / poll_ns + 1;
+    const uint64_t last = last_sequence_;
+    for (int64_t i = 0;; ++i) {
+      auto n = ReadLayout(*l_, clock_->NowNanos(), what_);
+      if (!n.ok()) return n.status();
+      if (n->sequence != last) {
+        last_sequence_ = n->sequence;
+        return n;
+      }
+      if (i >= max_polls || clock_->NowNanos() - start >= timeout_ns) break;
+      absl::SleepFor(poll);
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "window channel '", name_, "': no new notice within ", absl::FormatDuration(timeout)));
+  }
+
+ private:
+  const std::string name_;
+  const std::string what_;  // "window channel '<name>'", for errors
+  const WindowLayout* const l_;
+  const Clock* const clock_;
+  uint64_t last_sequence_ = 0;
+};
+
+}  // namespace
+
+const char* WindowStateName(WindowState state) {
+  switch (state) {
+    case WindowState::kOpen:
+      return "open";
+    case WindowState::kClosed:
+      return "closed";
+    case WindowState::kNone:
+      break;
+  }
+  return "none";
+}
+
+absl::StatusOr<std::unique_ptr<WindowChannelWriter>> WindowChannelWriter::Create(
+    const std::string& name, double confidence) {
+  if (auto st = ValidateChannelName(name); !st.ok()) return st;
+  if (!(confidence > 0 && confidence < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window channel confidence must be in (0, 1), got ", confidence));
+  }
+  const std::string shm = ShmName(name);
+  ::shm_unlink(shm.c_str());  // a channel left by a writer that died
+  internal::Fd fd(::shm_open(shm.c_str(), O_CREAT | O_EXCL | O_RDWR, 0644));
+  if (!fd.valid()) return internal::ErrnoStatus(errno, absl::StrCat("shm_open ", shm));
+  if (::ftruncate(fd.get(), sizeof(WindowLayout)) != 0) {
+    const int err = errno;
+    ::shm_unlink(shm.c_str());
+    return internal::ErrnoStatus(err, absl::StrCat("ftruncate ", shm));
+  }
+  void* addr =
+      ::mmap(nullptr, sizeof(WindowLayout), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (addr == MAP_FAILED) {
+    const int err = errno;
+    ::shm_unlink(shm.c_str());
+    return internal::ErrnoStatus(err, absl::StrCat("mmap ", shm));
+  }
+  auto* layout = new (addr) WindowLayout();  // zeroed, magic 0 until Init
+  auto w = std::make_unique<WriterImpl>(name, layout, nullptr);
+  w->Init(confidence);
+  return w;
+}
+
+std::unique_ptr<WindowChannelWriter> WindowChannelWriter::CreateInProcess(double confidence) {
+  auto owned = std::make_unique<WindowLayout>();
+  WindowLayout* l = owned.get();
+  auto w = std::make_unique<WriterImpl>("", l, std::move(owned));
+  w->Init(confidence > 0 && confidence < 1 ? confidence : 0.95);
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<WindowChannelReader>> WindowChannelReader::Open(
+    const std::string& name, const Clock* clock) {
+  if (auto st = ValidateChannelName(name); !st.ok()) return st;
+  if (clock == nullptr) return absl::InvalidArgumentError("window channel reader: clock is null");
+  const std::string shm = ShmName(name);
+  internal::Fd fd(::shm_open(shm.c_str(), O_RDONLY, 0));
+  if (!fd.valid()) {
+    const int err = errno;
+    if (err == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("window channel '", name, "' (", shm,
+                                              ") does not exist: is the job running with "
+                                              "window_channel_name set?"));
+    }
+    return internal::ErrnoStatus(err, absl::StrCat("shm_open ", shm));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return internal::ErrnoStatus(errno, absl::StrCat("fstat ", shm));
+  const auto want = static_cast<off_t>(sizeof(WindowLayout));
+  if (st.st_size < static_cast<off_t>(sizeof(uint64_t) + 2 * sizeof(uint32_t))) {
+    return absl::FailedPreconditionError(absl::StrCat("window channel '", name, "' (", shm,
+                                                      ") is corrupt: ", st.st_size,
+                                                      " bytes, expected ", want));
+  }
+  void* addr = ::mmap(nullptr, static_cast<size_t>(std::max(st.st_size, want)), PROT_READ,
+                      MAP_SHARED, fd.get(), 0);
+  if (addr == MAP_FAILED) return internal::ErrnoStatus(errno, absl::StrCat("mmap ", shm));
+  const auto* l = static_cast<const WindowLayout*>(addr);
+  const auto unmap = [&] { ::munmap(addr, static_cast<size_t>(std::max(st.st_size, want))); };
+  const uint64_t magic = l->magic.load(std::memory_order_acquire);
+  if (magic != internal::kWindowMagic) {
+    unmap();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "window channel '", name, "' (", shm, ") is corrupt or not initialised: bad magic"));
+  }
+  const uint32_t version = l->schema_version.load(std::memory_order_relaxed);
+  if (version != internal::kWindowSchemaVersion) {
+    unmap();
+    return absl::FailedPreconditionError(
+        absl::StrCat("window channel '", name, "' (", shm, ") has schema version ", version,
+                     "; this reader reads version ", internal::kWindowSchemaVersion));
+  }
+  if (st.st_size != want ||
+      l->layout_bytes.load(std::memory_order_relaxed) != sizeof(WindowLayout)) {
+    unmap();
+    return absl::FailedPreconditionError(absl::StrCat("window channel '", name, "' (", shm,
+                                                      ") is corrupt: ", st.st_size,
+                                                      " bytes, expected ", want));
+  }
+  return std::make_unique<ReaderImpl>(name, l, clock);
+}
+
+}  // namespace omni

@@ -1,0 +1,68 @@
+// The shared-memory layout of a window channel (private; documented in
+// docs/telemetry.md, "Window channel"). Every field is a lock-free atomic so
+// that a reader in another process never races with the writer in the C++
+// sense; consistency of a record is given by its seqlock word.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "omni/phase.h"
+#include "omni/window_channel.h"
+
+namespace omni::internal {
+
+inline constexpr uint64_t kWindowMagic = 0x314e57494e4d4f00ULL;  // "\0OMNIWN1"
+inline constexpr uint32_t kWindowSchemaVersion = 1;
+inline constexpr size_t kPhaseNameWords = 6;  // 47 characters + NUL
+
+// Seqlock: `seq` is odd while the record is being written.
+struct alignas(64) NoticeRecord {
+  std::atomic<uint64_t> seq;
+  std::atomic<uint64_t> sequence;  // notices written
+  std::atomic<int64_t> step;
+  std::atomic<int64_t> opened_ns;
+  std::atomic<int64_t> closed_ns;
+  std::atomic<uint32_t> state;  // WindowState
+  std::atomic<uint32_t> phase;
+  std::atomic<uint32_t> kind;  // IdleKind
+};
+
+struct PhaseRecord {
+  std::atomic<uint64_t> name[kPhaseNameWords];  // NUL-padded bytes
+  std::atomic<uint32_t> kind;
+  std::atomic<int64_t> samples;
+  std::atomic<double> quantile_ns[kDurationQuantiles];
+};
+
+struct alignas(64) PhasesRecord {
+  std::atomic<uint64_t> seq;
+  std::atomic<double> confidence;
+  std::atomic<uint32_t> num_phases;
+  PhaseRecord phases[kMaxPhases];
+};
+
+struct WindowLayout {
+  std::atomic<uint64_t> magic;  // stored last when created
+  std::atomic<uint32_t> schema_version;
+  std::atomic<uint32_t> layout_bytes;  // sizeof(WindowLayout)
+  std::atomic<uint32_t> writer_closed;
+  std::atomic<int64_t> writer_pid;
+  NoticeRecord notice;
+  PhasesRecord phases;
+};
+
+// The layout is a format (docs/telemetry.md): any change needs a new
+// kWindowSchemaVersion.
+static_assert(offsetof(WindowLayout, schema_version) == 8);
+static_assert(offsetof(WindowLayout, writer_pid) == 24);
+static_assert(offsetof(WindowLayout, notice) == 64);
+static_assert(offsetof(WindowLayout, phases) == 128);
+static_assert(offsetof(PhasesRecord, phases) == 24 && sizeof(PhaseRecord) == 1096);
+static_assert(sizeof(WindowLayout) == 35264);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<double>::is_always_lock_free);
+static_assert(std::atomic<int64_t>::is_always_lock_free);
+
+}  // namespace omni::internal

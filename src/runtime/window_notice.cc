@@ -1,0 +1,151 @@
+// Duration quantiles, the conditional remaining duration of an open window,
+// and the notice's JSON form.
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "omni/window_channel.h"
+
+namespace omni {
+
+using nlohmann::json;
+
+DurationQuantiles QuantilesOf(std::vector<double> values) {
+  DurationQuantiles q;
+  values.erase(std::remove_if(values.begin(), values.end(),
+                              [](double v) { return !std::isfinite(v) || v < 0; }),
+               values.end());
+  if (values.empty()) return q;
+  std::sort(values.begin(), values.end());
+  q.samples = static_cast<int64_t>(values.size());
+  const double last = static_cast<double>(values.size() - 1);
+  for (int i = 0; i < kDurationQuantiles; ++i) {
+    const double pos = last * i / (kDurationQuantiles - 1);
+    const auto lo = static_cast<size_t>(std::floor(pos));
+    const size_t hi = std::min(lo + 1, values.size() - 1);
+    const double frac = pos - static_cast<double>(lo);
+    q.ns[static_cast<size_t>(i)] = values[lo] + frac * (values[hi] - values[lo]);
+  }
+  return q;
+}
+
+int64_t RemainingGivenElapsed(const DurationQuantiles& q, int64_t elapsed_ns, double confidence) {
+  if (q.samples <= 0) return -1;
+  constexpr int kLast = kDurationQuantiles - 1;
+  const auto e = static_cast<double>(std::max<int64_t>(0, elapsed_ns));
+  if (e >= q.ns[kLast]) return 0;
+  // Conservative on the grid, so that the claim holds for the measured
+  // durations themselves: F(e) ≥ i/kLast for the last grid point ns[i] ≤ e,
+  // hence S(e) ≤ s_up = 1 − i/kLast; the answer is the last grid point ns[j]
+  // with S(ns[j]) ≥ c·s_up, i.e. j = floor((1 − c·s_up)·kLast).
+  const auto it = std::upper_bound(q.ns.begin(), q.ns.end(), e);
+  const int i = static_cast<int>(it - q.ns.begin()) - 1;  // -1 when e < ns[0]
+  const double s_up = i < 0 ? 1.0 : 1.0 - static_cast<double>(i) / kLast;
+  const double c = std::clamp(confidence, 0.0, 1.0);
+  const auto j = static_cast<int>(std::floor((1.0 - c * s_up) * kLast + 1e-9));
+  const double end = q.ns[static_cast<size_t>(std::clamp(j, 0, kLast))];
+  return std::max<int64_t>(0, static_cast<int64_t>(std::floor(end - e)));
+}
+
+std::string WindowNoticeToJson(const WindowNotice& n) {
+  json j;
+  j["schema"] = "omni.window";
+  j["version"] = 1;
+  j["clock"] = "CLOCK_MONOTONIC";
+  j["sequence"] = n.sequence;
+  j["state"] = WindowStateName(n.state);
+  j["phase"] = n.phase_name;
+  j["kind"] = IdleKindName(n.kind);
+  j["step"] = n.step;
+  j["opened_ns"] = n.opened_ns;
+  j["closed_ns"] = n.closed_ns;
+  j["read_at_ns"] = n.read_at_ns;
+  j["elapsed_ns"] = n.elapsed_ns;
+  j["confidence"] = n.confidence;
+  j["remaining_ns"] = n.remaining_ns;
+  j["remaining_median_ns"] = n.remaining_median_ns;
+  j["phase_samples"] = n.phase_samples;
+  j["writer_closed"] = n.writer_closed;
+  return j.dump();
+}
+
+absl::StatusOr<WindowNotice> WindowNoticeFromJson(const std::string& text) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("window notice: not a JSON object");
+  }
+  if (j.value("schema", "") != "omni.window") {
+    return absl::FailedPreconditionError("window notice: schema is not 'omni.window'");
+  }
+  const auto need = [&](const char* key, json::value_t type) -> absl::StatusOr<const json*> {
+    auto it = j.find(key);
+    const bool ok =
+        it != j.end() &&
+        (it->type() == type || (type == json::value_t::number_integer && it->is_number_integer()) ||
+         (type == json::value_t::number_float && it->is_number()));
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("window notice: field '", key, "' missing or of the wrong type"));
+    }
+    return &*it;
+  };
+  const auto integer = [&](const char* key, int64_t& out) -> absl::Status {
+    auto v = need(key, json::value_t::number_integer);
+    if (!v.ok()) return v.status();
+    out = (*v)->get<int64_t>();
+    return absl::OkStatus();
+  };
+  int64_t version = 0;
+  if (auto st = integer("version", version); !st.ok()) return st;
+  if (version != 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("window notice: version ", version, "; this reader reads version 1"));
+  }
+  WindowNotice n;
+  int64_t seq = 0;
+  for (auto [key, out] : {std::pair<const char*, int64_t*>{"sequence", &seq},
+                          {"step", &n.step},
+                          {"opened_ns", &n.opened_ns},
+                          {"closed_ns", &n.closed_ns},
+                          {"read_at_ns", &n.read_at_ns},
+                          {"elapsed_ns", &n.elapsed_ns},
+                          {"remaining_ns", &n.remaining_ns},
+                          {"remaining_median_ns", &n.remaining_median_ns},
+                          {"phase_samples", &n.phase_samples}}) {
+    if (auto st = integer(key, *out); !st.ok()) return st;
+  }
+  n.sequence = static_cast<uint64_t>(seq);
+  auto conf = need("confidence", json::value_t::number_float);
+  if (!conf.ok()) return conf.status();
+  n.confidence = (*conf)->get<double>();
+  auto state = need("state", json::value_t::string);
+  if (!state.ok()) return state.status();
+  const auto s = (*state)->get<std::string>();
+  if (s == "open") {
+    n.state = WindowState::kOpen;
+  } else if (s == "closed") {
+    n.state = WindowState::kClosed;
+  } else if (s == "none") {
+    n.state = WindowState::kNone;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("window notice: unknown state '", s, "'"));
+  }
+  auto kind = need("kind", json::value_t::string);
+  if (!kind.ok()) return kind.status();
+  auto k = ParseIdleKind((*kind)->get<std::string>());
+  if (!k.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window notice: field 'kind': ", k.status().message()));
+  }
+  n.kind = *k;
+  auto phase = need("phase", json::value_t::string);
+  if (!phase.ok()) return phase.status();
+  n.phase_name = (*phase)->get<std::string>();
+  auto closed = need("writer_closed", json::value_t::boolean);
+  if (!closed.ok()) return closed.status();
+  n.writer_closed = (*closed)->get<bool>();
+  return n;
+}
+
+}  // namespace omni

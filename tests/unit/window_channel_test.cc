@@ -1,0 +1,449 @@
+#include "omni/window_channel.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "omni/sinks.h"
+#include "omni/store.h"
+#include "omni/telemetry.h"
+
+namespace omni {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+std::string UniqueChannel() {
+  static std::atomic<int> n{0};
+  return absl::StrCat("omni-test-", ::getpid(), "-", n.fetch_add(1));
+}
+
+TelemetryOptions FastOptions() {
+  TelemetryOptions o;
+  o.stats.warmup.max_steps = 0;
+  o.stats.warmup.min_steps = 0;
+  o.publish_interval_ns = 0;
+  o.forecast.horizon_ns = 1'000'000'000;
+  return o;
+}
+
+// Durations drawn from a bimodal, heavy-tailed mix (ns): what data stalls look like.
+std::vector<double> BimodalDurations(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::lognormal_distribution<double> fast(std::log(2e6), 0.3);
+  std::lognormal_distribution<double> slow(std::log(40e6), 0.6);
+  std::bernoulli_distribution pick_slow(0.3);
+  std::vector<double> v;
+  for (int i = 0; i < n; ++i) v.push_back(pick_slow(rng) ? slow(rng) : fast(rng));
+  return v;
+}
+
+// ------------------------------------------------------------ quantiles
+
+TEST(RemainingGivenElapsed, HoldsAtTheStatedConfidenceForEveryElapsedTime) {
+  const std::vector<double> d = BimodalDurations(4000, 7);
+  const DurationQuantiles q = QuantilesOf(d);
+  ASSERT_EQ(q.samples, 4000);
+  for (const double c : {0.5, 0.8, 0.95}) {
+    for (int64_t e = 0; e <= 60'000'000; e += 500'000) {
+      const int64_t r = RemainingGivenElapsed(q, e, c);
+      ASSERT_GE(r, 0);
+      int64_t alive = 0, lasted = 0;
+      for (const double x : d) {
+        if (x <= static_cast<double>(e)) continue;
+        ++alive;
+        if (x >= static_cast<double>(e + r)) ++lasted;
+      }
+      if (alive < 200) continue;  // too few survivors to measure a rate
+      EXPECT_GE(static_cast<double>(lasted) / static_cast<double>(alive), c)
+          << "confidence " << c << ", elapsed " << e << " ns, remaining " << r;
+    }
+  }
+}
+
+TEST(RemainingGivenElapsed, ConditionsOnTheTailInsteadOfSubtracting) {
+  // Half the windows last 1 ms, half 100 ms: after 2 ms the window is a long one.
+  std::vector<double> d(100, 1e6);
+  d.insert(d.end(), 100, 100e6);
+  const DurationQuantiles q = QuantilesOf(d);
+  const int64_t at_start = RemainingGivenElapsed(q, 0, 0.9);
+  const int64_t after_2ms = RemainingGivenElapsed(q, 2'000'000, 0.9);
+  EXPECT_LE(at_start, 1'000'000);    // could be a short one
+  EXPECT_GT(after_2ms, 50'000'000);  // it is a long one
+}
+
+TEST(RemainingGivenElapsed, IsZeroPastEverythingMeasuredAndUnknownWithoutSamples) {
+  const DurationQuantiles q = QuantilesOf({1e6, 2e6, 3e6});
+  EXPECT_EQ(RemainingGivenElapsed(q, 5'000'000, 0.95), 0);
+  EXPECT_EQ(RemainingGivenElapsed(QuantilesOf({}), 0, 0.95), -1);
+}
+
+// ------------------------------------------------------------ JSON
+
+TEST(WindowNoticeJson, RoundTripsAndRefusesANewerVersion) {
+  WindowNotice n;
+  n.sequence = 7;
+  n.state = WindowState::kOpen;
+  n.phase_name = "data_wait";
+  n.kind = IdleKind::kDataStall;
+  n.step = 12;
+  n.opened_ns = 1000;
+  n.read_at_ns = 1500;
+  n.elapsed_ns = 500;
+  n.confidence = 0.95;
+  n.remaining_ns = 42;
+  n.remaining_median_ns = 84;
+  n.phase_samples = 9;
+  auto back = WindowNoticeFromJson(WindowNoticeToJson(n));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->sequence, 7u);
+  EXPECT_EQ(back->state, WindowState::kOpen);
+  EXPECT_EQ(back->phase_name, "data_wait");
+  EXPECT_EQ(back->kind, IdleKind::kDataStall);
+  EXPECT_EQ(back->remaining_ns, 42);
+  EXPECT_DOUBLE_EQ(back->confidence, 0.95);
+
+  std::string newer = WindowNoticeToJson(n);
+  newer.replace(newer.find("\"version\":1"), 11, "\"version\":2");
+  auto st = WindowNoticeFromJson(newer);
+  EXPECT_EQ(st.status().code(), absl::StatusCode::kFailedPrecondition);
+  std::string bad = WindowNoticeToJson(n);
+  bad.replace(bad.find("\"step\":12"), 9, "\"step\":\"x\"");
+  st = WindowNoticeFromJson(bad);
+  EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.status().message().find("'step'"), absl::string_view::npos);
+}
+
+// ------------------------------------------------------------ the channel
+
+TEST(WindowChannel, OpeningAMissingChannelIsNotFoundNamingIt) {
+  auto r = WindowChannelReader::Open("omni-test-no-such-channel");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("omni-test-no-such-channel"), absl::string_view::npos);
+  EXPECT_EQ(WindowChannelReader::Open("bad/name").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WindowChannelWriter::Create("").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Writes `bytes` as the shared-memory object of channel `name`.
+void WriteRawChannel(const std::string& name, const std::vector<unsigned char>& bytes) {
+  const std::string shm = "/omni-window." + name;
+  const int fd = ::shm_open(shm.c_str(), O_CREAT | O_TRUNC | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  ::close(fd);
+}
+
+TEST(WindowChannel, ACorruptOrOtherVersionChannelIsRefusedWithAClearError) {
+  const std::string name = UniqueChannel();
+  // Too short to hold a header.
+  WriteRawChannel(name, {1, 2, 3});
+  auto r = WindowChannelReader::Open(name);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("corrupt"), absl::string_view::npos) << r.status();
+
+  // A real channel, then its version word bumped.
+  {
+    auto w = WindowChannelWriter::Create(name);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const int fd = ::shm_open(("/omni-window." + name).c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0);
+    const uint32_t v2 = 2;
+    ASSERT_EQ(::pwrite(fd, &v2, sizeof(v2), 8), static_cast<ssize_t>(sizeof(v2)));
+    ::close(fd);
+    r = WindowChannelReader::Open(name);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(r.status().message().find("schema version 2"), absl::string_view::npos) << r.status();
+    // Garbage where the magic should be.
+    const int fd2 = ::shm_open(("/omni-window." + name).c_str(), O_RDWR, 0);
+    const uint64_t junk = 0x1234;
+    ASSERT_EQ(::pwrite(fd2, &junk, sizeof(junk), 0), static_cast<ssize_t>(sizeof(junk)));
+    ::close(fd2);
+    r = WindowChannelReader::Open(name);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(r.status().message().find("magic"), absl::string_view::npos) << r.status();
+  }
+  EXPECT_EQ(WindowChannelReader::Open(name).status().code(), absl::StatusCode::kNotFound)
+      << "the writer unlinks its channel";
+}
+
+TEST(WindowChannel, ReaderSeesOpenAndCloseWithTheRemainingDurationGivenElapsed) {
+  FakeClock clock;
+  TelemetryOptions o = FastOptions();
+  o.window_channel_name = UniqueChannel();
+  auto tel = Telemetry::Create(o, &clock);
+  ASSERT_TRUE(tel.ok()) << tel.status();
+  auto reader = WindowChannelReader::Open(o.window_channel_name, &clock);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto n = (*reader)->Read();
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->state, WindowState::kNone);
+
+  std::vector<double> waits;
+  for (int i = 0; i < 20; ++i) {
+    const int dw = 10 + 2 * i;
+    waits.push_back(dw * 1e6);
+    StepScope step(**tel);
+    {
+      PhaseScope p(**tel, phase::kDataWait);
+      clock.Advance(milliseconds(dw));
+    }
+    PhaseScope c(**tel, phase::kCompute);
+    clock.Advance(milliseconds(50));
+  }
+  ASSERT_TRUE((*tel)->Flush().ok());
+
+  ASSERT_TRUE((*tel)->BeginStep(100).ok());
+  ASSERT_TRUE((*tel)->BeginPhase(phase::kDataWait).ok());
+  const int64_t opened = clock.NowNanos();
+  clock.Advance(milliseconds(15));
+  n = (*reader)->Read();
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->state, WindowState::kOpen);
+  EXPECT_EQ(n->phase_name, "data_wait");
+  EXPECT_EQ(n->kind, IdleKind::kDataStall);
+  EXPECT_EQ(n->step, 100);
+  EXPECT_EQ(n->opened_ns, opened);
+  EXPECT_EQ(n->elapsed_ns, 15'000'000);
+  EXPECT_EQ(n->phase_samples, 20);
+  EXPECT_DOUBLE_EQ(n->confidence, 0.95);
+  EXPECT_EQ(n->remaining_ns, RemainingGivenElapsed(QuantilesOf(waits), 15'000'000, 0.95));
+  EXPECT_GT(n->remaining_ns, 0);
+  EXPECT_LE(n->elapsed_ns + n->remaining_ns, 48'000'000);  // the longest wait seen
+  EXPECT_GE(n->remaining_median_ns, n->remaining_ns);
+
+  clock.Advance(milliseconds(5));
+  ASSERT_TRUE((*tel)->EndPhase(phase::kDataWait).ok());
+  auto closed = (*reader)->Read();
+  ASSERT_TRUE(closed.ok());
+  EXPECT_EQ(closed->state, WindowState::kClosed);
+  EXPECT_EQ(closed->sequence, n->sequence + 1);
+  EXPECT_EQ(closed->closed_ns, opened + 20'000'000);
+  EXPECT_EQ(closed->elapsed_ns, 20'000'000);
+  ASSERT_TRUE((*tel)->EndStep().ok());
+  EXPECT_EQ((*tel)->LatestWindow().sequence, closed->sequence);
+
+  ASSERT_TRUE((*tel)->Close().ok());
+  tel->reset();
+  auto after = (*reader)->Read();
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(after->writer_closed);
+}
+
+TEST(WindowChannel, BusyWorkNestedInAnIdlePhaseClosesTheWindowUntilItEnds) {
+  FakeClock clock;
+  auto tel = Telemetry::Create(FastOptions(), &clock);
+  ASSERT_TRUE(tel.ok());
+  Telemetry& t = **tel;
+  ASSERT_TRUE(t.BeginStep(0).ok());
+  ASSERT_TRUE(t.BeginPhase(phase::kCompute).ok());
+  EXPECT_EQ(t.LatestWindow().state, WindowState::kNone) << "busy phases write no notice";
+  ASSERT_TRUE(t.EndPhase(phase::kCompute).ok());
+  ASSERT_TRUE(t.BeginPhase(phase::kEval).ok());
+  EXPECT_EQ(t.LatestWindow().state, WindowState::kOpen);
+  EXPECT_EQ(t.LatestWindow().kind, IdleKind::kEval);
+  ASSERT_TRUE(t.BeginPhase(phase::kCompute).ok());
+  EXPECT_EQ(t.LatestWindow().state, WindowState::kClosed);
+  ASSERT_TRUE(t.EndPhase(phase::kCompute).ok());
+  EXPECT_EQ(t.LatestWindow().state, WindowState::kOpen);
+  ASSERT_TRUE(t.BeginPhase(phase::kCheckpoint).ok());
+  EXPECT_EQ(t.LatestWindow().kind, IdleKind::kCheckpoint) << "another idle phase: a new window";
+  EXPECT_EQ(t.LatestWindow().sequence, 5u);
+  // EndStep with phases still open closes the window too.
+  EXPECT_FALSE(t.EndStep().ok());
+  EXPECT_EQ(t.LatestWindow().state, WindowState::kClosed);
+  // A phase measured elsewhere (already over) opens no window.
+  ASSERT_TRUE(t.BeginStep(1).ok());
+  clock.Advance(milliseconds(3));
+  ASSERT_TRUE(t.RecordPhase(phase::kDataWait, 0.002).ok());
+  EXPECT_EQ(t.LatestWindow().sequence, 6u);
+  ASSERT_TRUE(t.EndStep().ok());
+}
+
+TEST(WindowChannel, ConcurrentReadsNeverSeeATornNotice) {
+  auto w = WindowChannelWriter::Create(UniqueChannel());
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto r = WindowChannelReader::Open((*w)->name());
+  ASSERT_TRUE(r.ok()) << r.status();
+  constexpr int kNotices = 200'000;
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (int64_t i = 1; i <= kNotices / 2; ++i) {
+      (*w)->OpenWindow(phase::kDataWait, IdleKind::kDataStall, i, i * 10);
+      (*w)->CloseWindow(i * 10 + 5);
+    }
+    done.store(true);
+  });
+  int64_t reads = 0, bad = 0;
+  uint64_t last = 0;
+  while (!done.load() || reads == 0) {
+    auto n = (*r)->Read();
+    ASSERT_TRUE(n.ok()) << n.status();
+    ++reads;
+    if (n->state == WindowState::kNone) continue;
+    const bool consistent =
+        n->opened_ns == n->step * 10 &&
+        (n->state == WindowState::kOpen ? n->closed_ns == 0 : n->closed_ns == n->opened_ns + 5) &&
+        n->sequence == static_cast<uint64_t>(2 * n->step - (n->state == WindowState::kOpen));
+    if (!consistent) ++bad;
+    if (n->sequence < last) ++bad;
+    last = n->sequence;
+  }
+  writer.join();
+  EXPECT_EQ(bad, 0) << "of " << reads << " reads";
+  auto final_notice = (*r)->Read();
+  ASSERT_TRUE(final_notice.ok());
+  EXPECT_EQ(final_notice->sequence, static_cast<uint64_t>(kNotices));
+}
+
+TEST(WindowChannel, WaitForChangeReturnsEachNewNoticeAndTimesOutOtherwise) {
+  FakeClock clock;
+  auto w = WindowChannelWriter::Create(UniqueChannel());
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto r = WindowChannelReader::Open((*w)->name(), &clock);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)->WaitForChange(absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  (*w)->OpenWindow(phase::kEval, IdleKind::kEval, 3, clock.NowNanos());
+  auto n = (*r)->WaitForChange(absl::ZeroDuration());
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->state, WindowState::kOpen);
+  EXPECT_EQ(n->step, 3);
+  EXPECT_EQ((*r)->WaitForChange(absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded)
+      << "already returned";
+  std::thread closer([&] { (*w)->CloseWindow(clock.NowNanos()); });
+  n = (*r)->WaitForChange(absl::Seconds(10), absl::Microseconds(20));
+  closer.join();
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->state, WindowState::kClosed);
+}
+
+// Reads from `fd` one byte, waiting at most `ms`; false on timeout or EOF.
+bool ReadByte(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, ms) != 1) return false;
+  char c = 0;
+  return ::read(fd, &c, 1) == 1;
+}
+
+TEST(WindowChannel, AReaderInAnotherProcessSeesTheWindowOpenAndClose) {
+  const std::string name = UniqueChannel();
+  int to_parent[2];
+  ASSERT_EQ(::pipe(to_parent), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // the reader: exit status 0 when it saw open, then closed
+    ::close(to_parent[0]);
+    std::unique_ptr<WindowChannelReader> r;
+    for (int i = 0; i < 5000 && r == nullptr; ++i) {
+      auto o = WindowChannelReader::Open(name);
+      if (o.ok())
+        r = *std::move(o);
+      else
+        absl::SleepFor(absl::Milliseconds(1));
+    }
+    if (r == nullptr) ::_exit(10);
+    auto n = r->WaitForChange(absl::Seconds(10));
+    while (n.ok() && n->state != WindowState::kOpen) n = r->WaitForChange(absl::Seconds(10));
+    if (!n.ok() || n->kind != IdleKind::kCheckpoint || n->step != 4 ||
+        n->phase_name != "checkpoint") {
+      ::_exit(11);
+    }
+    if (::write(to_parent[1], "o", 1) != 1) ::_exit(12);
+    n = r->WaitForChange(absl::Seconds(10));
+    ::_exit(n.ok() && n->state == WindowState::kClosed && n->step == 4 ? 0 : 13);
+  }
+  ::close(to_parent[1]);
+  TelemetryOptions o = FastOptions();
+  o.window_channel_name = name;
+  auto tel = Telemetry::Create(o);
+  ASSERT_TRUE(tel.ok()) << tel.status();
+  ASSERT_TRUE((*tel)->BeginStep(4).ok());
+  ASSERT_TRUE((*tel)->BeginPhase(phase::kCheckpoint).ok());
+  EXPECT_TRUE(ReadByte(to_parent[0], 10'000)) << "the reader did not see the window open";
+  ASSERT_TRUE((*tel)->EndPhase(phase::kCheckpoint).ok());
+  ASSERT_TRUE((*tel)->EndStep().ok());
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ::close(to_parent[0]);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// ------------------------------------------------------------ store sink
+
+TEST(StoreSink, PublishesTheLatestNoticeAndForecastUnderDocumentedKeys) {
+  std::string tmpl = (fs::temp_directory_path() / "omni_sink_XXXXXX").string();
+  const std::string dir = mkdtemp(tmpl.data());
+  auto store = OpenStore("file://" + dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(MakeStoreSink(**store, "bad prefix").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto sink = MakeStoreSink(**store, "job7/rank0");
+  ASSERT_TRUE(sink.ok()) << sink.status();
+  FakeClock clock;
+  auto tel = Telemetry::Create(FastOptions(), &clock);
+  ASSERT_TRUE(tel.ok());
+  (*tel)->AddSink(*std::move(sink));
+  for (int i = 0; i < 10; ++i) {
+    StepScope step(**tel);
+    {
+      PhaseScope p(**tel, phase::kDataWait);
+      clock.Advance(milliseconds(20));
+    }
+    PhaseScope c(**tel, phase::kCompute);
+    clock.Advance(milliseconds(50));
+  }
+  ASSERT_TRUE((*tel)->BeginStep(10).ok());
+  ASSERT_TRUE((*tel)->BeginPhase(phase::kDataWait).ok());
+  ASSERT_TRUE((*tel)->Flush().ok());
+  auto window = (*store)->TryGet("job7/rank0/window");
+  ASSERT_TRUE(window.ok() && window->has_value());
+  auto n = WindowNoticeFromJson(**window);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->state, WindowState::kOpen);
+  EXPECT_EQ(n->step, 10);
+  EXPECT_EQ(n->phase_name, "data_wait");
+  EXPECT_EQ(n->phase_samples, 10);
+  auto forecast = (*store)->TryGet("job7/rank0/forecast");
+  ASSERT_TRUE(forecast.ok() && forecast->has_value());
+  EXPECT_TRUE(ForecastFromJson(**forecast).ok());
+  ASSERT_TRUE((*tel)->EndPhase(phase::kDataWait).ok());
+  ASSERT_TRUE((*tel)->EndStep().ok());
+  ASSERT_TRUE((*tel)->Close().ok());
+  window = (*store)->TryGet("job7/rank0/window");
+  n = WindowNoticeFromJson(**window);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n->state, WindowState::kClosed);
+  fs::remove_all(dir);
+}
+
+TEST(WindowChannel, TelemetryRefusesABadConfidenceOrChannelName) {
+  TelemetryOptions o = FastOptions();
+  o.window_confidence = 1.5;
+  EXPECT_EQ(Telemetry::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = FastOptions();
+  o.window_channel_name = "no spaces";
+  auto t = Telemetry::Create(o);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("no spaces"), absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace omni

@@ -1,0 +1,37 @@
+// `omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N] [--k K] [--horizon-s S]`:
+// an SVG timeline of a step log's real idle time against the forecast windows,
+// one lane per idle kind, made by replaying the log through the forecaster as
+// the live runtime would have (each forecast shown from its step boundary
+// until the next one, as `omni eval` scores it).
+//
+// Thread safety: the functions are pure; call them from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "omni/forecast.h"
+#include "omni/stats.h"
+#include "omni/step_log.h"
+
+namespace omni::cli {
+
+struct PlotOptions {
+  int64_t from_step = -1;  // first step shown (-1: the first in the log)
+  int64_t to_step = -1;    // last step shown (-1: the last in the log)
+  StepStatsOptions stats;
+  ForecastOptions forecast;  // events are taken from the log header
+  double width_px = 1400;
+  std::string title;  // e.g. the log's path
+};
+
+// The SVG document. InvalidArgument for an empty log or a step range with no
+// step in it; FailedPrecondition when the log never allows a forecast.
+absl::StatusOr<std::string> PlotTimeline(const StepLog& log, const PlotOptions& options);
+
+// The `omni plot` subcommand (argv as given to main). Exit code 0, 1 (the
+// operation failed, message on stderr) or 2 (usage).
+int PlotCommand(int argc, char** argv);
+
+}  // namespace omni::cli
