@@ -124,6 +124,10 @@ class OMNI_EXPORT WindowChannelWriter {
   virtual void PublishPhases(const PhaseCatalog& catalog,
                              const std::array<DurationQuantiles, kMaxPhases>& quantiles) = 0;
 
+  // Tells readers that no notice will follow (WindowNotice::writer_closed).
+  // Any thread; idempotent. The destructor does it too.
+  virtual void MarkClosed() = 0;
+
   // The current notice, as a reader at `now_ns` on the writer's clock sees it.
   virtual WindowNotice Latest(int64_t now_ns) const = 0;
   // "" for an in-process channel.

@@ -300,6 +300,7 @@ class TelemetryImpl final : public Telemetry {
       stop_ = true;
     }
     if (worker_.joinable()) worker_.join();
+    if (window_) window_->MarkClosed();  // the hooks write no notice from now on
     absl::MutexLock l(&mu_);
     if (log_) RecordExportError(log_->Close());
     if (trace_) RecordExportError(trace_->Close());

@@ -185,6 +185,8 @@ class WriterImpl final : public WindowChannelWriter {
     EndWrite(r.seq, phases_seq_);
   }
 
+  void MarkClosed() override { l_->writer_closed.store(1, std::memory_order_release); }
+
   WindowNotice Latest(int64_t now_ns) const override {
     // The writer's own record is never mid-write from another thread's view
     // for long; a failure here cannot happen unless a hook is concurrently

@@ -239,7 +239,6 @@ TEST(WindowChannel, ReaderSeesOpenAndCloseWithTheRemainingDurationGivenElapsed) 
   EXPECT_EQ((*tel)->LatestWindow().sequence, closed->sequence);
 
   ASSERT_TRUE((*tel)->Close().ok());
-  tel->reset();
   auto after = (*reader)->Read();
   ASSERT_TRUE(after.ok());
   EXPECT_TRUE(after->writer_closed);
