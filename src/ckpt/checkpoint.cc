@@ -948,6 +948,9 @@ class CheckpointManagerImpl final : public CheckpointManager {
   std::vector<std::string> trash_ ABSL_GUARDED_BY(mu_);
   // The memory of the last snapshot, for the next one (keep_snapshot_memory).
   std::vector<HostBlock> spare_ ABSL_GUARDED_BY(mu_);
+  // Steps this manager committed or found valid: retention checks each step
+  // directory once, not on every save.
+  std::set<int64_t> known_valid_ ABSL_GUARDED_BY(mu_);
   std::thread worker_ ABSL_GUARDED_BY(mu_);  // started on first use
 };
 
@@ -1294,9 +1297,18 @@ void CheckpointManagerImpl::ApplyRetention(int64_t saved_step) {
   int kept_newest = 0;
   for (const StepName& d : *dirs) {  // newest first
     bool keep = d.step == saved_step;
-    if (!keep) {
+    bool known = keep;
+    if (!known) {
+      absl::MutexLock l(&mu_);
+      known = known_valid_.count(d.step) != 0;
+    }
+    if (!known) {
       absl::StatusOr<StepDir> sd = LoadStep(fs_, dir_.get(), d.name, d.path);
       if (!sd.ok() || !CheckStep(fs_, *sd).ok()) continue;  // not valid: not counted, kept
+    }
+    {
+      absl::MutexLock l(&mu_);
+      known_valid_.insert(d.step);
     }
     if (kept_newest < opt_.keep_last) {
       keep = true;
@@ -1304,6 +1316,10 @@ void CheckpointManagerImpl::ApplyRetention(int64_t saved_step) {
     }
     if (opt_.keep_every > 0 && d.step % opt_.keep_every == 0) keep = true;
     if (keep) continue;
+    {
+      absl::MutexLock l(&mu_);
+      known_valid_.erase(d.step);
+    }
     DeleteLater(d.name);
   }
 }

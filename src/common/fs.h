@@ -71,7 +71,9 @@ std::string DirName(const std::string& path);
 // Env), so that tests can fail any operation or simulate a crash. Every name
 // is opened relative to a directory fd and never followed when it is a
 // symbolic link: nothing inside a directory the caller opened can lead out of
-// it. `path` arguments only name the file in error messages.
+// it. With dir == AT_FDCWD, `name` is a path the caller (the user) named and
+// may pass through symbolic links. `path` arguments only name the file in
+// error messages.
 //
 // Errors: ErrnoStatus codes; a symbolic link where a file or directory is
 // expected is FailedPrecondition ("... is a symbolic link; not followed"),
@@ -119,6 +121,8 @@ class FileSystem {
   virtual absl::Status Sync(int fd, const std::string& path) = 0;
   // renameat2 of the entry itself (never its target); `exchange` swaps two
   // existing entries atomically (Unimplemented where the file system cannot).
+  // AlreadyExists when (without `exchange`) the target is a non-empty
+  // directory.
   virtual absl::Status Rename(int from_dir, const std::string& from, int to_dir,
                               const std::string& to, bool exchange, const std::string& path) = 0;
   // Removes the entry `name` (an empty directory when `directory`). A
