@@ -33,6 +33,8 @@ struct TrainFlags {
   std::string loss_log;     // --loss-log: append "step=<N> loss=<%.9g>" per step
   std::string notice_file;  // --notice-file: scheduler notice (omni::PreemptionOptions)
   std::string notice_key;   // --notice-key: the same notice, as a key of --store
+  // --start-fresh: start from step 0 when --ckpt-dir holds checkpoints but no valid one.
+  bool start_fresh = false;
   // Elastic data parallelism (on when --store is given).
   std::string store;               // --store: file:///dir or tcp://host:port
   std::string replica_id;          // --replica-id: unique within the job
