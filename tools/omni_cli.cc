@@ -9,17 +9,21 @@
 //   omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N]
 //                                  SVG timeline: real idle time against forecast windows
 //   omni ckpt ls DIR               checkpoints under DIR: step, shards, bytes, created, valid
-//   omni ckpt verify DIR|STEPDIR   every checksum of one checkpoint (or of all under DIR)
+//   omni ckpt verify DIR|STEPDIR   every checksum of one checkpoint (or of all under DIR;
+//                                  a DIR without any fails)
 //   omni ckpt show STEPDIR         a checkpoint's manifest and entries
 //
-// Exit codes: 0 success, 1 the operation failed (message on stderr), 2 usage.
+// Exit codes: 0 success, 1 the operation failed (message on stderr), 2 usage
+// (including a numeric option that does not parse or is out of range).
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -90,15 +94,47 @@ bool Parse(int argc, char** argv, const std::vector<std::string>& allowed, Parse
   return true;
 }
 
-bool Number(const Parsed& p, const std::string& flag, double& v, std::string& err) {
+// Numeric options: the whole value must parse and lie in [lo, hi] (no silent
+// wrap-around or saturation); `v` keeps its default when the flag is absent.
+bool Integer(const Parsed& p, const std::string& flag, int64_t lo, int64_t hi, int64_t& v,
+             std::string& err) {
   auto it = p.flags.find(flag);
   if (it == p.flags.end()) return true;
+  const std::string& s = it->second;
   char* end = nullptr;
-  v = std::strtod(it->second.c_str(), &end);
-  if (end == it->second.c_str() || *end != '\0' || !std::isfinite(v)) {
-    err = "not a number for " + flag + ": '" + it->second + "'";
+  errno = 0;
+  const long long x = std::strtoll(s.c_str(), &end, 10);
+  if (end == s.c_str() || *end != '\0') {
+    err = "not an integer for " + flag + ": '" + s + "'";
     return false;
   }
+  if (errno == ERANGE || x < lo || x > hi) {
+    err = flag + " " + s + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+          "]";
+    return false;
+  }
+  v = x;
+  return true;
+}
+
+bool Real(const Parsed& p, const std::string& flag, double lo, double hi, double& v,
+          std::string& err) {
+  auto it = p.flags.find(flag);
+  if (it == p.flags.end()) return true;
+  const std::string& s = it->second;
+  char* end = nullptr;
+  const double x = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || *end != '\0' || !std::isfinite(x)) {
+    err = "not a number for " + flag + ": '" + s + "'";
+    return false;
+  }
+  if (!(x >= lo && x <= hi)) {
+    char range[64];
+    std::snprintf(range, sizeof(range), "[%g, %g]", lo, hi);
+    err = flag + " " + s + " is out of range " + range;
+    return false;
+  }
+  v = x;
   return true;
 }
 
@@ -164,7 +200,10 @@ int CkptVerify(const std::string& path) {
     auto all = omni::ScanCheckpoints(path);
     if (!all.ok()) return Fail(all.status());
     for (const omni::CheckpointStatus& c : *all) dirs.push_back(c.info.path);
-    if (dirs.empty()) std::printf("no checkpoints in %s\n", path.c_str());
+    if (dirs.empty()) {
+      std::fprintf(stderr, "omni: no checkpoints in %s: nothing verified\n", path.c_str());
+      return 1;
+    }
   }
   int bad = 0;
   for (const std::string& d : dirs) {
@@ -217,10 +256,14 @@ int main(int argc, char** argv) {
     return Usage(err);
   }
   if (p.positional.size() != 1) return Usage(cmd + " takes exactly one step log");
-  double window = 200, at_step = -1, k = 2.0, horizon_s = 300, stride = 1;
-  if (!Number(p, "--window", window, err) || !Number(p, "--at-step", at_step, err) ||
-      !Number(p, "--k", k, err) || !Number(p, "--horizon-s", horizon_s, err) ||
-      !Number(p, "--stride", stride, err)) {
+  int64_t window = 200, at_step = -1, stride = 1;
+  double k = 2.0, horizon_s = 300;
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  // horizon_s * 1e9 must fit an int64 of nanoseconds: at most ~292 years.
+  if (!Integer(p, "--window", 1, kMaxInt, window, err) ||
+      !Integer(p, "--at-step", 0, std::numeric_limits<int64_t>::max(), at_step, err) ||
+      !Real(p, "--k", 0, 1e6, k, err) || !Real(p, "--horizon-s", 0, 9e9, horizon_s, err) ||
+      !Integer(p, "--stride", 1, kMaxInt, stride, err)) {
     return Usage(err);
   }
 

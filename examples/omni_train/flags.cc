@@ -68,6 +68,8 @@ Checkpoints and preemption:
   --ckpt-every N    checkpoint every N steps (default 0: only when preempted)
   --keep K          keep the newest K checkpoints (default 3)
   --async-ckpt      write periodic checkpoints on a background thread
+  --start-fresh     start from step 0 even when --ckpt-dir holds checkpoints of which none
+                    is valid (without it omni_train refuses, naming each and why)
   --loss-log PATH   append "step=<N> loss=<loss>" for every step to PATH
   --notice-file F   watch F for a scheduler's notice {"deadline_unix_ms": T} / {"yield_in_s": S}
   --notice-key K    watch key K of --store for a notice {"yield_in_s": S} (a store spans
@@ -123,7 +125,7 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
 
     // Boolean flags.
     if (name == "text-only" || name == "quiet" || name == "help" || name == "async-ckpt" ||
-        name == "leave-on-preempt") {
+        name == "leave-on-preempt" || name == "start-fresh") {
       if (has_value) {
         return absl::InvalidArgumentError(absl::StrCat("flag --", name, " takes no value"));
       }
@@ -131,6 +133,7 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
       if (name == "quiet") f.quiet = true;
       if (name == "help") f.help = true;
       if (name == "async-ckpt") f.async_ckpt = true;
+      if (name == "start-fresh") f.start_fresh = true;
       if (name == "leave-on-preempt") f.leave_on_preempt = true;
       continue;
     }

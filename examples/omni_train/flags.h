@@ -26,13 +26,14 @@ struct TrainFlags {
   bool quiet = false;
   bool help = false;
   // Checkpoints and preemption.
-  std::string ckpt_dir;     // --ckpt-dir: resume from / save to (empty = off)
-  int64_t ckpt_every = 0;   // --ckpt-every: periodic checkpoint every N steps (0 = off)
-  int keep = 3;             // --keep: newest checkpoints kept
-  bool async_ckpt = false;  // --async-ckpt: periodic checkpoints written in the background
-  std::string loss_log;     // --loss-log: append "step=<N> loss=<%.9g>" per step
-  std::string notice_file;  // --notice-file: scheduler notice (omni::PreemptionOptions)
-  std::string notice_key;   // --notice-key: the same notice, as a key of --store
+  std::string ckpt_dir;      // --ckpt-dir: resume from / save to (empty = off)
+  int64_t ckpt_every = 0;    // --ckpt-every: periodic checkpoint every N steps (0 = off)
+  int keep = 3;              // --keep: newest checkpoints kept
+  bool async_ckpt = false;   // --async-ckpt: periodic checkpoints written in the background
+  bool start_fresh = false;  // --start-fresh: from step 0 when none of --ckpt-dir is valid
+  std::string loss_log;      // --loss-log: append "step=<N> loss=<%.9g>" per step
+  std::string notice_file;   // --notice-file: scheduler notice (omni::PreemptionOptions)
+  std::string notice_key;    // --notice-key: the same notice, as a key of --store
   // Elastic data parallelism (on when --store is given).
   std::string store;               // --store: file:///dir or tcp://host:port
   std::string replica_id;          // --replica-id: unique within the job

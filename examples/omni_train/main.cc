@@ -377,6 +377,7 @@ int Run(const TrainFlags& flags) {
     omni::CheckpointOptions co;
     co.dir = flags.ckpt_dir;
     co.keep_last = flags.keep;
+    co.start_fresh = flags.start_fresh;
     co.job_id = JobId(flags);
     absl::StatusOr<std::unique_ptr<omni::CheckpointManager>> opened =
         omni::CheckpointManager::Open(co);

@@ -41,7 +41,9 @@
 // collective between Open and the first save guarantees it), and save the
 // same steps in the same order.
 //
-// Retention (rank 0, after each commit) renames what it drops to
+// Retention (rank 0, after each commit) counts valid checkpoints only (an
+// invalid one is neither counted nor deleted, so the newest valid one always
+// stays), renames what it drops to
 // <dir>/.trash-* and deletes it on the background thread. Open removes what
 // crashed writers left: temporary and trash directories, and files of ranks
 // whose lock no live process holds.
@@ -93,6 +95,11 @@ struct CheckpointOptions {
   bool wait_for_pending = true;
   // How long rank 0 waits for the other ranks' shards before giving up.
   absl::Duration shard_timeout = absl::Minutes(5);
+  // Restore (without a step) when the directory holds step directories but
+  // none is a valid checkpoint: false refuses (FailedPrecondition naming
+  // each one and why), so that a job never silently starts over from step 0;
+  // true returns NotFound as for an empty directory (start from scratch).
+  bool start_fresh = false;
 };
 
 struct CheckpointInfo {
@@ -117,16 +124,35 @@ struct SaveStats {
 
 class OMNI_EXPORT CheckpointManager {
  public:
+  // Limits on what is read (parsing costs tens of times the bytes in
+  // memory; a file over a limit is refused with ResourceExhausted naming it,
+  // before it is read, and a save that would write one fails the same way):
+  // manifest.json and the per-rank fragments, and a shard's safetensors
+  // JSON header (ckpt/safetensors.h, 16 MiB).
+  static constexpr size_t kMaxManifestBytes = size_t{64} << 20;
+  static constexpr size_t kMaxShardHeaderBytes = size_t{16} << 20;
+
   // Creates the directory, takes the writer lock for (dir, rank) — an flock
   // that the kernel releases when a writer dies, so a crash never leaves it
   // stuck; FailedPrecondition naming the directory when another live process
   // holds it — and removes temporary and orphaned files left by crashed
   // writers.
+  //
+  // Nothing inside `dir` is followed out of it: every entry is opened
+  // relative to the directory without following symbolic links, and only
+  // regular files are read (a FIFO or device is refused without blocking).
+  // A lock, temporary or trash entry that is a symbolic link (or not of its
+  // kind) makes Open fail with FailedPrecondition naming it; its target is
+  // never touched. A step directory that is a symbolic link is reported as
+  // invalid and never read or deleted.
   static absl::StatusOr<std::unique_ptr<CheckpointManager>> Open(const CheckpointOptions& options);
   virtual ~CheckpointManager() = default;
 
   // Saves `state` as checkpoint `step` (0 <= step < 10^12), durable when
-  // this returns OK; a checkpoint of the same step is replaced. Tensors are
+  // this returns OK; a checkpoint of the same step is replaced. A process
+  // over its file size limit (RLIMIT_FSIZE) gets ResourceExhausted (EFBIG)
+  // here like any full disk: Open ignores SIGXFSZ when its disposition is
+  // the default (which would kill the process without a word). Tensors are
   // streamed from the caller's memory to the file (no copy of the state is
   // held). On any error (e.g. ResourceExhausted for a full disk, naming the
   // file) the partial files are removed and every earlier checkpoint is
@@ -153,7 +179,8 @@ class OMNI_EXPORT CheckpointManager {
   virtual absl::Status WaitForPending(absl::Duration timeout = absl::InfiniteDuration()) = 0;
 
   // Valid checkpoints (manifest present and consistent, every shard file of
-  // the recorded size; checksums are not read), newest first.
+  // the recorded size, each shard's header as the manifest records it; the
+  // data's checksums are not read), newest first.
   virtual absl::StatusOr<std::vector<CheckpointInfo>> List() const = 0;
 
   // Loads the newest valid checkpoint (or `step`) into `state`, reading
@@ -174,7 +201,10 @@ class OMNI_EXPORT CheckpointManager {
   // and file), after which earlier checkpoints stay loadable by `step`. With
   // `step`, only that checkpoint is tried and its error is returned.
   // NotFound when there is no valid checkpoint (listing what was skipped)
-  // and no object was loaded.
+  // and no object was loaded: the directory holds no step directory, or
+  // start_fresh is set. Without start_fresh, a directory whose step
+  // directories are all invalid is FailedPrecondition naming each one (a job
+  // must not silently start over).
   //
   // On an error other than NotFound, the objects may hold a partial state:
   // DataLoss (naming the file and key) when a checksum failed midway and no

@@ -5,6 +5,7 @@
 // Thread safety: a StepLogWriter is used by one thread at a time.
 #pragma once
 
+#include <cstddef>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -34,9 +35,16 @@ struct StepLog {
   std::vector<StepRecord> steps;
 };
 
+// The longest line ReadStepLog accepts (a step of kMaxSpansPerStep spans
+// takes well under this; parsing costs tens of times the bytes in memory).
+inline constexpr size_t kMaxStepLogLineBytes = size_t{1} << 20;
+
 // Reads a whole log. Errors name the file and line: NotFound / PermissionDenied
-// for the file, InvalidArgument for malformed JSON or a record that fails
-// ValidateStepRecord, FailedPrecondition for a newer schema version.
+// for the file, FailedPrecondition for a file that is not a regular file (a
+// FIFO is refused without blocking) or a newer schema version,
+// InvalidArgument for malformed JSON, a field of the wrong type (each
+// reported as "path:line: ..."), a line longer than kMaxStepLogLineBytes, or
+// a record that fails ValidateStepRecord.
 OMNI_EXPORT absl::StatusOr<StepLog> ReadStepLog(const std::string& path);
 
 class OMNI_EXPORT StepLogWriter {

@@ -139,6 +139,7 @@ class CheckpointManager:
         wait_for_pending: bool = True,
         shard_timeout_s: float = 300.0,
         keep_snapshot_memory: bool = True,
+        start_fresh: bool = False,
     ) -> None: ...
     def save(self, step: int, state: StateRegistry, metadata: Optional[Dict[str, str]] = None) -> Dict[str, Any]: ...
     def save_async(

@@ -96,7 +96,8 @@ class CheckpointManager(_ClosingContext):
     ``save_async``), ``keep_snapshot_memory`` (keep the snapshot's host
     memory for the next ``save_async``, or return it after every write),
     ``wait_for_pending`` (``save_async`` while one is being written: wait, or
-    skip the new one), ``shard_timeout_s``.
+    skip the new one), ``shard_timeout_s``, ``start_fresh`` (see
+    ``restore``).
 
     Opening takes a writer lock on (dir, rank): ``RuntimeError`` naming the
     directory when another live process holds it. Use from one thread.
@@ -122,10 +123,11 @@ class CheckpointManager(_ClosingContext):
         wait_for_pending: bool = True,
         shard_timeout_s: float = 300.0,
         keep_snapshot_memory: bool = True,
+        start_fresh: bool = False,
     ) -> None:
         self._c = _C.CheckpointManager(
             dir, rank, world_size, job_id, keep_last, keep_every, max_snapshot_bytes,
-            wait_for_pending, shard_timeout_s, keep_snapshot_memory,
+            wait_for_pending, shard_timeout_s, keep_snapshot_memory, start_fresh,
         )
 
     @classmethod
@@ -167,10 +169,12 @@ class CheckpointManager(_ClosingContext):
         Each tensor is verified as it is read; when one fails its checksum,
         every object is loaded again from the previous valid checkpoint.
 
-        Returns ``None`` when ``dir`` holds no checkpoint at all; raises
-        ``FileNotFoundError`` (listing what was skipped) when there are
-        checkpoints but none is usable and nothing was loaded, and when
-        ``step`` does not exist; ``RuntimeError`` naming the file and key
+        Returns ``None`` when ``dir`` holds no checkpoint at all. When it holds
+        step directories but none is a valid checkpoint, raises
+        ``RuntimeError`` naming each and why (a job must not silently start
+        over from step 0), unless opened with ``start_fresh=True``, which
+        returns ``None`` then. Raises ``FileNotFoundError`` when ``step``
+        does not exist; ``RuntimeError`` naming the file and key
         when a corrupt checkpoint was partly loaded and no older one could
         replace it (the state is then unspecified)."""
         return self._c.restore(_registry(state), step)

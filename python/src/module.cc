@@ -1194,7 +1194,7 @@ class PyCheckpointManager {
                                                    std::string job_id, int keep_last,
                                                    int64_t keep_every, int64_t max_snapshot_bytes,
                                                    bool wait_for_pending, double shard_timeout_s,
-                                                   bool keep_snapshot_memory) {
+                                                   bool keep_snapshot_memory, bool start_fresh) {
     omni::CheckpointOptions options;
     options.dir = PathArg("dir", dir);
     options.rank = rank;
@@ -1209,6 +1209,7 @@ class PyCheckpointManager {
     options.max_snapshot_bytes = static_cast<size_t>(max_snapshot_bytes);
     options.wait_for_pending = wait_for_pending;
     options.keep_snapshot_memory = keep_snapshot_memory;
+    options.start_fresh = start_fresh;
     options.shard_timeout = absl::Nanoseconds(SecondsToNanos("shard_timeout_s", shard_timeout_s));
     absl::StatusOr<std::unique_ptr<omni::CheckpointManager>> manager;
     {
@@ -1540,7 +1541,8 @@ void DefineCheckpoints(py::module_& m) {
            py::arg("max_snapshot_bytes") = static_cast<int64_t>(defaults.max_snapshot_bytes),
            py::arg("wait_for_pending") = defaults.wait_for_pending,
            py::arg("shard_timeout_s") = absl::ToDoubleSeconds(defaults.shard_timeout),
-           py::arg("keep_snapshot_memory") = defaults.keep_snapshot_memory)
+           py::arg("keep_snapshot_memory") = defaults.keep_snapshot_memory,
+           py::arg("start_fresh") = defaults.start_fresh)
       .def(
           "save",
           [](PyCheckpointManager& self, int64_t step, PyStateRegistry& state,

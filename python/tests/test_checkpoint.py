@@ -119,6 +119,19 @@ def test_restore_returns_none_in_an_empty_directory(tmp_path):
     assert omni.list_checkpoints(tmp_path / "empty") == []
 
 
+def test_only_invalid_checkpoints_raise_naming_them_unless_opened_to_start_fresh(tmp_path):
+    with omni.CheckpointManager(tmp_path) as ckpt:
+        ckpt.save(3, {"progress": JsonState({"a": 1})})
+    shard = next((tmp_path / "step-000000000003").glob("*.safetensors"))
+    with open(shard, "r+b") as f:
+        f.truncate(10)
+    with omni.CheckpointManager(tmp_path) as ckpt:
+        with pytest.raises(RuntimeError, match="step-000000000003.*start fresh"):
+            ckpt.restore({"progress": JsonState()})
+    with omni.CheckpointManager(tmp_path, start_fresh=True) as ckpt:
+        assert ckpt.restore({"progress": JsonState()}) is None
+
+
 def test_restore_of_a_missing_step_raises_file_not_found(tmp_path):
     with omni.CheckpointManager(tmp_path) as ckpt:
         ckpt.save(3, {"progress": JsonState({"a": 1})})

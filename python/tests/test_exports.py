@@ -58,6 +58,22 @@ def test_read_step_log_of_a_malformed_file_raises_value_error_naming_the_line(tm
         omni.read_step_log(path)
 
 
+@pytest.mark.parametrize("bad", [
+    '{"type": 5, "step": 0, "start_ns": 0, "end_ns": 10, "spans": []}',
+    '{"type": "step", "step": 0, "start_ns": 0, "end_ns": 10, "spans": [1]}',
+    '{"type": "step", "step": "zero", "start_ns": 0, "end_ns": 10, "spans": []}',
+])
+def test_read_step_log_of_a_field_of_the_wrong_type_raises_value_error_naming_file_and_line(
+        make_telemetry, tmp_path, bad):
+    good = tmp_path / "good.jsonl"
+    make_telemetry(step_log=good).close()
+    header = good.read_text().splitlines()[0]
+    path = tmp_path / "types.jsonl"
+    path.write_text(header + "\n" + bad + "\n")
+    with pytest.raises(ValueError, match=f"{path}:2: "):
+        omni.read_step_log(path)
+
+
 def test_evaluate_scores_the_forecasts_of_a_step_log(make_telemetry, clock, tmp_path):
     log_path = tmp_path / "steps.jsonl"
     tel = make_telemetry(step_log=log_path, **NO_WARMUP)

@@ -1,6 +1,5 @@
 #include "omni/checkpoint.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>  // renameat2
 #include <sys/file.h>
@@ -14,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "ckpt/checkpoint_fs.h"
 #include "ckpt/safetensors.h"
 #include "common/fs.h"
 #include "common/strings.h"
@@ -55,6 +56,9 @@ constexpr const char* kTmpPrefix = ".tmp-step-";
 constexpr const char* kTrashPrefix = ".trash-";
 constexpr int64_t kMaxStep = 999'999'999'999;  // 12 digits
 constexpr uint64_t kDefaultHeaderReserve = uint64_t{1} << 20;
+// The largest manifest and fragment read (parsing JSON takes tens of times
+// its size in memory); CheckpointManager::kMaxManifestBytes documents it.
+constexpr size_t kMaxManifestBytes = CheckpointManager::kMaxManifestBytes;
 
 // ---------------------------------------------------------------- names
 
@@ -113,63 +117,30 @@ int OwnerOf(std::string_view name) {
 }
 
 // ---------------------------------------------------------------- small I/O
+//
+// Everything goes through a FileSystem, relative to an open directory, never
+// following a symbolic link (see common/fs.h).
 
-struct DirCloser {
-  void operator()(DIR* d) const { ::closedir(d); }
-};
+using internal::DirEntry;
+using internal::FileStat;
+using internal::FileSystem;
+using internal::FileType;
 
-absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) {
-  std::unique_ptr<DIR, DirCloser> d(::opendir(dir.c_str()));
-  if (!d) return ErrnoStatus(errno, absl::StrCat("list ", dir));
+absl::StatusOr<std::vector<std::string>> ListDir(FileSystem& fs, int dir, const std::string& path) {
+  absl::StatusOr<std::vector<DirEntry>> entries = fs.List(dir, path);
+  if (!entries.ok()) return entries.status();
   std::vector<std::string> out;
-  errno = 0;
-  while (const dirent* e = ::readdir(d.get())) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") out.push_back(name);
-  }
-  if (errno != 0) return ErrnoStatus(errno, absl::StrCat("list ", dir));
-  std::sort(out.begin(), out.end());
+  out.reserve(entries->size());
+  for (DirEntry& e : *entries) out.push_back(std::move(e.name));
   return out;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", path));
-  std::string out;
-  char buf[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, absl::StrCat("read ", path));
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  return out;
+void RemoveTree(FileSystem& fs, int dir, const std::string& name, const std::string& path) {
+  internal::RemoveTreeAt(fs, dir, name, path).IgnoreError();  // best effort
 }
 
-// Writes a new file and fsyncs it (inside a temporary directory, where no
-// reader looks, so no rename is needed).
-absl::Status WriteFileSynced(const std::string& path, std::string_view contents) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", path));
-  if (absl::Status st = ckpt::PwriteAll(fd.get(), contents.data(), contents.size(), 0, path);
-      !st.ok()) {
-    return st;
-  }
-  if (::fsync(fd.get()) != 0) return ErrnoStatus(errno, absl::StrCat("fsync ", path));
-  return fd.Close(path);
-}
-
-void RemoveTree(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
-}
-
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
+bool Exists(FileSystem& fs, int dir, const std::string& name) {
+  return fs.Stat(dir, name, name).ok();
 }
 
 int64_t NowUnixMs() {
@@ -550,34 +521,66 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::strin
   return m;
 }
 
-// NotFound when the directory has no manifest (not a checkpoint).
-absl::StatusOr<Manifest> LoadManifest(const std::string& step_dir) {
-  absl::StatusOr<std::string> text = ReadFile(Join(step_dir, kManifest));
+// A step directory opened for reading: `fd` (no symbolic link followed)
+// and its manifest.
+struct StepDir {
+  Fd fd;
+  Manifest m;
+};
+
+// Opens `name` under `dir` (the step directory `path`) and reads its
+// manifest. NotFound when the directory has no manifest (not a checkpoint);
+// FailedPrecondition for a symbolic link, a FIFO or another special file.
+absl::StatusOr<StepDir> LoadStep(FileSystem& fs, int dir, const std::string& name,
+                                 const std::string& path) {
+  StepDir out;
+  absl::StatusOr<Fd> fd = fs.OpenDir(dir, name, path);
+  if (!fd.ok()) return fd.status();
+  out.fd = *std::move(fd);
+  const std::string manifest = Join(path, kManifest);
+  absl::StatusOr<std::string> text =
+      internal::ReadFileAt(fs, out.fd.get(), kManifest, manifest, kMaxManifestBytes);
   if (!text.ok()) {
     if (absl::IsNotFound(text.status())) {
-      return absl::NotFoundError(absl::StrCat(step_dir, ": no manifest.json (not a checkpoint)"));
+      return absl::NotFoundError(absl::StrCat(path, ": no manifest.json (not a checkpoint)"));
     }
     return text.status();
   }
-  absl::StatusOr<Manifest> m = ParseManifest(*text, step_dir);
+  absl::StatusOr<Manifest> m = ParseManifest(*text, path);
   if (!m.ok()) return m.status();
-  const std::string base = std::filesystem::path(step_dir).filename().string();
+  const std::string base = std::filesystem::path(path).filename().string();
   const std::optional<int64_t> dir_step = ParseStepDir(base);
   if (dir_step && *dir_step != m->step) {
     return absl::DataLossError(absl::StrCat(m->ManifestPath(), ": step ", m->step,
                                             " does not match the directory name ", base));
   }
-  return m;
+  out.m = *std::move(m);
+  return out;
 }
 
-// Cheap checks of every shard: present, of the recorded size.
-absl::Status CheckShardFiles(const Manifest& m) {
+// A step directory named by the user (may be reached through symbolic links:
+// the user named it; nothing inside it is followed).
+absl::StatusOr<StepDir> LoadStepPath(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return LoadStep(internal::RealFileSystem(), AT_FDCWD, p, p);
+}
+
+// Cheap checks of every shard: a regular file of the recorded size.
+absl::Status CheckShardFiles(FileSystem& fs, const StepDir& sd) {
+  const Manifest& m = sd.m;
   for (size_t r = 0; r < m.shards.size(); ++r) {
     const std::string path = m.ShardPath(static_cast<int>(r));
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
-    if (static_cast<uint64_t>(st.st_size) != m.shards[r].bytes) {
-      return absl::DataLossError(absl::StrCat(path, ": ", st.st_size, " bytes, the manifest says ",
+    absl::StatusOr<FileStat> st = fs.Stat(sd.fd.get(), m.shards[r].file, path);
+    if (!st.ok()) return st.status();
+    if (st->type == FileType::kSymlink) {
+      return absl::FailedPreconditionError(absl::StrCat(path, " is a symbolic link; not followed"));
+    }
+    if (st->type != FileType::kRegular) {
+      return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
+    }
+    if (st->size != m.shards[r].bytes) {
+      return absl::DataLossError(absl::StrCat(path, ": ", st->size, " bytes, the manifest says ",
                                               m.shards[r].bytes, " (truncated or replaced?)"));
     }
   }
@@ -586,11 +589,13 @@ absl::Status CheckShardFiles(const Manifest& m) {
 
 // Opens one shard and checks what is cheap to check: its size, and its
 // header against the manifest (every key, dtype, shape and offset).
-absl::StatusOr<Fd> OpenCheckedShard(const Manifest& m, int rank) {
+absl::StatusOr<Fd> OpenCheckedShard(FileSystem& fs, const StepDir& sd, int rank) {
+  const Manifest& m = sd.m;
   const std::string path = m.ShardPath(rank);
   const ShardRecord& rec = m.shards[rank];
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", path));
+  absl::StatusOr<Fd> opened = fs.OpenRead(sd.fd.get(), rec.file, path);
+  if (!opened.ok()) return opened.status();
+  Fd fd = *std::move(opened);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
   const auto size = static_cast<uint64_t>(st.st_size);
@@ -624,45 +629,73 @@ absl::StatusOr<Fd> OpenCheckedShard(const Manifest& m, int rank) {
   return fd;
 }
 
-// Full verification of one shard: size, header against the manifest, every
-// checksum.
-absl::Status VerifyShard(const Manifest& m, int rank) {
-  absl::StatusOr<Fd> fd = OpenCheckedShard(m, rank);
-  if (!fd.ok()) return fd.status();
-  return ckpt::VerifyShardData(fd->get(), m.ShardPath(rank), m.shards[rank].header_bytes,
-                               m.entries[rank]);
+// The checks of List (and ScanCheckpoints): the manifest, every shard of
+// its size, and every shard's header against the manifest (a few reads of
+// each shard's first bytes; no checksum of the data).
+absl::Status CheckStep(FileSystem& fs, const StepDir& sd) {
+  if (absl::Status st = CheckShardFiles(fs, sd); !st.ok()) return st;
+  for (int r = 0; r < sd.m.world_size; ++r) {
+    absl::StatusOr<Fd> fd = OpenCheckedShard(fs, sd, r);
+    if (!fd.ok()) return fd.status();
+  }
+  return absl::OkStatus();
 }
 
-// Every step directory under `dir`, newest first.
-absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> StepDirs(const std::string& dir) {
-  absl::StatusOr<std::vector<std::string>> names = ListDir(dir);
+// Full verification of one shard: size, header against the manifest, every
+// checksum.
+absl::Status VerifyShard(FileSystem& fs, const StepDir& sd, int rank) {
+  absl::StatusOr<Fd> fd = OpenCheckedShard(fs, sd, rank);
+  if (!fd.ok()) return fd.status();
+  return ckpt::VerifyShardData(fd->get(), sd.m.ShardPath(rank), sd.m.shards[rank].header_bytes,
+                               sd.m.entries[rank]);
+}
+
+// A step directory entry under the checkpoint directory.
+struct StepName {
+  int64_t step = 0;
+  std::string name;
+  std::string path;
+};
+
+// Every step directory under the open directory `dir` (at `path`), newest
+// first.
+absl::StatusOr<std::vector<StepName>> StepDirs(FileSystem& fs, int dir, const std::string& path) {
+  absl::StatusOr<std::vector<std::string>> names = ListDir(fs, dir, path);
   if (!names.ok()) return names.status();
-  std::vector<std::pair<int64_t, std::string>> out;
+  std::vector<StepName> out;
   for (const std::string& n : *names) {
-    if (std::optional<int64_t> s = ParseStepDir(n)) out.emplace_back(*s, Join(dir, n));
+    if (std::optional<int64_t> s = ParseStepDir(n)) out.push_back({*s, n, Join(path, n)});
   }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::sort(out.begin(), out.end(),
+            [](const StepName& a, const StepName& b) { return a.step > b.step; });
   return out;
 }
 
-absl::StatusOr<std::vector<CheckpointStatus>> Scan(const std::string& dir) {
-  absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> dirs = StepDirs(dir);
-  if (!dirs.ok()) return dirs.status();
+std::vector<CheckpointStatus> ScanAt(FileSystem& fs, int dir, const std::vector<StepName>& dirs) {
   std::vector<CheckpointStatus> out;
-  for (const auto& [step, path] : *dirs) {
+  for (const StepName& d : dirs) {
     CheckpointStatus cs;
-    cs.info.step = step;
-    cs.info.path = path;
-    absl::StatusOr<Manifest> m = LoadManifest(path);
-    if (!m.ok()) {
-      cs.status = m.status();
+    cs.info.step = d.step;
+    cs.info.path = d.path;
+    absl::StatusOr<StepDir> sd = LoadStep(fs, dir, d.name, d.path);
+    if (!sd.ok()) {
+      cs.status = sd.status();
     } else {
-      cs.info = m->Info();
-      cs.status = CheckShardFiles(*m);
+      cs.info = sd->m.Info();
+      cs.status = CheckStep(fs, *sd);
     }
     out.push_back(std::move(cs));
   }
   return out;
+}
+
+absl::StatusOr<std::vector<CheckpointStatus>> Scan(const std::string& dir) {
+  FileSystem& fs = internal::RealFileSystem();
+  absl::StatusOr<Fd> fd = fs.OpenDir(AT_FDCWD, dir, dir);
+  if (!fd.ok()) return fd.status();
+  absl::StatusOr<std::vector<StepName>> dirs = StepDirs(fs, fd->get(), dir);
+  if (!dirs.ok()) return dirs.status();
+  return ScanAt(fs, fd->get(), *dirs);
 }
 
 // ---------------------------------------------------------------- fragments
@@ -847,11 +880,16 @@ class SnapshotWriter final : public StateWriter {
 
 class CheckpointManagerImpl final : public CheckpointManager {
  public:
-  CheckpointManagerImpl(CheckpointOptions options, Fd lock, struct timespec session)
-      : opt_(std::move(options)), lock_(std::move(lock)), session_(session) {}
+  CheckpointManagerImpl(CheckpointOptions options, FileSystem& fs, Fd dir, Fd lock,
+                        struct timespec session)
+      : opt_(std::move(options)),
+        fs_(fs),
+        dir_(std::move(dir)),
+        lock_(std::move(lock)),
+        session_(session) {}
   ~CheckpointManagerImpl() override;
 
-  void CleanUp();
+  absl::Status CleanUp();
   void LearnHeaderReserve();
 
   absl::StatusOr<SaveStats> Save(int64_t step, const StateRegistry& state,
@@ -865,19 +903,22 @@ class CheckpointManagerImpl final : public CheckpointManager {
 
  private:
   using Fill = std::function<absl::Status(ckpt::ShardWriter&)>;
+  std::string PathOf(const std::string& name) const { return Join(opt_.dir, name); }
   // Writes this rank's shard for `step` and takes part in the commit.
   absl::StatusOr<SaveStats> Write(int64_t step, const Metadata& metadata, const Fill& fill,
                                   const std::vector<TensorEntry>* plan);
-  absl::Status CommitRank0(int64_t step, const std::string& tmp, const Metadata& metadata,
-                           const ShardRecord& mine, std::vector<TensorEntry> my_entries);
-  absl::Status WaitForCommit(int64_t step, const std::string& tmp, const ShardRecord& mine);
-  absl::Status Publish(const std::string& tmp, const std::string& final_dir);
-  void RemoveOwnFiles(const std::string& tmp) const;
-  void AbortTmp(const std::string& tmp) const;
+  absl::Status CommitRank0(int64_t step, int tmp_fd, const std::string& tmp,
+                           const Metadata& metadata, const ShardRecord& mine,
+                           std::vector<TensorEntry> my_entries);
+  absl::Status WaitForCommit(int64_t step, int tmp_fd, const std::string& tmp,
+                             const ShardRecord& mine);
+  absl::Status Publish(const std::string& tmp_name, const std::string& final_name);
+  void RemoveOwnFiles(int tmp_fd, const std::string& tmp) const;
+  void AbortTmp(int tmp_fd, const std::string& tmp_name) const;
   void ApplyRetention(int64_t saved_step);
-  void DeleteLater(const std::string& path);
+  void DeleteLater(const std::string& name);
   void RemoveAbortedTmpDirs(int64_t except_step);
-  absl::Status CheckStep(int64_t step) const;
+  absl::Status CheckStepNumber(int64_t step) const;
   // Waits until no asynchronous save is pending (the latched error stays).
   void WaitIdle();
   void WorkerLoop();
@@ -890,6 +931,8 @@ class CheckpointManagerImpl final : public CheckpointManager {
   }
 
   const CheckpointOptions opt_;
+  FileSystem& fs_;
+  const Fd dir_;  // opt_.dir: every name below is opened relative to it
   Fd lock_;
   const struct timespec session_;  // the lock file's mtime at Open (rank 0)
   std::atomic<uint64_t> header_reserve_{kDefaultHeaderReserve};
@@ -899,11 +942,15 @@ class CheckpointManagerImpl final : public CheckpointManager {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<Snapshot> job_ ABSL_GUARDED_BY(mu_);
   absl::Status latched_ ABSL_GUARDED_BY(mu_);
-  // Directories renamed out of the way by retention, deleted in the
-  // background (deleting a large file takes tens of milliseconds).
+  // Directories (names under dir_) renamed out of the way by retention,
+  // deleted in the background (deleting a large file takes tens of
+  // milliseconds).
   std::vector<std::string> trash_ ABSL_GUARDED_BY(mu_);
   // The memory of the last snapshot, for the next one (keep_snapshot_memory).
   std::vector<HostBlock> spare_ ABSL_GUARDED_BY(mu_);
+  // Steps this manager committed or found valid: retention checks each step
+  // directory once, not on every save.
+  std::set<int64_t> known_valid_ ABSL_GUARDED_BY(mu_);
   std::thread worker_ ABSL_GUARDED_BY(mu_);  // started on first use
 };
 
@@ -925,7 +972,7 @@ CheckpointManagerImpl::~CheckpointManagerImpl() {
   if (worker.joinable()) worker.join();
 }
 
-absl::Status CheckpointManagerImpl::CheckStep(int64_t step) const {
+absl::Status CheckpointManagerImpl::CheckStepNumber(int64_t step) const {
   if (step < 0 || step > kMaxStep) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint step ", step, " is outside [0, ", kMaxStep, "]"));
@@ -936,96 +983,115 @@ absl::Status CheckpointManagerImpl::CheckStep(int64_t step) const {
 // Files of crashed writers: in temporary directories, what belongs to this
 // rank (its lock is ours now), and for rank 0 the manifest and abort marker,
 // files of ranks outside the world whose lock is free, and directories that
-// were being deleted.
-void CheckpointManagerImpl::CleanUp() {
-  absl::StatusOr<std::vector<std::string>> names = ListDir(opt_.dir);
-  if (!names.ok()) return;
-  for (const std::string& name : *names) {
-    const std::string path = Join(opt_.dir, name);
-    if (opt_.rank == 0 && name.rfind(kTrashPrefix, 0) == 0) {
-      RemoveTree(path);
+// were being deleted. A temporary or trash entry that is not a directory (a
+// symbolic link planted there, say) is refused: FailedPrecondition naming it,
+// its target untouched.
+absl::Status CheckpointManagerImpl::CleanUp() {
+  absl::StatusOr<std::vector<DirEntry>> names = fs_.List(dir_.get(), opt_.dir);
+  if (!names.ok()) return names.status();
+  for (const DirEntry& e : *names) {
+    const std::string& name = e.name;
+    const bool tmp = name.rfind(kTmpPrefix, 0) == 0;
+    const bool trash = name.rfind(kTrashPrefix, 0) == 0;
+    if (!tmp && !trash) continue;
+    const std::string path = PathOf(name);
+    if (e.type != FileType::kDirectory) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint directory ", opt_.dir, ": ", name, " is ",
+          e.type == FileType::kSymlink ? "a symbolic link" : "not a directory",
+          "; not followed or emptied (nothing in a checkpoint directory may lead out of it): "
+          "remove it"));
+    }
+    if (trash) {
+      if (opt_.rank == 0) RemoveTree(fs_, dir_.get(), name, path);
       continue;
     }
-    if (name.rfind(kTmpPrefix, 0) != 0) continue;
-    absl::StatusOr<std::vector<std::string>> files = ListDir(path);
+    absl::StatusOr<Fd> tmp_fd = fs_.OpenDir(dir_.get(), name, path);
+    if (!tmp_fd.ok()) return tmp_fd.status();
+    absl::StatusOr<std::vector<std::string>> files = ListDir(fs_, tmp_fd->get(), path);
     if (!files.ok()) continue;
     for (const std::string& f : *files) {
       const int owner = OwnerOf(f);
       bool remove = owner == opt_.rank || (opt_.world_size == 1 && owner < 0);
-      Fd other_lock;
       if (!remove && opt_.rank == 0 && owner >= opt_.world_size) {
         // A rank of an earlier, larger world: its files are orphaned when
         // no live process holds its lock.
-        other_lock = Fd(::open(Join(opt_.dir, LockName(owner)).c_str(), O_RDONLY | O_CLOEXEC));
-        remove = !other_lock.valid() ? errno == ENOENT
-                                     : ::flock(other_lock.get(), LOCK_EX | LOCK_NB) == 0;
+        absl::StatusOr<Fd> other = fs_.OpenRead(dir_.get(), LockName(owner), LockName(owner));
+        remove = !other.ok() ? absl::IsNotFound(other.status())
+                             : ::flock(other->get(), LOCK_EX | LOCK_NB) == 0;
       }
-      if (remove) RemoveTree(Join(path, f));
+      if (remove) RemoveTree(fs_, tmp_fd->get(), f, Join(path, f));
     }
-    ::rmdir(path.c_str());  // only when empty
+    fs_.Remove(dir_.get(), name, /*directory=*/true, path).IgnoreError();  // only when empty
   }
+  return absl::OkStatus();
 }
 
 void CheckpointManagerImpl::LearnHeaderReserve() {
-  absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> dirs = StepDirs(opt_.dir);
+  absl::StatusOr<std::vector<StepName>> dirs = StepDirs(fs_, dir_.get(), opt_.dir);
   if (!dirs.ok()) return;
-  for (const auto& d : *dirs) {
-    absl::StatusOr<uint64_t> n = ckpt::HeaderJsonBytes(Join(d.second, ShardFileName(opt_.rank)));
+  for (const StepName& d : *dirs) {
+    absl::StatusOr<Fd> sd = fs_.OpenDir(dir_.get(), d.name, d.path);
+    if (!sd.ok()) continue;
+    absl::StatusOr<uint64_t> n = ckpt::HeaderJsonBytes(fs_, sd->get(), ShardFileName(opt_.rank),
+                                                       Join(d.path, ShardFileName(opt_.rank)));
     if (!n.ok()) continue;
     header_reserve_ = ckpt::HeaderBytesFor(*n + *n / 4 + 4096);
     return;
   }
 }
 
-void CheckpointManagerImpl::RemoveOwnFiles(const std::string& tmp) const {
-  absl::StatusOr<std::vector<std::string>> files = ListDir(tmp);
+void CheckpointManagerImpl::RemoveOwnFiles(int tmp_fd, const std::string& tmp) const {
+  absl::StatusOr<std::vector<std::string>> files = ListDir(fs_, tmp_fd, tmp);
   if (!files.ok()) return;
   for (const std::string& f : *files) {
     const int owner = OwnerOf(f);
-    if (owner == opt_.rank || (opt_.world_size == 1)) RemoveTree(Join(tmp, f));
+    if (owner == opt_.rank || (opt_.world_size == 1)) RemoveTree(fs_, tmp_fd, f, Join(tmp, f));
   }
 }
 
 // After a failed save: remove what this rank wrote; rank 0 tells the others.
-void CheckpointManagerImpl::AbortTmp(const std::string& tmp) const {
+void CheckpointManagerImpl::AbortTmp(int tmp_fd, const std::string& tmp_name) const {
+  const std::string tmp = PathOf(tmp_name);
   if (opt_.world_size == 1) {
-    RemoveTree(tmp);
+    RemoveTree(fs_, dir_.get(), tmp_name, tmp);
     return;
   }
-  RemoveOwnFiles(tmp);
-  if (opt_.rank == 0) {
-    Fd fd(::open(Join(tmp, kAborted).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+  if (tmp_fd >= 0) {
+    RemoveOwnFiles(tmp_fd, tmp);
+    if (opt_.rank == 0) {
+      fs_.OpenWrite(tmp_fd, kAborted, false, false, Join(tmp, kAborted)).IgnoreError();
+    }
   }
-  ::rmdir(tmp.c_str());
+  fs_.Remove(dir_.get(), tmp_name, /*directory=*/true, tmp).IgnoreError();  // only when empty
 }
 
-absl::Status CheckpointManagerImpl::Publish(const std::string& tmp, const std::string& final_dir) {
-  if (::rename(tmp.c_str(), final_dir.c_str()) == 0) return absl::OkStatus();
-  if (errno != ENOTEMPTY && errno != EEXIST) {
-    return ErrnoStatus(errno, absl::StrCat("rename ", tmp, " -> ", final_dir));
-  }
+absl::Status CheckpointManagerImpl::Publish(const std::string& tmp_name,
+                                            const std::string& final_name) {
+  const std::string what = absl::StrCat(PathOf(tmp_name), " -> ", PathOf(final_name));
+  absl::Status st = fs_.Rename(dir_.get(), tmp_name, dir_.get(), final_name, false, what);
+  if (st.ok() || !absl::IsAlreadyExists(st)) return st;
   // A checkpoint of this step exists: swap atomically, then delete the old
   // one (now under the temporary name, which Open cleans up after a crash).
-  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
-    DeleteLater(tmp);
+  st = fs_.Rename(dir_.get(), tmp_name, dir_.get(), final_name, true, what);
+  if (st.ok()) {
+    DeleteLater(tmp_name);
     return absl::OkStatus();
   }
-  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
-    return ErrnoStatus(errno, absl::StrCat("exchange ", tmp, " <-> ", final_dir));
-  }
+  if (!absl::IsUnimplemented(st)) return st;
   // No RENAME_EXCHANGE on this file system: move the old one aside first.
-  const std::string trash = Join(
-      opt_.dir, absl::StrCat(kTrashPrefix, std::filesystem::path(final_dir).filename().string(),
-                             "-", ::getpid()));
-  if (::rename(final_dir.c_str(), trash.c_str()) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("rename ", final_dir, " -> ", trash));
+  const std::string trash = absl::StrCat(kTrashPrefix, final_name, "-", ::getpid());
+  if (absl::Status r = fs_.Rename(dir_.get(), final_name, dir_.get(), trash, false,
+                                  absl::StrCat(PathOf(final_name), " -> ", PathOf(trash)));
+      !r.ok()) {
+    return r;
   }
-  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
-    absl::Status st = ErrnoStatus(errno, absl::StrCat("rename ", tmp, " -> ", final_dir));
-    ::rename(trash.c_str(), final_dir.c_str());
-    return st;
+  if (absl::Status r = fs_.Rename(dir_.get(), tmp_name, dir_.get(), final_name, false, what);
+      !r.ok()) {
+    fs_.Rename(dir_.get(), trash, dir_.get(), final_name, false, what).IgnoreError();
+    return r;
   }
-  RemoveTree(trash);
+  RemoveTree(fs_, dir_.get(), trash, PathOf(trash));
   return absl::OkStatus();
 }
 
@@ -1033,11 +1099,23 @@ absl::StatusOr<SaveStats> CheckpointManagerImpl::Write(int64_t step, const Metad
                                                        const Fill& fill,
                                                        const std::vector<TensorEntry>* plan) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string tmp = Join(opt_.dir, TmpDirName(step));
-  if (::mkdir(tmp.c_str(), 0755) != 0) {
-    if (errno != EEXIST) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
-    RemoveOwnFiles(tmp);  // a failed attempt at this step
+  const std::string tmp_name = TmpDirName(step);
+  const std::string tmp = PathOf(tmp_name);
+  const auto failed = [&](const absl::Status& st) {
+    return absl::Status(st.code(), absl::StrCat("checkpoint step ", step, " in ", opt_.dir,
+                                                " (rank ", opt_.rank, "): ", st.message()));
+  };
+  bool existed = false;
+  if (absl::Status st = fs_.Mkdir(dir_.get(), tmp_name, tmp); !st.ok()) {
+    if (!absl::IsAlreadyExists(st)) return failed(st);
+    existed = true;
   }
+  absl::StatusOr<Fd> tmp_fd = fs_.OpenDir(dir_.get(), tmp_name, tmp);
+  if (!tmp_fd.ok()) {  // e.g. a symbolic link planted under the temporary name: never followed
+    if (!existed) AbortTmp(-1, tmp_name);
+    return failed(tmp_fd.status());
+  }
+  if (existed) RemoveOwnFiles(tmp_fd->get(), tmp);  // a failed attempt at this step
   const Metadata shard_md = {{"format", kFormat},
                              {"step", std::to_string(step)},
                              {"rank", std::to_string(opt_.rank)},
@@ -1047,10 +1125,10 @@ absl::StatusOr<SaveStats> CheckpointManagerImpl::Write(int64_t step, const Metad
   uint64_t reserve = header_reserve_;
   if (plan != nullptr) reserve = ckpt::HeaderBytesFor(ckpt::HeaderJson(*plan, shard_md).size());
 
-  const std::string shard_path = Join(tmp, ShardFileName(opt_.rank));
+  const std::string shard_name = ShardFileName(opt_.rank);
   absl::StatusOr<ShardSummary> summary = [&]() -> absl::StatusOr<ShardSummary> {
     absl::StatusOr<std::unique_ptr<ckpt::ShardWriter>> w =
-        ckpt::ShardWriter::Create(shard_path, reserve);
+        ckpt::ShardWriter::Create(fs_, tmp_fd->get(), shard_name, Join(tmp, shard_name), reserve);
     if (!w.ok()) return w.status();
     if (absl::Status st = Guard("saving", [&] { return fill(**w); }); !st.ok()) return st;
     return (*w)->Finish(shard_md);
@@ -1061,23 +1139,31 @@ absl::StatusOr<SaveStats> CheckpointManagerImpl::Write(int64_t step, const Metad
     header_reserve_ =
         ckpt::HeaderBytesFor(summary->header_json_bytes + summary->header_json_bytes / 4 + 4096);
     mine.rank = opt_.rank;
-    mine.file = ShardFileName(opt_.rank);
+    mine.file = shard_name;
     mine.bytes = summary->file_bytes;
     mine.header_bytes = summary->header_bytes;
     mine.header_xxh3 = summary->header_xxh3;
     mine.xxh3 = summary->xxh3;
     if (opt_.rank == 0) {
-      st = CommitRank0(step, tmp, metadata, mine, std::move(summary->entries));
+      st = CommitRank0(step, tmp_fd->get(), tmp, metadata, mine, std::move(summary->entries));
     } else {
-      st = internal::WriteFileAtomic(Join(tmp, FragmentName(opt_.rank)),
-                                     FragmentJson(step, mine, summary->entries));
-      if (st.ok()) st = WaitForCommit(step, tmp, mine);
+      // Written under a name rank 0 ignores, then renamed: rank 0 never
+      // reads half a fragment.
+      const std::string frag = FragmentName(opt_.rank);
+      const std::string part = frag + ".part";
+      st = internal::WriteFileSyncedAt(fs_, tmp_fd->get(), part,
+                                       FragmentJson(step, mine, summary->entries), Join(tmp, part));
+      if (st.ok()) {
+        st = fs_.Rename(tmp_fd->get(), part, tmp_fd->get(), frag, false,
+                        absl::StrCat(Join(tmp, part), " -> ", frag));
+      }
+      if (st.ok()) st = fs_.Sync(tmp_fd->get(), tmp);
+      if (st.ok()) st = WaitForCommit(step, tmp_fd->get(), tmp, mine);
     }
   }
   if (!st.ok()) {
-    AbortTmp(tmp);
-    return absl::Status(st.code(), absl::StrCat("checkpoint step ", step, " in ", opt_.dir,
-                                                " (rank ", opt_.rank, "): ", st.message()));
+    AbortTmp(tmp_fd->get(), tmp_name);
+    return failed(st);
   }
   SaveStats stats;
   stats.bytes = static_cast<int64_t>(mine.bytes);
@@ -1089,7 +1175,7 @@ absl::StatusOr<SaveStats> CheckpointManagerImpl::Write(int64_t step, const Metad
   return stats;
 }
 
-absl::Status CheckpointManagerImpl::CommitRank0(int64_t step, const std::string& tmp,
+absl::Status CheckpointManagerImpl::CommitRank0(int64_t step, int tmp_fd, const std::string& tmp,
                                                 const Metadata& metadata, const ShardRecord& mine,
                                                 std::vector<TensorEntry> my_entries) {
   Manifest m;
@@ -1103,7 +1189,7 @@ absl::Status CheckpointManagerImpl::CommitRank0(int64_t step, const std::string&
   m.shards[0] = mine;
   m.entries[0] = std::move(my_entries);
   if (opt_.world_size > 1) {
-    ::unlink(Join(tmp, kAborted).c_str());
+    fs_.Remove(tmp_fd, kAborted, false, Join(tmp, kAborted)).IgnoreError();
     std::vector<bool> have(opt_.world_size, false);
     have[0] = true;
     int missing = opt_.world_size - 1;
@@ -1111,23 +1197,27 @@ absl::Status CheckpointManagerImpl::CommitRank0(int64_t step, const std::string&
     while (missing > 0) {
       for (int r = 1; r < opt_.world_size; ++r) {
         if (have[r]) continue;
-        const std::string frag = Join(tmp, FragmentName(r));
-        struct stat fst;
-        if (::stat(frag.c_str(), &fst) != 0 || TimespecBefore(fst.st_mtim, session_)) {
+        const std::string frag_name = FragmentName(r);
+        const std::string frag = Join(tmp, frag_name);
+        absl::StatusOr<FileStat> fst = fs_.Stat(tmp_fd, frag_name, frag);
+        if (!fst.ok() || TimespecBefore(fst->mtime, session_)) {
           continue;  // not written yet, or left by a writer before this Open
         }
-        absl::StatusOr<std::string> text = ReadFile(frag);
-        if (!text.ok()) continue;
+        absl::StatusOr<std::string> text =
+            internal::ReadFileAt(fs_, tmp_fd, frag_name, frag, kMaxManifestBytes);
+        if (!text.ok()) {
+          if (absl::IsNotFound(text.status())) continue;
+          return text.status();  // a symbolic link, a FIFO, too large: never waited out
+        }
         if (absl::Status st = ParseFragment(*text, frag, step, r, m.shards[r], m.entries[r]);
             !st.ok()) {
           return st;
         }
-        struct stat sst;
         const std::string shard = Join(tmp, m.shards[r].file);
-        if (::stat(shard.c_str(), &sst) != 0 ||
-            static_cast<uint64_t>(sst.st_size) != m.shards[r].bytes) {
-          return absl::DataLossError(
-              absl::StrCat(shard, ": missing or not of the size its fragment records"));
+        absl::StatusOr<FileStat> sst = fs_.Stat(tmp_fd, m.shards[r].file, shard);
+        if (!sst.ok() || sst->type != FileType::kRegular || sst->size != m.shards[r].bytes) {
+          return absl::DataLossError(absl::StrCat(
+              shard, ": missing, not a regular file or not of the size its fragment records"));
         }
         have[r] = true;
         --missing;
@@ -1145,37 +1235,47 @@ absl::Status CheckpointManagerImpl::CommitRank0(int64_t step, const std::string&
       }
       poll.Wait();
     }
-    for (int r = 1; r < opt_.world_size; ++r) ::unlink(Join(tmp, FragmentName(r)).c_str());
+    for (int r = 1; r < opt_.world_size; ++r) {
+      fs_.Remove(tmp_fd, FragmentName(r), false, Join(tmp, FragmentName(r))).IgnoreError();
+    }
   }
   m.created_unix_ms = NowUnixMs();
-  if (absl::Status st = WriteFileSynced(Join(tmp, kManifest), ManifestJson(m)); !st.ok()) {
+  const std::string text = ManifestJson(m);
+  if (text.size() > kMaxManifestBytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(Join(tmp, kManifest), ": the manifest would take ", text.size(),
+                     " bytes, more than the limit of ", kMaxManifestBytes, " a reader accepts"));
+  }
+  if (absl::Status st =
+          internal::WriteFileSyncedAt(fs_, tmp_fd, kManifest, text, Join(tmp, kManifest));
+      !st.ok()) {
     return st;
   }
-  if (absl::Status st = ckpt::FsyncDir(tmp); !st.ok()) return st;
-  if (absl::Status st = Publish(tmp, Join(opt_.dir, StepDirName(step))); !st.ok()) return st;
-  return ckpt::FsyncDir(opt_.dir);
+  if (absl::Status st = fs_.Sync(tmp_fd, tmp); !st.ok()) return st;
+  if (absl::Status st = Publish(TmpDirName(step), StepDirName(step)); !st.ok()) return st;
+  return fs_.Sync(dir_.get(), opt_.dir);
 }
 
-absl::Status CheckpointManagerImpl::WaitForCommit(int64_t step, const std::string& tmp,
+absl::Status CheckpointManagerImpl::WaitForCommit(int64_t step, int tmp_fd, const std::string& tmp,
                                                   const ShardRecord& mine) {
-  const std::string final_dir = Join(opt_.dir, StepDirName(step));
+  const std::string final_name = StepDirName(step);
+  const std::string final_dir = PathOf(final_name);
+  const auto committed = [&]() {
+    absl::StatusOr<StepDir> sd = LoadStep(fs_, dir_.get(), final_name, final_dir);
+    if (!sd.ok() || opt_.rank >= sd->m.world_size) return false;
+    const ShardRecord& r = sd->m.shards[opt_.rank];
+    return r.header_xxh3 == mine.header_xxh3 && r.bytes == mine.bytes;
+  };
   Poller poll(opt_.shard_timeout);
   while (true) {
-    if (absl::StatusOr<Manifest> m = LoadManifest(final_dir); m.ok() && opt_.rank < m->world_size) {
-      const ShardRecord& r = m->shards[opt_.rank];
-      if (r.header_xxh3 == mine.header_xxh3 && r.bytes == mine.bytes) return absl::OkStatus();
-    }
-    if (Exists(Join(tmp, kAborted))) {
+    if (committed()) return absl::OkStatus();
+    if (Exists(fs_, tmp_fd, kAborted)) {
       return absl::AbortedError(absl::StrCat("rank 0 gave up the save (", tmp, "/", kAborted, ")"));
     }
-    if (!Exists(tmp)) {
-      // Renamed away: either our commit (checked above, once more below) or
+    if (!Exists(fs_, dir_.get(), TmpDirName(step))) {
+      // Renamed away: either our commit (checked above, once more here) or
       // removed by rank 0.
-      if (absl::StatusOr<Manifest> m = LoadManifest(final_dir);
-          m.ok() && opt_.rank < m->world_size &&
-          m->shards[opt_.rank].header_xxh3 == mine.header_xxh3) {
-        return absl::OkStatus();
-      }
+      if (committed()) return absl::OkStatus();
       return absl::AbortedError(absl::StrCat(tmp, " disappeared without a commit by rank 0"));
     }
     if (poll.Expired()) {
@@ -1187,32 +1287,52 @@ absl::Status CheckpointManagerImpl::WaitForCommit(int64_t step, const std::strin
   }
 }
 
+// Counts valid checkpoints only (those List returns): an invalid one (a
+// corrupt manifest, a shard of the wrong size or header) neither takes a
+// place of keep_last nor is deleted here (Restore reports it), so the newest
+// valid checkpoint always stays.
 void CheckpointManagerImpl::ApplyRetention(int64_t saved_step) {
-  absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> dirs = StepDirs(opt_.dir);
+  absl::StatusOr<std::vector<StepName>> dirs = StepDirs(fs_, dir_.get(), opt_.dir);
   if (!dirs.ok()) return;
   int kept_newest = 0;
-  for (const auto& [step, path] : *dirs) {         // newest first
-    if (!Exists(Join(path, kManifest))) continue;  // not a checkpoint: not ours to delete
-    bool keep = step == saved_step;
+  for (const StepName& d : *dirs) {  // newest first
+    bool keep = d.step == saved_step;
+    bool known = keep;
+    if (!known) {
+      absl::MutexLock l(&mu_);
+      known = known_valid_.count(d.step) != 0;
+    }
+    if (!known) {
+      absl::StatusOr<StepDir> sd = LoadStep(fs_, dir_.get(), d.name, d.path);
+      if (!sd.ok() || !CheckStep(fs_, *sd).ok()) continue;  // not valid: not counted, kept
+    }
+    {
+      absl::MutexLock l(&mu_);
+      known_valid_.insert(d.step);
+    }
     if (kept_newest < opt_.keep_last) {
       keep = true;
       ++kept_newest;
     }
-    if (opt_.keep_every > 0 && step % opt_.keep_every == 0) keep = true;
+    if (opt_.keep_every > 0 && d.step % opt_.keep_every == 0) keep = true;
     if (keep) continue;
-    DeleteLater(path);
+    {
+      absl::MutexLock l(&mu_);
+      known_valid_.erase(d.step);
+    }
+    DeleteLater(d.name);
   }
 }
 
 // Renamed first (cheap, atomic), so that a crash midway never leaves a
 // half-deleted checkpoint, then deleted on the background thread.
-void CheckpointManagerImpl::DeleteLater(const std::string& path) {
+void CheckpointManagerImpl::DeleteLater(const std::string& name) {
   const std::string trash =
-      Join(opt_.dir, absl::StrCat(kTrashPrefix, std::filesystem::path(path).filename().string(),
-                                  "-", ::getpid(), "-", HexDigest(RandomId())));
-  if (::rename(path.c_str(), trash.c_str()) != 0) {
-    RemoveTree(path);
-    return;
+      absl::StrCat(kTrashPrefix, name, "-", ::getpid(), "-", HexDigest(RandomId()));
+  if (!fs_.Rename(dir_.get(), name, dir_.get(), trash, false,
+                  absl::StrCat(PathOf(name), " -> ", trash))
+           .ok()) {
+    return;  // retried by a later save
   }
   absl::MutexLock l(&mu_);
   trash_.push_back(trash);
@@ -1220,12 +1340,17 @@ void CheckpointManagerImpl::DeleteLater(const std::string& path) {
 }
 
 void CheckpointManagerImpl::RemoveAbortedTmpDirs(int64_t except_step) {
-  absl::StatusOr<std::vector<std::string>> names = ListDir(opt_.dir);
+  absl::StatusOr<std::vector<DirEntry>> names = fs_.List(dir_.get(), opt_.dir);
   if (!names.ok()) return;
-  for (const std::string& n : *names) {
-    if (n.rfind(kTmpPrefix, 0) != 0 || n == TmpDirName(except_step)) continue;
-    const std::string path = Join(opt_.dir, n);
-    if (Exists(Join(path, kAborted))) RemoveTree(path);
+  for (const DirEntry& e : *names) {
+    if (e.name.rfind(kTmpPrefix, 0) != 0 || e.name == TmpDirName(except_step) ||
+        e.type != FileType::kDirectory) {
+      continue;
+    }
+    absl::StatusOr<Fd> fd = fs_.OpenDir(dir_.get(), e.name, PathOf(e.name));
+    if (fd.ok() && Exists(fs_, fd->get(), kAborted)) {
+      RemoveTree(fs_, dir_.get(), e.name, PathOf(e.name));
+    }
   }
 }
 
@@ -1236,7 +1361,7 @@ void CheckpointManagerImpl::WaitIdle() {
 
 absl::StatusOr<SaveStats> CheckpointManagerImpl::Save(int64_t step, const StateRegistry& state,
                                                       const Metadata& metadata) {
-  if (absl::Status st = CheckStep(step); !st.ok()) return st;
+  if (absl::Status st = CheckStepNumber(step); !st.ok()) return st;
   WaitIdle();
   return Write(
       step, metadata, [&state](ckpt::ShardWriter& w) { return state.SaveAll(w); }, nullptr);
@@ -1244,7 +1369,7 @@ absl::StatusOr<SaveStats> CheckpointManagerImpl::Save(int64_t step, const StateR
 
 absl::StatusOr<SaveStats> CheckpointManagerImpl::SaveAsync(int64_t step, const StateRegistry& state,
                                                            const Metadata& metadata) {
-  if (absl::Status st = CheckStep(step); !st.ok()) return st;
+  if (absl::Status st = CheckStepNumber(step); !st.ok()) return st;
   std::vector<HostBlock> pool;
   {
     absl::MutexLock l(&mu_);
@@ -1302,7 +1427,7 @@ void CheckpointManagerImpl::WorkerLoop() {
       }
     }
     if (!trash.empty()) {
-      RemoveTree(trash);
+      RemoveTree(fs_, dir_.get(), trash, PathOf(trash));
       continue;
     }
     std::vector<TensorEntry> plan;
@@ -1351,22 +1476,28 @@ absl::Status CheckpointManagerImpl::WaitForPending(absl::Duration timeout) {
 }
 
 absl::StatusOr<std::vector<CheckpointInfo>> CheckpointManagerImpl::List() const {
-  return ListCheckpoints(opt_.dir);
+  absl::StatusOr<std::vector<StepName>> dirs = StepDirs(fs_, dir_.get(), opt_.dir);
+  if (!dirs.ok()) return dirs.status();
+  std::vector<CheckpointInfo> out;
+  for (CheckpointStatus& c : ScanAt(fs_, dir_.get(), *dirs)) {
+    if (c.status.ok()) out.push_back(std::move(c.info));
+  }
+  return out;
 }
 
 absl::StatusOr<CheckpointManager::RestoreResult> CheckpointManagerImpl::Restore(
     const StateRegistry& state, std::optional<int64_t> step) {
   WaitIdle();
-  std::vector<std::pair<int64_t, std::string>> candidates;
+  std::vector<StepName> candidates;
   if (step) {
-    if (absl::Status st = CheckStep(*step); !st.ok()) return st;
-    const std::string path = Join(opt_.dir, StepDirName(*step));
-    if (!Exists(path)) {
+    if (absl::Status st = CheckStepNumber(*step); !st.ok()) return st;
+    const std::string name = StepDirName(*step);
+    if (!Exists(fs_, dir_.get(), name)) {
       return absl::NotFoundError(absl::StrCat("no checkpoint of step ", *step, " in ", opt_.dir));
     }
-    candidates.emplace_back(*step, path);
+    candidates.push_back({*step, name, PathOf(name)});
   } else {
-    absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> dirs = StepDirs(opt_.dir);
+    absl::StatusOr<std::vector<StepName>> dirs = StepDirs(fs_, dir_.get(), opt_.dir);
     if (!dirs.ok()) return dirs.status();
     candidates = *std::move(dirs);
   }
@@ -1383,34 +1514,35 @@ absl::StatusOr<CheckpointManager::RestoreResult> CheckpointManagerImpl::Restore(
                : absl::StrCat("; the state objects may have been partially loaded from ", partial,
                               " and hold an unspecified state");
   };
-  for (const auto& [s, path] : candidates) {
-    absl::StatusOr<Manifest> m = LoadManifest(path);
+  for (const StepName& cand : candidates) {
+    const std::string& path = cand.path;
+    absl::StatusOr<StepDir> m = LoadStep(fs_, dir_.get(), cand.name, path);
     absl::Status st = m.status();
     if (absl::IsFailedPrecondition(st)) {  // newer format: never skipped silently
       return absl::Status(st.code(), absl::StrCat(st.message(), partial_note()));
     }
     if (st.ok()) {
-      if (!opt_.job_id.empty() && !m->job_id.empty() && m->job_id != opt_.job_id) {
+      if (!opt_.job_id.empty() && !m->m.job_id.empty() && m->m.job_id != opt_.job_id) {
         return absl::FailedPreconditionError(
-            absl::StrCat(path, " belongs to job '", m->job_id, "', this job is '", opt_.job_id,
+            absl::StrCat(path, " belongs to job '", m->m.job_id, "', this job is '", opt_.job_id,
                          "'; refusing to restore another job's checkpoint", partial_note()));
       }
-      if (opt_.rank >= m->world_size) {
+      if (opt_.rank >= m->m.world_size) {
         return absl::FailedPreconditionError(absl::StrCat(
-            path, " was written by ", m->world_size, " rank(s) and has no shard for rank ",
+            path, " was written by ", m->m.world_size, " rank(s) and has no shard for rank ",
             opt_.rank, " (world size now ", opt_.world_size, ")", partial_note()));
       }
-      st = CheckShardFiles(*m);
+      st = CheckShardFiles(fs_, *m);
     }
-    absl::StatusOr<Fd> fd = st.ok() ? OpenCheckedShard(*m, opt_.rank) : st;
+    absl::StatusOr<Fd> fd = st.ok() ? OpenCheckedShard(fs_, *m, opt_.rank) : st;
     if (!fd.ok()) {
       if (step) return fd.status();
       result.skipped.push_back(std::string(fd.status().message()));
       continue;
     }
     const std::unique_ptr<ckpt::ShardReader> reader =
-        ckpt::ShardReader::Open(m->ShardPath(opt_.rank), *std::move(fd),
-                                m->shards[opt_.rank].header_bytes, m->entries[opt_.rank]);
+        ckpt::ShardReader::Open(m->m.ShardPath(opt_.rank), *std::move(fd),
+                                m->m.shards[opt_.rank].header_bytes, m->m.entries[opt_.rank]);
     const absl::Status loaded = Guard("loading", [&] { return state.LoadAll(*reader); });
     if (reader->any_read()) partial = path;
     // A failed read or checksum, even one a Stateful ignored or turned into
@@ -1427,13 +1559,22 @@ absl::StatusOr<CheckpointManager::RestoreResult> CheckpointManagerImpl::Restore(
       return absl::Status(loaded.code(),
                           absl::StrCat("restore ", path, ": ", loaded.message(), partial_note()));
     }
-    result.info = m->Info();
+    result.info = m->m.Info();
     return result;
   }
   std::string msg = absl::StrCat("no valid checkpoint in ", opt_.dir);
   if (!result.skipped.empty())
     absl::StrAppend(&msg, " (", absl::StrJoin(result.skipped, "; "), ")");
   if (!partial.empty()) return absl::DataLossError(absl::StrCat(msg, partial_note()));
+  if (!candidates.empty() && !opt_.start_fresh) {
+    // Checkpoints there, none usable: starting from step 0 would silently
+    // throw the job's progress away (and retention would then delete them).
+    return absl::FailedPreconditionError(absl::StrCat(
+        msg, "; it holds ", candidates.size(), " checkpoint director",
+        candidates.size() == 1 ? "y" : "ies",
+        " but none is valid: refusing to start from scratch (repair or move them, or start "
+        "fresh explicitly: CheckpointOptions::start_fresh, omni_train --start-fresh)"));
+  }
   return absl::NotFoundError(msg);
 }
 
@@ -1459,26 +1600,50 @@ absl::Status ValidateOptions(const CheckpointOptions& o) {
   return absl::OkStatus();
 }
 
-}  // namespace
+// A write past RLIMIT_FSIZE raises SIGXFSZ, whose default action kills the
+// process without a word (and with the previous checkpoint's successor half
+// written). Ignored, the write fails with EFBIG instead, an I/O error the
+// save reports and cleans up after. A handler the program installed stays.
+void IgnoreSigxfsz() {
+  struct sigaction old = {};
+  if (::sigaction(SIGXFSZ, nullptr, &old) == 0 && (old.sa_flags & SA_SIGINFO) == 0 &&
+      old.sa_handler == SIG_DFL) {
+    struct sigaction ign = {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    ::sigaction(SIGXFSZ, &ign, nullptr);
+  }
+}
 
-absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(
-    const CheckpointOptions& options) {
+absl::StatusOr<std::unique_ptr<CheckpointManager>> OpenOn(const CheckpointOptions& options,
+                                                          FileSystem& fs) {
   if (absl::Status st = ValidateOptions(options); !st.ok()) return st;
+  IgnoreSigxfsz();
   std::error_code ec;
   std::filesystem::create_directories(options.dir, ec);
   if (ec) {
     return ErrnoStatus(ec.value(), absl::StrCat("create checkpoint directory ", options.dir));
   }
-  if (!std::filesystem::is_directory(options.dir, ec)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint directory ", options.dir, " is not a directory"));
+  absl::StatusOr<Fd> dir = fs.OpenDir(AT_FDCWD, options.dir, options.dir);
+  if (!dir.ok()) {
+    if (absl::IsNotFound(dir.status()) || absl::IsInternal(dir.status())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint directory ", options.dir, " is not a directory: ", dir.status().message()));
+    }
+    return dir.status();
   }
-  const std::string lock_path = Join(options.dir, LockName(options.rank));
-  Fd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-  if (!lock.valid()) {
-    return ErrnoStatus(errno, absl::StrCat("checkpoint directory ", options.dir,
-                                           ": cannot create the writer lock ", lock_path));
+  const std::string lock_name = LockName(options.rank);
+  const std::string lock_path = Join(options.dir, lock_name);
+  // Never follows a symbolic link, never opens a FIFO or device (the pid is
+  // written into it).
+  absl::StatusOr<Fd> opened =
+      fs.OpenWrite(dir->get(), lock_name, /*truncate=*/false, /*exclusive=*/false, lock_path);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(), absl::StrCat("checkpoint directory ", options.dir,
+                                                             ": cannot create the writer lock: ",
+                                                             opened.status().message()));
   }
+  Fd lock = *std::move(opened);
   if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK) {
       return ErrnoStatus(errno, absl::StrCat("lock ", lock_path));
@@ -1501,11 +1666,26 @@ absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(
   ::futimens(lock.get(), nullptr);
   struct stat st;
   if (::fstat(lock.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", lock_path));
-  auto mgr = std::make_unique<CheckpointManagerImpl>(options, std::move(lock), st.st_mtim);
-  mgr->CleanUp();
+  auto mgr = std::make_unique<CheckpointManagerImpl>(options, fs, *std::move(dir), std::move(lock),
+                                                     st.st_mtim);
+  if (absl::Status cleaned = mgr->CleanUp(); !cleaned.ok()) return cleaned;
   mgr->LearnHeaderReserve();
   return mgr;
 }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(
+    const CheckpointOptions& options) {
+  return OpenOn(options, internal::RealFileSystem());
+}
+
+namespace internal {
+absl::StatusOr<std::unique_ptr<CheckpointManager>> OpenCheckpointManagerOn(
+    const CheckpointOptions& options, FileSystem& fs) {
+  return OpenOn(options, fs);
+}
+}  // namespace internal
 
 absl::StatusOr<std::vector<CheckpointStatus>> ScanCheckpoints(const std::string& dir) {
   return Scan(dir);
@@ -1522,18 +1702,20 @@ absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& d
 }
 
 absl::Status VerifyCheckpoint(const std::string& path) {
-  absl::StatusOr<Manifest> m = LoadManifest(path);
-  if (!m.ok()) return m.status();
-  if (absl::Status st = CheckShardFiles(*m); !st.ok()) return st;
-  for (int r = 0; r < m->world_size; ++r) {
-    if (absl::Status st = VerifyShard(*m, r); !st.ok()) return st;
+  absl::StatusOr<StepDir> sd = LoadStepPath(path);
+  if (!sd.ok()) return sd.status();
+  FileSystem& fs = internal::RealFileSystem();
+  if (absl::Status st = CheckShardFiles(fs, *sd); !st.ok()) return st;
+  for (int r = 0; r < sd->m.world_size; ++r) {
+    if (absl::Status st = VerifyShard(fs, *sd, r); !st.ok()) return st;
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> DescribeCheckpoint(const std::string& path) {
-  absl::StatusOr<Manifest> m = LoadManifest(path);
-  if (!m.ok()) return m.status();
+  absl::StatusOr<StepDir> sd = LoadStepPath(path);
+  if (!sd.ok()) return sd.status();
+  const Manifest* m = &sd->m;
   std::string out = absl::StrCat("checkpoint ", m->dir, "\n");
   char created[64] = "?";
   const std::time_t secs = static_cast<std::time_t>(m->created_unix_ms / 1000);

@@ -32,7 +32,7 @@ constexpr size_t kPieceBytes = size_t{8} << 20;          // hash then write, cac
 constexpr uint64_t kKickBytes = uint64_t{32} << 20;      // start writeback this often
 constexpr size_t kReadBytes = size_t{16} << 20;          // verification read size
 constexpr uint64_t kLoadPieceBytes = uint64_t{8} << 20;  // read then hash (see ShardReader)
-constexpr uint64_t kMaxHeader = 100'000'000;             // as the safetensors reference reader
+constexpr uint64_t kMaxHeader = kMaxHeaderBytes;  // safetensors allows 100 MB; see the header
 
 uint64_t LoadLe64(const unsigned char* p) {
   uint64_t v = 0;
@@ -140,19 +140,21 @@ uint64_t HeaderBytesFor(size_t json_size) { return 8 + ((json_size + 7) / 8) * 8
 
 // ---------------------------------------------------------------- writer
 
-ShardWriter::ShardWriter(std::string path, Fd fd, uint64_t reserve)
-    : path_(std::move(path)), fd_(std::move(fd)), data_start_(reserve) {}
+ShardWriter::ShardWriter(internal::FileSystem& fs, std::string path, Fd fd, uint64_t reserve)
+    : fs_(fs), path_(std::move(path)), fd_(std::move(fd)), data_start_(reserve) {}
 
-absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(std::string path,
+absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(internal::FileSystem& fs, int dir,
+                                                                 const std::string& name,
+                                                                 std::string path,
                                                                  uint64_t header_reserve) {
   if (header_reserve < 16 || header_reserve % 8 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("header reserve ", header_reserve, " is not a multiple of 8 >= 16"));
   }
   // Read-write: a header that outgrows its reserve moves the data.
-  Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("create ", path));
-  return std::make_unique<ShardWriter>(std::move(path), std::move(fd), header_reserve);
+  absl::StatusOr<Fd> fd = fs.OpenWrite(dir, name, /*truncate=*/true, /*exclusive=*/false, path);
+  if (!fd.ok()) return fd.status();
+  return std::make_unique<ShardWriter>(fs, std::move(path), *std::move(fd), header_reserve);
 }
 
 absl::Status CheckPut(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
@@ -226,7 +228,7 @@ absl::Status ShardWriter::Append(const void* data, size_t n, Xxh3& hash) {
   while (n > 0) {
     const size_t c = std::min(n, kPieceBytes);
     hash.Update(p, c);
-    if (absl::Status st = PwriteAll(fd_.get(), p, c, data_start_ + data_end_, path_); !st.ok()) {
+    if (absl::Status st = fs_.Write(fd_.get(), p, c, data_start_ + data_end_, path_); !st.ok()) {
       return st;
     }
     p += c;
@@ -240,7 +242,7 @@ absl::Status ShardWriter::Append(const void* data, size_t n, Xxh3& hash) {
 absl::Status ShardWriter::FlushStage() {
   if (stage_.empty()) return absl::OkStatus();
   if (absl::Status st =
-          PwriteAll(fd_.get(), stage_.data(), stage_.size(), data_start_ + stage_offset_, path_);
+          fs_.Write(fd_.get(), stage_.data(), stage_.size(), data_start_ + stage_offset_, path_);
       !st.ok()) {
     return st;
   }
@@ -272,7 +274,7 @@ absl::Status ShardWriter::MoveData(uint64_t new_start) {
     if (absl::Status st = PreadAll(fd_.get(), buf.data(), c, data_start_ + left, path_); !st.ok()) {
       return st;
     }
-    if (absl::Status st = PwriteAll(fd_.get(), buf.data(), c, new_start + left, path_); !st.ok()) {
+    if (absl::Status st = fs_.Write(fd_.get(), buf.data(), c, new_start + left, path_); !st.ok()) {
       return st;
     }
   }
@@ -290,7 +292,8 @@ absl::StatusOr<ShardSummary> ShardWriter::Finish(
     const uint64_t need = HeaderBytesFor(json_text.size());
     if (need > kMaxHeader) {
       st = absl::InvalidArgumentError(
-          absl::StrCat(path_, ": header of ", need, " bytes exceeds the safetensors limit"));
+          absl::StrCat(path_, ": header of ", need, " bytes exceeds the limit of ", kMaxHeader,
+                       " bytes a reader accepts (too many tensors in one shard)"));
     } else if (need > data_start_) {
       st = MoveData(need);
     }
@@ -301,9 +304,9 @@ absl::StatusOr<ShardSummary> ShardWriter::Finish(
     StoreLe64(data_start_ - 8, header.data());
     std::memcpy(header.data() + 8, json_text.data(), json_text.size());
     out.header_xxh3 = Xxh3Of(header.data(), header.size());
-    st = PwriteAll(fd_.get(), header.data(), header.size(), 0, path_);
+    st = fs_.Write(fd_.get(), header.data(), header.size(), 0, path_);
   }
-  if (st.ok() && ::fsync(fd_.get()) != 0) st = ErrnoStatus(errno, absl::StrCat("fsync ", path_));
+  if (st.ok()) st = fs_.Sync(fd_.get(), path_);
   if (st.ok()) st = fd_.Close(path_);
   if (!st.ok()) {
     error_ = st;
@@ -327,6 +330,10 @@ absl::StatusOr<ShardHeader> ReadShardHeader(int fd, const std::string& path, uin
   unsigned char len_le[8];
   if (absl::Status st = PreadAll(fd, len_le, 8, 0, path); !st.ok()) return st;
   const uint64_t n = LoadLe64(len_le);
+  if (n > kMaxHeader && n <= file_size - 8) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        path, ": header of ", n, " bytes is over the limit of ", kMaxHeader, " bytes; not read"));
+  }
   if (n < 2 || n > kMaxHeader || n > file_size - 8) {
     return DataLoss(path, absl::StrCat("header length ", n, " is impossible for a file of ",
                                        file_size, " bytes"));
@@ -407,15 +414,16 @@ absl::StatusOr<ShardHeader> ReadShardHeader(int fd, const std::string& path, uin
   return out;
 }
 
-absl::StatusOr<uint64_t> HeaderJsonBytes(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoStatus(errno, absl::StrCat("open ", path));
+absl::StatusOr<uint64_t> HeaderJsonBytes(internal::FileSystem& fs, int dir, const std::string& name,
+                                         const std::string& path) {
+  absl::StatusOr<Fd> fd = fs.OpenRead(dir, name, path);
+  if (!fd.ok()) return fd.status();
   unsigned char len_le[8];
-  if (absl::Status st = PreadAll(fd.get(), len_le, 8, 0, path); !st.ok()) return st;
+  if (absl::Status st = PreadAll(fd->get(), len_le, 8, 0, path); !st.ok()) return st;
   const uint64_t n = LoadLe64(len_le);
   if (n > kMaxHeader) return DataLoss(path, absl::StrCat("header length ", n, " is impossible"));
   std::string text(n, '\0');
-  if (absl::Status st = PreadAll(fd.get(), text.data(), n, 8, path); !st.ok()) return st;
+  if (absl::Status st = PreadAll(fd->get(), text.data(), n, 8, path); !st.ok()) return st;
   const size_t last = text.find_last_not_of(' ');
   return last == std::string::npos ? 0 : last + 1;
 }

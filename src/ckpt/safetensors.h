@@ -89,10 +89,15 @@ uint64_t HeaderBytesFor(size_t json_size);
 // fsync has little left to do.
 class ShardWriter final : public StateWriter {
  public:
-  // Creates (truncates) `path`. header_reserve: a multiple of 8, >= 16.
-  static absl::StatusOr<std::unique_ptr<ShardWriter>> Create(std::string path,
+  // Creates (truncates) the regular file `name` under the directory `dir`
+  // (at `path`) through `fs`, which every write and the fsync go through.
+  // header_reserve: a multiple of 8, >= 16.
+  static absl::StatusOr<std::unique_ptr<ShardWriter>> Create(internal::FileSystem& fs, int dir,
+                                                             const std::string& name,
+                                                             std::string path,
                                                              uint64_t header_reserve);
-  ShardWriter(std::string path, Fd fd, uint64_t reserve);  // use Create
+  ShardWriter(internal::FileSystem& fs, std::string path, Fd fd,
+              uint64_t reserve);  // use Create
   absl::Status PutTensor(std::string_view key, DType dtype, std::vector<int64_t> shape,
                          const void* data, size_t nbytes) override;
   absl::Status PutBytes(std::string_view key, std::string_view bytes) override;
@@ -108,6 +113,7 @@ class ShardWriter final : public StateWriter {
   absl::Status Kick(bool all);
   absl::Status MoveData(uint64_t new_start);
 
+  internal::FileSystem& fs_;
   std::string path_;
   Fd fd_;
   uint64_t data_start_;    // file offset of the data section
@@ -199,8 +205,13 @@ class ShardReader final : public StateReader {
 // "[2,8]"; "[]" for a scalar.
 std::string ShapeString(const std::vector<int64_t>& shape);
 
-// The length of the JSON of the header of the shard at `path`, without its
-// padding (to size the reserve of the next save).
-absl::StatusOr<uint64_t> HeaderJsonBytes(const std::string& path);
+// The length of the JSON of the header of the shard `name` under `dir` (at
+// `path`), without its padding (to size the reserve of the next save).
+absl::StatusOr<uint64_t> HeaderJsonBytes(internal::FileSystem& fs, int dir, const std::string& name,
+                                         const std::string& path);
+
+// The largest JSON header read or written (CheckpointManager::
+// kMaxShardHeaderBytes): parsing one costs tens of times its size.
+constexpr uint64_t kMaxHeaderBytes = uint64_t{16} << 20;
 
 }  // namespace omni::ckpt

@@ -1,10 +1,15 @@
 #include "common/fs.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <stdio.h>  // renameat2
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "common/strings.h"
@@ -97,6 +102,278 @@ absl::Status CheckWritableDir(const std::string& path) {
   if (fd.get() < 0) return ErrnoStatus(errno, absl::StrCat("cannot write ", path));
   ::unlink(probe.c_str());
   return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- the seam
+
+namespace {
+
+FileType TypeOf(mode_t m) {
+  if (S_ISREG(m)) return FileType::kRegular;
+  if (S_ISDIR(m)) return FileType::kDirectory;
+  if (S_ISLNK(m)) return FileType::kSymlink;
+  return FileType::kOther;
+}
+
+absl::Status SymlinkError(const std::string& path) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      path,
+      " is a symbolic link; not followed (nothing in a checkpoint directory may lead out "
+      "of it): remove it"));
+}
+
+absl::Status NotRegularError(const std::string& path, mode_t m) {
+  const char* what = S_ISFIFO(m)   ? "a FIFO"
+                     : S_ISDIR(m)  ? "a directory"
+                     : S_ISCHR(m)  ? "a character device"
+                     : S_ISBLK(m)  ? "a block device"
+                     : S_ISSOCK(m) ? "a socket"
+                                   : "not a regular file";
+  return absl::FailedPreconditionError(
+      absl::StrCat(path, " is ", what, ", not a regular file; not read"));
+}
+
+// After an open with O_NOFOLLOW failed with ELOOP (or ENOTDIR / ENXIO, which
+// other file types give): a clearer error when the entry is a symbolic link
+// or of another type.
+absl::Status OpenError(int err, int dir, const std::string& name, const std::string& path,
+                       std::string_view what) {
+  struct stat st;
+  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (S_ISLNK(st.st_mode)) return SymlinkError(path);
+    if (err == ENXIO || err == ENOTDIR || err == EISDIR) {
+      if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return NotRegularError(path, st.st_mode);
+    }
+  }
+  return ErrnoStatus(err, absl::StrCat(Sv(what), " ", path));
+}
+
+// The fd opened without blocking (a FIFO would block an open for reading
+// until a writer came): refuses anything but a regular file, then clears
+// O_NONBLOCK.
+absl::StatusOr<Fd> CheckRegular(Fd fd, const std::string& path) {
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
+  if (!S_ISREG(st.st_mode)) return NotRegularError(path, st.st_mode);
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("fcntl ", path));
+  }
+  return fd;
+}
+
+class RealFs final : public FileSystem {
+ public:
+  absl::StatusOr<Fd> OpenDir(int dir, const std::string& name, const std::string& path) override {
+    const int nofollow = dir == AT_FDCWD ? 0 : O_NOFOLLOW;
+    Fd fd(::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | nofollow));
+    if (!fd.valid()) return OpenError(errno, dir, name, path, "open directory");
+    return fd;
+  }
+  absl::StatusOr<Fd> OpenWrite(int dir, const std::string& name, bool truncate, bool exclusive,
+                               const std::string& path) override {
+    const int flags =
+        O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | (exclusive ? O_EXCL : 0);
+    Fd fd(::openat(dir, name.c_str(), flags, 0644));
+    if (!fd.valid()) {
+      if (errno == EEXIST) return absl::AlreadyExistsError(absl::StrCat(path, " exists"));
+      return OpenError(errno, dir, name, path, "create");
+    }
+    absl::StatusOr<Fd> checked = CheckRegular(std::move(fd), path);
+    if (!checked.ok()) return checked.status();
+    // Truncated only once known to be a regular file (O_TRUNC on open would
+    // act before the check).
+    if (truncate && ::ftruncate(checked->get(), 0) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("truncate ", path));
+    }
+    return checked;
+  }
+  absl::StatusOr<Fd> OpenRead(int dir, const std::string& name, const std::string& path) override {
+    const int nofollow = dir == AT_FDCWD ? 0 : O_NOFOLLOW;
+    Fd fd(::openat(dir, name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | nofollow));
+    if (!fd.valid()) return OpenError(errno, dir, name, path, "open");
+    return CheckRegular(std::move(fd), path);
+  }
+  absl::StatusOr<FileStat> Stat(int dir, const std::string& name,
+                                const std::string& path) override {
+    struct stat st;
+    if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("stat ", path));
+    }
+    FileStat out;
+    out.type = TypeOf(st.st_mode);
+    out.size = static_cast<uint64_t>(st.st_size);
+    out.mtime = st.st_mtim;
+    return out;
+  }
+  absl::Status Write(int fd, const void* data, size_t n, uint64_t offset,
+                     const std::string& path) override {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::pwrite(fd, p, std::min(n, size_t{1} << 30), static_cast<off_t>(offset));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoStatus(errno, absl::StrCat("write ", path));
+      }
+      if (w == 0) return ErrnoStatus(EIO, absl::StrCat("write ", path));
+      p += w;
+      n -= static_cast<size_t>(w);
+      offset += static_cast<uint64_t>(w);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Sync(int fd, const std::string& path) override {
+    if (::fsync(fd) == 0) return absl::OkStatus();
+    const int err = errno;
+    struct stat st;
+    if ((err == EINVAL || err == ENOTSUP) && ::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+      return absl::OkStatus();  // some file systems cannot fsync a directory
+    }
+    return ErrnoStatus(err, absl::StrCat("fsync ", path));
+  }
+  absl::Status Rename(int from_dir, const std::string& from, int to_dir, const std::string& to,
+                      bool exchange, const std::string& path) override {
+    if (::renameat2(from_dir, from.c_str(), to_dir, to.c_str(), exchange ? RENAME_EXCHANGE : 0) ==
+        0) {
+      return absl::OkStatus();
+    }
+    if (!exchange && (errno == EEXIST || errno == ENOTEMPTY)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("rename ", path, ": the target exists and is not empty"));
+    }
+    if (exchange && (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP)) {
+      return absl::UnimplementedError(
+          absl::StrCat("exchange ", path, ": not supported by this file system"));
+    }
+    return ErrnoStatus(errno, absl::StrCat(exchange ? "exchange " : "rename ", path));
+  }
+  absl::Status Remove(int dir, const std::string& name, bool directory,
+                      const std::string& path) override {
+    if (::unlinkat(dir, name.c_str(), directory ? AT_REMOVEDIR : 0) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("remove ", path));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Mkdir(int dir, const std::string& name, const std::string& path) override {
+    if (::mkdirat(dir, name.c_str(), 0755) != 0) {
+      if (errno == EEXIST) return absl::AlreadyExistsError(absl::StrCat(path, " exists"));
+      return ErrnoStatus(errno, absl::StrCat("create directory ", path));
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<DirEntry>> List(int dir, const std::string& path) override {
+    const int dup = ::fcntl(dir, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) return ErrnoStatus(errno, absl::StrCat("list ", path));
+    struct Closer {
+      void operator()(DIR* d) const { ::closedir(d); }
+    };
+    std::unique_ptr<DIR, Closer> d(::fdopendir(dup));
+    if (!d) {
+      const int err = errno;
+      ::close(dup);
+      return ErrnoStatus(err, absl::StrCat("list ", path));
+    }
+    ::rewinddir(d.get());
+    std::vector<DirEntry> out;
+    errno = 0;
+    while (const dirent* e = ::readdir(d.get())) {
+      const std::string name = e->d_name;
+      if (name == "." || name == "..") continue;
+      DirEntry de;
+      de.name = name;
+      switch (e->d_type) {
+        case DT_REG:
+          de.type = FileType::kRegular;
+          break;
+        case DT_DIR:
+          de.type = FileType::kDirectory;
+          break;
+        case DT_LNK:
+          de.type = FileType::kSymlink;
+          break;
+        case DT_UNKNOWN: {
+          struct stat st;
+          if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+            de.type = TypeOf(st.st_mode);
+          }
+          break;
+        }
+        default:
+          de.type = FileType::kOther;
+      }
+      out.push_back(std::move(de));
+      errno = 0;
+    }
+    if (errno != 0) return ErrnoStatus(errno, absl::StrCat("list ", path));
+    std::sort(out.begin(), out.end(),
+              [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; });
+    return out;
+  }
+};
+
+}  // namespace
+
+FileSystem& RealFileSystem() {
+  static RealFs* fs = new RealFs();  // never destroyed: usable from any static's destructor
+  return *fs;
+}
+
+absl::StatusOr<std::string> ReadFileAt(FileSystem& fs, int dir, const std::string& name,
+                                       const std::string& path, size_t max_bytes) {
+  absl::StatusOr<Fd> fd = fs.OpenRead(dir, name, path);
+  if (!fd.ok()) return fd.status();
+  struct stat st;
+  if (::fstat(fd->get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(path, ": ", st.st_size,
+                                                     " bytes, more than the limit of ", max_bytes,
+                                                     " for this file; not read"));
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t n =
+        ::pread(fd->get(), out.data() + got, out.size() - got, static_cast<off_t>(got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, absl::StrCat("read ", path));
+    }
+    if (n == 0) break;  // shrank meanwhile
+    got += static_cast<size_t>(n);
+  }
+  out.resize(got);
+  return out;
+}
+
+absl::Status WriteFileSyncedAt(FileSystem& fs, int dir, const std::string& name,
+                               std::string_view contents, const std::string& path) {
+  absl::StatusOr<Fd> fd = fs.OpenWrite(dir, name, /*truncate=*/true, /*exclusive=*/false, path);
+  if (!fd.ok()) return fd.status();
+  if (absl::Status st = fs.Write(fd->get(), contents.data(), contents.size(), 0, path); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = fs.Sync(fd->get(), path); !st.ok()) return st;
+  return fd->Close(path);
+}
+
+absl::Status RemoveTreeAt(FileSystem& fs, int dir, const std::string& name,
+                          const std::string& path) {
+  absl::StatusOr<FileStat> st = fs.Stat(dir, name, path);
+  if (!st.ok()) return absl::IsNotFound(st.status()) ? absl::OkStatus() : st.status();
+  if (st->type != FileType::kDirectory) return fs.Remove(dir, name, false, path);
+  absl::Status first;
+  {
+    absl::StatusOr<Fd> sub = fs.OpenDir(dir, name, path);
+    if (!sub.ok()) return sub.status();
+    absl::StatusOr<std::vector<DirEntry>> entries = fs.List(sub->get(), path);
+    if (!entries.ok()) return entries.status();
+    for (const DirEntry& e : *entries) {
+      absl::Status r = RemoveTreeAt(fs, sub->get(), e.name, absl::StrCat(path, "/", e.name));
+      if (first.ok()) first = r;
+    }
+  }
+  absl::Status r = fs.Remove(dir, name, true, path);
+  return first.ok() ? r : first;
 }
 
 }  // namespace omni::internal

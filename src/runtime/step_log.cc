@@ -1,10 +1,12 @@
 #include "omni/step_log.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <fstream>
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
@@ -168,117 +170,199 @@ absl::Status AddPhase(PhaseCatalog& cat, const json& p, const std::string& where
   return absl::OkStatus();
 }
 
+// One line of the log (header, phase or step) into `log`.
+absl::Status ParseLine(const json& j, const std::string& where, bool& have_header, StepLog& log) {
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
+  if (j.contains("type") && !j["type"].is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": field 'type' is not a string"));
+  }
+  const std::string type = j.value("type", "");
+  if (!have_header) {
+    if (type != "header" || !j.contains("schema") || j["schema"] != "omni.steplog") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": first line is not an omni.steplog header"));
+    }
+    auto v = GetInt(j, "version", where);
+    if (!v.ok()) return v.status();
+    if (*v > StepLogHeader::kSchemaVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(where, ": step log version ", *v,
+                                                        " is newer than supported version ",
+                                                        StepLogHeader::kSchemaVersion));
+    }
+    log.header.version = static_cast<int>(*v);
+    if (j.contains("source") && !j["source"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": field 'source' is not a string"));
+    }
+    log.header.source = j.value("source", "");
+    if (!j.contains("phases") || !j["phases"].is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": header has no 'phases' array"));
+    }
+    for (const json& p : j["phases"]) {
+      if (!p.is_object()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": a phase is not an object"));
+      }
+      if (auto st = AddPhase(log.header.phases, p, where); !st.ok()) return st;
+    }
+    if (j.contains("events")) {
+      const json& ev = j["events"];
+      if (!ev.is_object()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": 'events' is not an object"));
+      }
+      if (ev.contains("checkpoint")) {
+        if (auto st = ReadEvent(ev["checkpoint"], log.header.checkpoint, where + " checkpoint");
+            !st.ok()) {
+          return st;
+        }
+      }
+      if (ev.contains("eval")) {
+        if (auto st = ReadEvent(ev["eval"], log.header.eval, where + " eval"); !st.ok()) {
+          return st;
+        }
+      }
+      if (ev.contains("pipeline")) {
+        const json& p = ev["pipeline"];
+        if (!p.is_object()) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": 'pipeline' is not an object"));
+        }
+        // value() throws type_error for a field of another type: reported by
+        // the caller with the line.
+        log.header.pipeline.stages = p.value("stages", 1);
+        log.header.pipeline.micro_batches = p.value("micro_batches", 1);
+        log.header.pipeline.stage = p.value("stage", 0);
+        log.header.pipeline.backward_over_forward = p.value("backward_over_forward", 2.0);
+      }
+    }
+    have_header = true;
+    return absl::OkStatus();
+  }
+  if (type == "phase") return AddPhase(log.header.phases, j, where);
+  if (type != "step") return absl::OkStatus();  // unknown line types are for newer readers
+  StepRecord rec;
+  for (auto [key, dst] : {std::pair<const char*, int64_t*>{"step", &rec.step},
+                          {"start_ns", &rec.start_ns},
+                          {"end_ns", &rec.end_ns}}) {
+    auto v = GetInt(j, key, where);
+    if (!v.ok()) return v.status();
+    *dst = *v;
+  }
+  if (j.contains("spans_truncated") && !j["spans_truncated"].is_boolean()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": field 'spans_truncated' is not a boolean"));
+  }
+  rec.spans_truncated = j.value("spans_truncated", false);
+  if (!j.contains("spans") || !j["spans"].is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": step has no 'spans' array"));
+  }
+  if (j["spans"].size() > static_cast<size_t>(kMaxSpansPerStep)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": more than ", kMaxSpansPerStep, " spans"));
+  }
+  for (const json& s : j["spans"]) {
+    if (!s.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": span ", rec.num_spans, " is not an object"));
+    }
+    if (!s.contains("phase") || !s["phase"].is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": span ", rec.num_spans, ": field 'phase' missing or not a string"));
+    }
+    PhaseSpan& sp = rec.spans[rec.num_spans++];
+    auto ph = log.header.phases.Find(s["phase"].get<std::string>());
+    if (!ph.ok())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", ph.status().message()));
+    sp.phase = *ph;
+    for (auto [key, dst] :
+         {std::pair<const char*, int64_t*>{"start_ns", &sp.start_ns}, {"end_ns", &sp.end_ns}}) {
+      auto v = GetInt(s, key, where);
+      if (!v.ok()) return v.status();
+      *dst = *v;
+    }
+    auto depth = GetInt(s, "depth", where);
+    if (!depth.ok()) return depth.status();
+    if (*depth < 0 || *depth > kMaxPhaseDepth) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": span depth ", *depth, " out of range"));
+    }
+    sp.depth = static_cast<uint8_t>(*depth);
+  }
+  if (auto st = ValidateStepRecord(rec, log.header.phases); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", st.message()));
+  }
+  if (!log.steps.empty() && rec.step <= log.steps.back().step) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": step ", rec.step, " is not after step ", log.steps.back().step));
+  }
+  log.steps.push_back(rec);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<StepLog> ReadStepLog(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return ErrnoStatus(errno, absl::StrCat("cannot open step log ", path));
+  // A regular file only: a FIFO would block the open, a device never end.
+  absl::StatusOr<internal::Fd> fd = internal::RealFileSystem().OpenRead(AT_FDCWD, path, path);
+  if (!fd.ok()) {
+    return absl::Status(fd.status().code(),
+                        absl::StrCat("cannot open step log ", path, ": ", fd.status().message()));
+  }
   StepLog log;
   std::string line;
   int lineno = 0;
   bool have_header = false;
-  while (std::getline(in, line)) {
+  bool too_long = false;
+  std::vector<char> buf(size_t{1} << 16);
+  const auto finish_line = [&]() -> absl::Status {
     ++lineno;
-    if (line.empty()) continue;
     const std::string where = absl::StrCat(path, ":", lineno);
+    if (too_long) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": line longer than the limit of ",
+                                                     kMaxStepLogLineBytes, " bytes; not parsed"));
+    }
+    if (line.empty()) return absl::OkStatus();
     const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) {
+    if (j.is_discarded()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
     }
-    const std::string type = j.value("type", "");
-    if (!have_header) {
-      if (type != "header" || j.value("schema", "") != "omni.steplog") {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": first line is not an omni.steplog header"));
-      }
-      auto v = GetInt(j, "version", where);
-      if (!v.ok()) return v.status();
-      if (*v > StepLogHeader::kSchemaVersion) {
-        return absl::FailedPreconditionError(absl::StrCat(where, ": step log version ", *v,
-                                                          " is newer than supported version ",
-                                                          StepLogHeader::kSchemaVersion));
-      }
-      log.header.version = static_cast<int>(*v);
-      log.header.source = j.value("source", "");
-      if (!j.contains("phases") || !j["phases"].is_array()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": header has no 'phases' array"));
-      }
-      for (const json& p : j["phases"]) {
-        if (auto st = AddPhase(log.header.phases, p, where); !st.ok()) return st;
-      }
-      if (j.contains("events")) {
-        const json& ev = j["events"];
-        if (ev.contains("checkpoint")) {
-          if (auto st = ReadEvent(ev["checkpoint"], log.header.checkpoint, where + " checkpoint");
-              !st.ok()) {
-            return st;
-          }
-        }
-        if (ev.contains("eval")) {
-          if (auto st = ReadEvent(ev["eval"], log.header.eval, where + " eval"); !st.ok()) {
-            return st;
-          }
-        }
-        if (ev.contains("pipeline")) {
-          const json& p = ev["pipeline"];
-          log.header.pipeline.stages = p.value("stages", 1);
-          log.header.pipeline.micro_batches = p.value("micro_batches", 1);
-          log.header.pipeline.stage = p.value("stage", 0);
-          log.header.pipeline.backward_over_forward = p.value("backward_over_forward", 2.0);
-        }
-      }
-      have_header = true;
-      continue;
-    }
-    if (type == "phase") {
-      if (auto st = AddPhase(log.header.phases, j, where); !st.ok()) return st;
-      continue;
-    }
-    if (type != "step") continue;  // unknown line types are for newer readers
-    StepRecord rec;
-    for (auto [key, dst] : {std::pair<const char*, int64_t*>{"step", &rec.step},
-                            {"start_ns", &rec.start_ns},
-                            {"end_ns", &rec.end_ns}}) {
-      auto v = GetInt(j, key, where);
-      if (!v.ok()) return v.status();
-      *dst = *v;
-    }
-    rec.spans_truncated = j.value("spans_truncated", false);
-    if (!j.contains("spans") || !j["spans"].is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": step has no 'spans' array"));
-    }
-    if (j["spans"].size() > static_cast<size_t>(kMaxSpansPerStep)) {
+    try {
+      return ParseLine(j, where, have_header, log);
+    } catch (const json::exception& e) {  // a field of another type than the schema's
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": more than ", kMaxSpansPerStep, " spans"));
+          absl::StrCat(where, ": a field has the wrong type (", e.what(), ")"));
     }
-    for (const json& s : j["spans"]) {
-      PhaseSpan& sp = rec.spans[rec.num_spans++];
-      auto ph = log.header.phases.Find(s.value("phase", ""));
-      if (!ph.ok())
-        return absl::InvalidArgumentError(absl::StrCat(where, ": ", ph.status().message()));
-      sp.phase = *ph;
-      for (auto [key, dst] :
-           {std::pair<const char*, int64_t*>{"start_ns", &sp.start_ns}, {"end_ns", &sp.end_ns}}) {
-        auto v = GetInt(s, key, where);
-        if (!v.ok()) return v.status();
-        *dst = *v;
+  };
+  while (true) {
+    const ssize_t n = ::read(fd->get(), buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, absl::StrCat("cannot read step log ", path));
+    }
+    if (n == 0) break;
+    size_t pos = 0;
+    const auto got = static_cast<size_t>(n);
+    while (pos < got) {
+      const char* start = buf.data() + pos;
+      const char* nl = static_cast<const char*>(std::memchr(start, '\n', got - pos));
+      const size_t len = nl != nullptr ? static_cast<size_t>(nl - start) : got - pos;
+      if (!too_long) {
+        if (line.size() + len > kMaxStepLogLineBytes) {
+          too_long = true;
+          line.clear();
+          line.shrink_to_fit();
+        } else {
+          line.append(start, len);
+        }
       }
-      auto depth = GetInt(s, "depth", where);
-      if (!depth.ok()) return depth.status();
-      if (*depth < 0 || *depth > kMaxPhaseDepth) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": span depth ", *depth, " out of range"));
+      pos += len;
+      if (nl != nullptr) {
+        ++pos;
+        if (absl::Status st = finish_line(); !st.ok()) return st;
+        line.clear();
+        too_long = false;
       }
-      sp.depth = static_cast<uint8_t>(*depth);
     }
-    if (auto st = ValidateStepRecord(rec, log.header.phases); !st.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", st.message()));
-    }
-    if (!log.steps.empty() && rec.step <= log.steps.back().step) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": step ", rec.step, " is not after step ", log.steps.back().step));
-    }
-    log.steps.push_back(rec);
+  }
+  if (!line.empty() || too_long) {
+    if (absl::Status st = finish_line(); !st.ok()) return st;
   }
   if (!have_header) return absl::InvalidArgumentError(absl::StrCat(path, ": empty step log"));
   return log;

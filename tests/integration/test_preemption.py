@@ -257,3 +257,27 @@ def test_resuming_with_another_configuration_is_refused(tmp_path):
     q = subprocess.run(other, capture_output=True, text=True, timeout=60, check=False)
     assert q.returncode == 1, q.stdout + q.stderr
     assert "seed=6" in q.stderr and "seed=5" in q.stderr
+
+
+def test_only_invalid_checkpoints_refuse_to_start_unless_told_to_start_fresh(tmp_path, reference):
+    ref_final, _ = reference
+    ckpt = tmp_path / "ckpt"
+    first = subprocess.run(cmd("--ckpt-dir", ckpt, "--ckpt-every", 20), capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    steps = sorted(ckpt.glob("step-*"))
+    assert steps
+    for step in steps:  # every checkpoint fails its size check
+        shard = next(step.glob("*.safetensors"))
+        with open(shard, "r+b") as f:
+            f.truncate(100)
+    q = subprocess.run(cmd("--ckpt-dir", ckpt), capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert q.returncode == 1, q.stdout + q.stderr
+    assert "--start-fresh" in q.stderr
+    for step in steps:
+        assert step.name in q.stderr
+    fresh = subprocess.run(cmd("--ckpt-dir", ckpt, "--start-fresh"), capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert fresh.returncode == 0, fresh.stderr
+    assert final(fresh.stdout) == ref_final

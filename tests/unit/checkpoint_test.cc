@@ -522,7 +522,8 @@ TEST(Checkpoint, CorruptionCaughtBeforeAnyLoadLeavesTheStateUntouched) {
   TestState r;
   r.Set(-1);
   auto res = m->Restore(r.registry);
-  EXPECT_EQ(res.status().code(), absl::StatusCode::kNotFound);  // nothing was loaded
+  // Nothing was loaded; the only checkpoint is invalid, so no silent fresh start.
+  EXPECT_EQ(res.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_FALSE(Contains(Msg(res.status()), "partially loaded"));
   EXPECT_EQ(r.model.loads, 0);
   EXPECT_EQ(r.step, -1);

@@ -1,10 +1,15 @@
 #include "omni/step_log.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "test_util.h"
 
@@ -93,6 +98,101 @@ TEST(StepLog, RefusesANewerSchemaVersionAndMissingFiles) {
   auto missing = ReadStepLog("/nonexistent/steps.jsonl");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("/nonexistent/steps.jsonl"), absl::string_view::npos);
+}
+
+// A header line the reader accepts (built-in phases only).
+std::string HeaderLine() {
+  const std::string path = TempPath("steplog_header.jsonl");
+  {
+    auto w = StepLogWriter::Open(path, StepLogHeader{});
+    EXPECT_TRUE(w.ok());
+    EXPECT_TRUE((*w)->Close().ok());
+  }
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  fs::remove(path);
+  return line;
+}
+
+TEST(StepLog, TypeConfusionIsAnErrorNamingFileAndLineNotAnException) {
+  const std::string path = TempPath("steplog_types.jsonl");
+  const std::string header = HeaderLine();
+  const std::vector<std::string> bad_steps = {
+      R"({"type":5,"step":0,"start_ns":0,"end_ns":10,"spans":[]})",
+      R"({"type":"step","step":0,"start_ns":0,"end_ns":10,"spans":[1]})",
+      R"({"type":"step","step":"zero","start_ns":0,"end_ns":10,"spans":[]})",
+      R"({"type":"step","step":0,"start_ns":0,"end_ns":10,"spans":[{"phase":3,"start_ns":0,"end_ns":1,"depth":0}]})",
+      R"({"type":"step","step":0,"start_ns":0,"end_ns":10,"spans":[],"spans_truncated":"yes"})",
+      R"({"type":"phase","id":"x","name":"a","idle":"busy"})",
+      R"([1,2,3])",
+  };
+  for (const std::string& bad : bad_steps) {
+    {
+      std::ofstream out(path, std::ios::trunc);
+      out << header << "\n" << bad << "\n";
+    }
+    absl::StatusOr<StepLog> log;
+    ASSERT_NO_THROW(log = ReadStepLog(path)) << bad;
+    ASSERT_FALSE(log.ok()) << bad;
+    EXPECT_EQ(log.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(log.status().message().find(path + ":2"), absl::string_view::npos)
+        << bad << " -> " << log.status();
+  }
+  const std::vector<std::string> bad_headers = {
+      R"({"type":"header","schema":"omni.steplog","version":1,"phases":[],"source":7})",
+      R"({"type":"header","schema":"omni.steplog","version":1,"phases":[],"events":[1]})",
+      R"({"type":"header","schema":"omni.steplog","version":1,"phases":[],"events":{"pipeline":{"stages":"two"}}})",
+      R"({"type":"header","schema":5,"version":1,"phases":[]})",
+  };
+  for (const std::string& bad : bad_headers) {
+    {
+      std::ofstream out(path, std::ios::trunc);
+      out << bad << "\n";
+    }
+    absl::StatusOr<StepLog> log;
+    ASSERT_NO_THROW(log = ReadStepLog(path)) << bad;
+    ASSERT_FALSE(log.ok()) << bad;
+    EXPECT_NE(log.status().message().find(path + ":1"), absl::string_view::npos)
+        << bad << " -> " << log.status();
+  }
+  fs::remove(path);
+}
+
+TEST(StepLog, LinesOverTheLimitAreRefusedNamingFileAndLine) {
+  const std::string path = TempPath("steplog_long.jsonl");
+  {
+    std::ofstream out(path);
+    out << HeaderLine() << "\n";
+    out << R"({"type":"note","pad":")" << std::string(kMaxStepLogLineBytes + 1, 'x') << "\"}\n";
+  }
+  auto log = ReadStepLog(path);
+  ASSERT_FALSE(log.ok());
+  EXPECT_EQ(log.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(log.status().message().find(path + ":2"), absl::string_view::npos) << log.status();
+  EXPECT_NE(log.status().message().find("limit"), absl::string_view::npos) << log.status();
+  fs::remove(path);
+}
+
+// In a child bounded by alarm(): a reader that blocks is killed, and the
+// test fails instead of hanging.
+TEST(StepLog, AFifoIsRefusedWithoutBlocking) {
+  const std::string path = TempPath("steplog_fifo.jsonl");
+  fs::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(10);
+    auto log = ReadStepLog(path);
+    const bool good = !log.ok() && log.status().code() == absl::StatusCode::kFailedPrecondition &&
+                      log.status().message().find(path) != absl::string_view::npos;
+    ::_exit(good ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  fs::remove(path);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) ? "the reader blocked (killed by the alarm)" : "wrong error");
 }
 
 }  // namespace

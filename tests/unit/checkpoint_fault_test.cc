@@ -1,0 +1,225 @@
+// Every operation of a save, failed or crashed at: the previous checkpoint is
+// always valid afterwards, the new one valid or absent, and a save that
+// returned OK survives the crash (tests/unit/fault_fs.h).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "ckpt/checkpoint_fs.h"
+#include "fault_fs.h"
+#include "omni/checkpoint.h"
+#include "omni/state.h"
+
+namespace omni {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::FaultFileSystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "omni_fault_test_XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string StepDir(const std::string& root, int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%012lld", static_cast<long long>(step));
+  return (fs::path(root) / buf).string();
+}
+
+// Two tensors, one large enough to be written apart from the stage.
+struct TestState {
+  TestState() : small("s", a.data(), sizeof(float) * a.size()), large("l", b.data(), b.size() * 4) {
+    EXPECT_TRUE(registry.Register("small", &small).ok());
+    EXPECT_TRUE(registry.Register("large", &large).ok());
+  }
+  void Set(int64_t s) {
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(s) + 0.25f * i;
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(s * 7) + 0.5f * i;
+  }
+  bool Is(int64_t s) const {
+    TestState want;
+    want.Set(s);
+    return a == want.a && b == want.b;
+  }
+  std::array<float, 16> a{};
+  std::vector<float> b = std::vector<float>(size_t{1} << 18);  // 1 MiB
+  BytesState small;
+  BytesState large;
+  StateRegistry registry;
+};
+
+CheckpointOptions Options(const std::string& dir) {
+  CheckpointOptions o;
+  o.dir = dir;
+  o.job_id = "job";
+  o.keep_last = 2;  // saving 3 drops 1: retention's operations are enumerated too
+  return o;
+}
+
+// True when the checkpoint of `step` is valid (every checksum) and restores
+// exactly that step's state.
+::testing::AssertionResult Restores(const std::string& dir, int64_t step) {
+  if (absl::Status st = VerifyCheckpoint(StepDir(dir, step)); !st.ok()) {
+    return ::testing::AssertionFailure() << "step " << step << ": " << st;
+  }
+  CheckpointOptions o = Options(dir);
+  o.keep_last = 100;
+  auto m = CheckpointManager::Open(o);
+  if (!m.ok()) return ::testing::AssertionFailure() << m.status();
+  TestState s;
+  auto r = (*m)->Restore(s.registry, step);
+  if (!r.ok()) return ::testing::AssertionFailure() << r.status();
+  if (!s.Is(step)) return ::testing::AssertionFailure() << "step " << step << ": other values";
+  return ::testing::AssertionSuccess();
+}
+
+struct Outcome {
+  int64_t ops = 0;
+  bool fired = false;
+  bool saved = false;
+};
+
+// Steps 1 and 2 saved normally, then step 3 through the faulty file system.
+Outcome SaveUnderFault(const std::string& root, FaultFileSystem::Mode mode, int64_t at, int err) {
+  const std::string dir = root + "/ckpt";
+  const std::string stash = root + "/stash";
+  fs::create_directories(stash);
+  {
+    auto m = CheckpointManager::Open(Options(dir));
+    EXPECT_TRUE(m.ok()) << m.status();
+    TestState s;
+    for (int64_t step : {1, 2}) {
+      s.Set(step);
+      EXPECT_TRUE((*m)->Save(step, s.registry, {}).ok());
+    }
+  }
+  FaultFileSystem ffs(stash);
+  Outcome out;
+  {
+    auto m = internal::OpenCheckpointManagerOn(Options(dir), ffs);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return out;
+    ffs.Arm(mode, at, err);
+    TestState s;
+    s.Set(3);
+    out.saved = (*m)->Save(3, s.registry, {}).ok();
+  }  // joins the background deletions
+  out.ops = ffs.ops();
+  out.fired = ffs.fired();
+  if (mode == FaultFileSystem::Mode::kCrash) ffs.SimulateCrash(dir);
+  return out;
+}
+
+void CheckAfter(const std::string& root, const Outcome& o, const std::string& what) {
+  const std::string dir = root + "/ckpt";
+  SCOPED_TRACE(what);
+  EXPECT_TRUE(Restores(dir, 2));
+  if (fs::exists(StepDir(dir, 3)) || o.saved) {
+    EXPECT_TRUE(Restores(dir, 3));
+  }
+  if (fs::exists(StepDir(dir, 1))) {
+    EXPECT_TRUE(Restores(dir, 1));
+  }
+  // And the job goes on: the directory opens, the next save commits.
+  auto m = CheckpointManager::Open(Options(dir));
+  ASSERT_TRUE(m.ok()) << m.status();
+  TestState s;
+  s.Set(4);
+  auto saved = (*m)->Save(4, s.registry, {});
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  TestState back;
+  auto r = (*m)->Restore(back.registry);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->info.step, 4);
+  EXPECT_TRUE(back.Is(4));
+}
+
+int64_t CountOps() {
+  TempDir root;
+  const Outcome o = SaveUnderFault(root.path(), FaultFileSystem::Mode::kNone, -1, 0);
+  EXPECT_TRUE(o.saved);
+  CheckAfter(root.path(), o, "no fault");
+  return o.ops;
+}
+
+TEST(CheckpointFaults, EveryOperationOfASaveFailingWithEioOrEnospcKeepsEveryCheckpoint) {
+  const int64_t n = CountOps();
+  ASSERT_GT(n, 10);
+  for (int err : {EIO, ENOSPC}) {
+    for (int64_t at = 0; at < n + 2; ++at) {
+      TempDir root;
+      const Outcome o = SaveUnderFault(root.path(), FaultFileSystem::Mode::kFail, at, err);
+      CheckAfter(root.path(), o, absl::StrCat("errno ", err, " at operation ", at, " of ", n));
+    }
+  }
+}
+
+TEST(CheckpointFaults, ACrashAtEveryOperationOfASaveKeepsThePreviousAndLosesNothingCommitted) {
+  const int64_t n = CountOps();
+  ASSERT_GT(n, 10);
+  int saved_then_crashed = 0;
+  for (int64_t at = 0; at < n + 2; ++at) {
+    TempDir root;
+    const Outcome o = SaveUnderFault(root.path(), FaultFileSystem::Mode::kCrash, at, EIO);
+    if (o.saved && o.fired) ++saved_then_crashed;
+    CheckAfter(root.path(), o, absl::StrCat("crash at operation ", at, " of ", n));
+  }
+  // Crashes after the commit (during retention) were among them.
+  EXPECT_GT(saved_then_crashed, 0);
+}
+
+// The model itself: what was not fsynced is lost.
+TEST(CheckpointFaults, TheFaultFileSystemLosesWhatWasNotSynced) {
+  TempDir root;
+  const std::string stash = root.path() + "/stash";
+  fs::create_directories(stash);
+  FaultFileSystem ffs(stash);
+  auto dir = ffs.OpenDir(AT_FDCWD, root.path(), root.path());
+  ASSERT_TRUE(dir.ok());
+  ASSERT_TRUE(ffs.Mkdir(dir->get(), "d", "d").ok());
+  ASSERT_TRUE(ffs.Sync(dir->get(), "root").ok());  // "d" is durable
+  auto d = ffs.OpenDir(dir->get(), "d", "d");
+  ASSERT_TRUE(d.ok());
+  auto f = ffs.OpenWrite(d->get(), "synced", true, false, "synced");
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(ffs.Write(f->get(), "one", 3, 0, "synced").ok());
+  ASSERT_TRUE(ffs.Sync(f->get(), "synced").ok());
+  ASSERT_TRUE(ffs.Sync(d->get(), "d").ok());
+  ASSERT_TRUE(ffs.Write(f->get(), "two", 3, 0, "synced").ok());  // not synced
+  auto g = ffs.OpenWrite(d->get(), "new", true, false, "new");   // entry not synced
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(ffs.Sync(g->get(), "new").ok());
+  ASSERT_TRUE(ffs.Rename(d->get(), "synced", d->get(), "moved", false, "mv").ok());
+  ffs.SimulateCrash(root.path());
+  EXPECT_FALSE(fs::exists(root.path() + "/d/new"));
+  EXPECT_FALSE(fs::exists(root.path() + "/d/moved"));
+  ASSERT_TRUE(fs::exists(root.path() + "/d/synced"));
+  std::FILE* in = std::fopen((root.path() + "/d/synced").c_str(), "r");
+  ASSERT_NE(in, nullptr);
+  char buf[8] = {};
+  EXPECT_EQ(std::fread(buf, 1, sizeof(buf), in), 3u);
+  std::fclose(in);
+  EXPECT_EQ(std::string(buf), "one");
+}
+
+}  // namespace
+}  // namespace omni
