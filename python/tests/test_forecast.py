@@ -113,7 +113,7 @@ def test_callback_sink_exception_is_counted_not_raised_into_training(make_teleme
     tel.add_callback_sink(broken, name="broken")
     ok = []
     tel.add_callback_sink(ok.append)  # later sinks still get the forecast
-    run_steps(tel, clock, 3)
+    run_steps(tel, clock, 5)  # the forecaster publishes from the 5th step on
     tel.flush()
     run_steps(tel, clock, 3)
     tel.flush()

@@ -238,16 +238,19 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
 const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
   const StepKind kind = KindAt(step);
   const bool combo = EventAt(IdleKind::kCheckpoint, step) && EventAt(IdleKind::kEval, step);
-  const int64_t residue = cycle_ > 0 ? step % cycle_ : step;
-  const int64_t key = (residue * kNumStepKinds + static_cast<int64_t>(kind)) * 2 + (combo ? 1 : 0);
+  // Steps with the same kind and the same residues modulo every period in
+  // use look alike: one model each.
+  uint64_t h = static_cast<uint64_t>(kind) * 2 + (combo ? 1 : 0);
+  for (const int p : periods_) h = h * 1'000'003 + static_cast<uint64_t>(step % p);
+  const auto key = static_cast<int64_t>(h);
   const uint64_t bits = RuleBits(step);
   auto it = cache_.find(key);
   if (it != cache_.end() && it->second.rule_bits == bits) return it->second;
   StepModel m = BuildModel(step, kind, combo);
   bool seen = false;
-  for (const StepObs& o : hist_) {
-    seen = seen || (o.Find(SlotKey(IdleKind::kCheckpoint, 0)) != nullptr &&
-                    o.Find(SlotKey(IdleKind::kEval, 0)) != nullptr);
+  for (size_t i = 0; combo && !seen && i < hist_.size(); ++i) {
+    seen = hist_[i].Find(SlotKey(IdleKind::kCheckpoint, 0)) != nullptr &&
+           hist_[i].Find(SlotKey(IdleKind::kEval, 0)) != nullptr;
   }
   if (combo && !seen && m.ok) {
     // Checkpoint and eval in one step, never seen together: both lengths
@@ -367,6 +370,7 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
       f.devices_needed_at_ns = static_cast<int64_t>(std::max(needed, now));
       needed_known = true;
     }
+    const bool event_step = KindAt(s) != StepKind::kNormal;
     for (const StepModel::Slot& sl : m.slots) {
       if (suspect_ || static_cast<int>(f.windows.size()) >= opt_.max_windows) break;
       IdleWindow w;
@@ -384,6 +388,10 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
         w.start_ns = static_cast<int64_t>(start);
         w.duration_ns = static_cast<int64_t>(end - start);
       } else {
+        // Start too uncertain for a sure part: listed (with its guaranteed
+        // length) only for events (declared or learned), not for the idle
+        // time of every normal step.
+        if (!event_step && !occ_[sl.key].rule_valid) continue;
         w.start_ns = std::max(w.latest_start_ns, now_ns);
         w.duration_ns = 0;
         if (static_cast<double>(w.guaranteed_ns) < min_window) continue;

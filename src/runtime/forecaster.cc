@@ -132,8 +132,8 @@ StepKind Forecaster::Impl::KindAt(int64_t step) const {
 
 uint64_t Forecaster::Impl::RuleBits(int64_t step) const {
   uint64_t bits = 0;
-  for (int key = 0; key < kNumSlots; ++key) {
-    if (occ_[key].rule_valid && occ_[key].rule.OccursAt(step)) bits |= uint64_t{1} << key;
+  for (const int key : rule_keys_) {
+    if (occ_[key].rule.OccursAt(step)) bits |= uint64_t{1} << key;
   }
   return bits;
 }
@@ -190,6 +190,10 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
       if (2 * present >= static_cast<int>(hist_.size())) o.rule = {};
     }
     o.rule_valid = o.rule.every > 0;
+  }
+  rule_keys_.clear();
+  for (int key = 0; key < kNumSlots; ++key) {
+    if (occ_[key].rule_valid) rule_keys_.push_back(key);
   }
   TrimWarmup();
   last_step_ = rec.step;
@@ -269,11 +273,11 @@ void Forecaster::Impl::TrimWarmup() {
 
 void Forecaster::Impl::Relearn() {
   since_learn_ = 0;
-  cycle_ = 1;
+  periods_.clear();
   const auto fold = [&](int p) {
-    if (cycle_ == 0) return;
-    cycle_ = std::lcm<int64_t>(cycle_, p);
-    if (cycle_ > 1'000'000) cycle_ = 0;
+    if (p > 1 && std::find(periods_.begin(), periods_.end(), p) == periods_.end()) {
+      periods_.push_back(p);
+    }
   };
   std::vector<int64_t> steps;
   std::vector<double> values;

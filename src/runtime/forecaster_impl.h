@@ -95,12 +95,13 @@ class Forecaster::Impl {
   int64_t regimes_ = 0;
   int64_t regime_steps_ = 0;  // steps since the regime began
   int since_learn_ = 0;
-  int64_t cycle_ = 1;  // lcm of the periods in use (0: too long to cache by residue)
+  std::vector<int> periods_;  // the distinct periods > 1 in use (cache key)
   int run_side_ = 0, run_len_ = 0;
   bool suspect_ = false;
   std::array<std::array<int, kNumSlots>, kNumStepKinds> slot_period_{};
   std::array<int, kNumStepKinds> dur_period_{};
   std::array<Occurrences, kNumSlots> occ_;
+  std::vector<int> rule_keys_;  // slots with a valid learned rule
   std::array<std::string, kNumSlots> slot_phase_;
   std::array<MarginCalibrator, kNumIdleKinds> window_cal_;  // per window kind
   std::array<MarginCalibrator, kNumStepKinds> bound_cal_;   // per step kind

@@ -4,6 +4,7 @@
 // them, and otherwise just below what it reached when the corpus was made.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 
 #include "omni/evaluator.h"
@@ -11,13 +12,18 @@
 namespace omni {
 namespace {
 
+// Each trace is replayed once per test binary (a replay takes up to ~2 s).
 EvaluationReport Eval(const std::string& name) {
+  static std::map<std::string, EvaluationReport> cache;
+  if (auto it = cache.find(name); it != cache.end()) return it->second;
   auto log = ReadStepLog(std::string(OMNI_TEST_DATA_DIR) + "/" + name);
   EXPECT_TRUE(log.ok()) << log.status();
   if (!log.ok()) return {};
   auto rep = Evaluate(*log, EvaluateOptions{});
   EXPECT_TRUE(rep.ok()) << rep.status();
-  return rep.ok() ? *rep : EvaluationReport{};
+  if (!rep.ok()) return {};
+  cache[name] = *rep;
+  return *rep;
 }
 
 const EvaluationReport::Score& Kind(const EvaluationReport& r, IdleKind k) {
