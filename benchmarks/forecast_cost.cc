@@ -1,4 +1,4 @@
-// Cost of one forecaster update (StepStats::Add of a step, then Predict over
+// Cost of one forecaster update (Forecaster::Observe of a step, then Predict over
 // the default 5-minute horizon), on the shipped pipeline+checkpoint trace and
 // on a synthetic fast job (10 ms steps: 30000 steps in the horizon).
 #include <algorithm>
@@ -22,20 +22,19 @@ struct Cost {
 };
 
 Cost Measure(const omni::StepLog& log, const omni::ForecastOptions& fo) {
-  auto stats = omni::StepStats::Create(omni::StepStatsOptions{}, log.header.phases);
   auto fc = omni::Forecaster::Create(fo);
   std::vector<double> add, pred;
   double windows = 0;
   int n = 0;
   for (const omni::StepRecord& rec : log.steps) {
     double t0 = NowUs();
-    if (!stats->Add(rec).ok()) continue;
+    if (!fc->Observe(rec, log.header.phases).ok()) continue;
     add.push_back(NowUs() - t0);
-    if (stats->warming_up()) continue;
     t0 = NowUs();
-    auto f = fc->Predict(*stats, rec.end_ns);
+    auto f = fc->Predict(rec.end_ns);
+    if (!f.ok()) continue;
     pred.push_back(NowUs() - t0);
-    if (f.ok()) windows += static_cast<double>(f->windows.size());
+    windows += static_cast<double>(f->windows.size());
     ++n;
   }
   const auto median = [](std::vector<double> v) {

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "omni/checkpoint.h"
 #include "omni/evaluator.h"
 #include "omni/nccl.h"
@@ -291,20 +292,35 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  auto stats = omni::StepStats::Create(so, log->header.phases);
-  if (!stats.ok()) return Fail(stats.status());
-  for (const omni::StepRecord& rec : log->steps) {
-    if (at_step >= 0 && rec.step > at_step) break;
-    if (auto st = stats->Add(rec); !st.ok()) return Fail(st);
-  }
   if (cmd == "stats") {
+    auto stats = omni::StepStats::Create(so, log->header.phases);
+    if (!stats.ok()) return Fail(stats.status());
+    for (const omni::StepRecord& rec : log->steps) {
+      if (at_step >= 0 && static_cast<double>(rec.step) > at_step) break;
+      if (auto st = stats->Add(rec); !st.ok()) return Fail(st);
+    }
     const omni::StatsSnapshot s = omni::SnapshotOf(*stats, so.window);
     std::printf("%s\n", p.json ? s.ToJson().c_str() : s.ToTable().c_str());
     return 0;
   }
+  // forecast: replay the log up to --at-step (inclusive; the whole log by
+  // default) and print what the runtime would have published then.
   auto fc = omni::Forecaster::Create(fo);
   if (!fc.ok()) return Fail(fc.status());
-  auto f = fc->Predict(*stats, stats->last_end_ns());
+  if (at_step >= 0 && at_step < static_cast<double>(log->steps.front().step)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--at-step ", static_cast<int64_t>(at_step), " is before the first step (",
+                     log->steps.front().step, ") of ", p.positional[0])));
+  }
+  for (const omni::StepRecord& rec : log->steps) {
+    if (at_step >= 0 && static_cast<double>(rec.step) > at_step) break;
+    if (auto st = fc->Observe(rec, log->header.phases); !st.ok()) return Fail(st);
+  }
+  const omni::StepRecord* last = nullptr;
+  for (const omni::StepRecord& rec : log->steps) {
+    if (rec.step == fc->last_step()) last = &rec;
+  }
+  auto f = fc->Predict(last != nullptr ? last->end_ns : 0);
   if (!f.ok()) return Fail(f.status());
   std::printf("%s\n",
               p.json ? omni::ForecastToJson(*f).c_str() : omni::ForecastToTable(*f).c_str());

@@ -1,8 +1,13 @@
-// omni_tracegen: writes a synthetic step log (JSON Lines, omni.steplog v1) of a
-// pipeline-parallel stage with periodic checkpoints, for forecaster tests and
-// demos. Deterministic for a given seed on a given standard library.
+// omni_tracegen: writes a synthetic step log (JSON Lines, omni.steplog v1) for
+// forecaster tests, benchmarks and demos. Deterministic for a given seed on a
+// given standard library.
 //
 //   omni_tracegen --out tests/data/pipeline_ckpt.jsonl --steps 1200 --seed 3
+//   omni_tracegen --scenario stall_every3 --out tests/data/stall_every3.jsonl --steps 240 --seed 21
+//
+// Scenarios other than the default "pipeline" are in tracegen_scenarios.cc
+// (steady, heavy_stalls, stall_every3, periodic_declared, periodic_undeclared,
+// restart, sampled10, rlhf_bimodal; tests/data/README.md describes each).
 //
 // The stage runs a GPipe schedule (see omni/forecast.h, PipelineSchedule):
 // forward passes of `micro_batches` micro-batches, then their backward passes,
@@ -16,11 +21,13 @@
 #include <string_view>
 
 #include "omni/step_log.h"
+#include "tracegen_scenarios.h"
 
 namespace {
 
 struct Args {
   std::string out;
+  std::string scenario = "pipeline";
   int steps = 1200;
   uint64_t seed = 3;
   int stages = 4;
@@ -32,8 +39,9 @@ struct Args {
 };
 
 constexpr const char* kUsage =
-    "usage: omni_tracegen --out PATH [--steps N] [--seed S] [--stages P] [--micro-batches M] "
-    "[--stage R] [--ckpt-every N]\n";
+    "usage: omni_tracegen --out PATH [--scenario NAME] [--steps N] [--seed S] [--stages P]\n"
+    "                     [--micro-batches M] [--stage R] [--ckpt-every N]\n"
+    "  (--stages, --micro-batches, --stage and --ckpt-every shape the default 'pipeline')\n";
 
 int Usage(const char* msg) {
   std::fprintf(stderr, "omni_tracegen: %s\n%s", msg, kUsage);
@@ -57,6 +65,8 @@ int main(int argc, char** argv) {
     const bool num = end != v && *end == '\0';
     if (k == "--out") {
       a.out = v;
+    } else if (k == "--scenario") {
+      a.scenario = v;
     } else if (!num) {
       return Usage(("not an integer for " + std::string(k) + ": " + v).c_str());
     } else if (k == "--steps") {
@@ -82,6 +92,14 @@ int main(int argc, char** argv) {
         "bad numbers: need steps > 0, stages >= 1, micro-batches >= 1, 0 <= stage < stages");
   }
 
+  if (a.scenario != "pipeline") {
+    if (auto st = omni::tracegen::WriteScenario(a.scenario, a.out, a.steps, a.seed); !st.ok()) {
+      std::fprintf(stderr, "omni_tracegen: %s\n", std::string(st.message()).c_str());
+      return absl::IsInvalidArgument(st) ? 2 : 1;
+    }
+    std::printf("wrote scenario %s (%d steps) to %s\n", a.scenario.c_str(), a.steps, a.out.c_str());
+    return 0;
+  }
   omni::StepLogHeader h;
   h.source = "omni_tracegen pipeline";
   h.pipeline = omni::PipelineSchedule{a.stages, a.micro_batches, a.stage, 2.0};

@@ -3,7 +3,13 @@
 //   precision = forecast idle time that really was idle / forecast idle time
 //   recall    = real idle time that was forecast / real idle time
 // Real idle time is what ForEachIdleInterval finds in the logged steps, plus
-// the gaps between steps (host-side).
+// the gaps between consecutive steps (host-side). In a sampled log (one that
+// records every N-th step) only logged time is scored: the time of the steps
+// in between is unknown, so forecast windows there count neither way.
+//
+// Next-step bounds are scored too: before each logged step is replayed, the
+// bound the model gives for it (from the past only) is checked against its
+// duration: coverage = fraction inside, slack = bound's upper end / duration.
 //
 // Two ways to score:
 //  - kLive (default): each forecast is scored while it is the current one, from
@@ -28,6 +34,8 @@ namespace omni {
 enum class Scoring { kLive, kHorizon };
 
 struct EvaluateOptions {
+  // Ignored since the forecaster detects warm-up and regimes itself (schema
+  // 2); kept so that existing callers keep compiling.
   StepStatsOptions stats;
   ForecastOptions forecast;  // events default to the log header's
   bool events_from_header = true;
@@ -44,18 +52,29 @@ struct OMNI_EXPORT EvaluationReport {
     double precision() const;
     double recall() const;
   };
+  // Next-step bounds of one kind of step (or of all).
+  struct BoundScore {
+    int64_t steps = 0;        // steps that had a bound
+    int64_t covered = 0;      // ... whose duration fell inside it
+    double slack_median = 0;  // median of hi / duration
+    double coverage() const;
+  };
   Scoring scoring = Scoring::kLive;
   int64_t forecasts = 0;
   int64_t windows = 0;
+  double claimed_confidence = 0;  // what every window and bound states
+  int64_t regime_changes = 0;
   Score total;
   std::array<Score, kNumIdleKinds> by_kind;  // indexed by IdleKind
+  BoundScore next_step;
+  std::array<BoundScore, kNumStepKinds> next_step_by_kind;  // indexed by StepKind
 
   std::string ToJson() const;
   std::string ToTable() const;
 };
 
-// InvalidArgument for bad options or an empty log; FailedPrecondition when the
-// log never becomes stationary (no forecast could be made).
+// InvalidArgument for bad options or an empty log; FailedPrecondition when no
+// forecast could be made (too few steps in any regime).
 OMNI_EXPORT absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log,
                                                       const EvaluateOptions& options);
 

@@ -1,29 +1,45 @@
-// Idle-window forecasts: when will the devices be idle, and with what confidence.
+// Idle-window forecasts: when will the devices be idle, with what confidence,
+// and how long will each of the next steps take.
 //
-// The forecaster turns the rolling statistics (StepStats) and declared
-// periodic events (checkpoint every N steps, eval every M steps, a pipeline
-// schedule) into a list of idle windows over a horizon. Each future segment's
-// start and end are uncertain; the uncertainty accumulates step after step as
-// independent normal errors (variance of a step = σ²). A window is published
-// as [latest plausible start, earliest plausible end] with
-//   start = μ_start + k·σ_start,  end = μ_end − k·σ_end,
-// i.e. busy steps are predicted as μ + k·σ before an idle window and idle
-// phases as μ − k·σ, so the window is idle with probability at least
-// 1 − 2·(1 − Φ(k)) (the reported confidence; 0.954 for k = 2). Windows shorter
-// than min_window are not published. The step level follows drift (see
-// level_window); its uncertainty grows linearly with the lead time.
+// The model (docs/telemetry.md, "The forecasting model"):
+//  - Every observed step is reduced to its idle intervals relative to the
+//    step's start, keyed by (idle kind, ordinal in the step): a "slot".
+//  - Rhythm: a future step's kind comes from the declared events
+//    (checkpoint / eval every N, ForecastOptions) and from events learned in
+//    the log (a slot seen at equally spaced steps). Within a kind, each
+//    quantity (step duration, each slot's idle time) is conditioned on the
+//    step's residue modulo a period P ∈ [1, 64] chosen per quantity by a
+//    penalised least-squares fit (BIC-like: n·ln(SSE/n) + 2·classes·ln n),
+//    so a stall every 3rd step is forecast on those steps only and noise does
+//    not buy spurious periods.
+//  - Bounds are empirical quantiles of the matching past steps (no normal
+//    assumption), widened by an online calibrator per claim family (windows,
+//    step bounds): every claim is checked when its step completes and the
+//    widening grows after a miss and shrinks after a hit, so the realised
+//    rate converges to at least the stated confidence (adaptive conformal
+//    inference on a margin).
+//  - Regime changes: a step outside its bound by a wide margin suspends
+//    windows until steps fit again; three misses on the same side start a new
+//    regime (older steps are forgotten); leading steps of a regime more than
+//    3× its median (compile warm-up) are dropped.
+//  - Windows are anchored to steps: each has its step, kind, earliest and
+//    latest start, a duration guaranteed once it started and an expected
+//    duration; far-ahead windows keep their length, only their start spreads.
 //
-// Thread safety: Forecaster is immutable after Create and may be shared.
+// Thread safety: Forecaster is not thread-safe (it learns online); Telemetry
+// owns one on its worker thread and hands out copies of its forecasts and
+// bounds. options() is immutable and may be read from any thread.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "omni/export.h"
 #include "omni/phase.h"
-#include "omni/stats.h"
 
 namespace omni {
 
@@ -44,7 +60,9 @@ struct PeriodicEvent {
 // The compute phase of a step spans (m + p − 1)·(t_f + t_b); stage r idles r·t_f
 // before its first forward, (p−1−r)·(t_f + t_b) between its last forward and
 // its first backward, and r·t_b after its last backward: a bubble fraction of
-// (p − 1)/(m + p − 1) on every stage. Disabled when stages == 1.
+// (p − 1)/(m + p − 1) on every stage. Disabled when stages == 1. When a log
+// carries no pipeline_bubble phases, the bubbles are derived from the compute
+// phase with this schedule.
 struct PipelineSchedule {
   int stages = 1;
   int micro_batches = 1;
@@ -57,45 +75,78 @@ OMNI_EXPORT double PipelineBubbleFraction(int stages, int micro_batches);
 
 struct ForecastOptions {
   int64_t horizon_ns = 300'000'000'000;  // 5 minutes
+  // Stated confidence of every window and bound. 0 = derive it from k as the
+  // two-sided normal coverage erf(k/√2) (0.954 for the default k = 2).
+  double confidence = 0;
   double k = 2.0;
   int64_t min_window_ns = 1'000'000;  // 1 ms
   int max_windows = 4096;
-  // The level of each step kind's duration is the mean of its newest
-  // `level_window` steps, so forecasts follow a drifting step time. The
-  // level's own uncertainty (its standard error, plus its distance from the
-  // whole window's mean as a measure of drift) adds up linearly over future
-  // steps, on top of the random √n spread.
-  int level_window = 50;
+  int history_steps = 512;   // steps of the current regime kept for learning
+  int min_steps = 5;         // steps a regime needs before anything is published
+  int max_period = 64;       // longest residue-class period searched
   PeriodicEvent checkpoint;  // steps that contain the checkpoint phase
   PeriodicEvent eval;        // steps that contain the eval phase
   PipelineSchedule pipeline;
+  // Level window of the previous model; kept for option compatibility (the
+  // regime detector replaces it). Must be positive.
+  int level_window = 50;
+
+  // The confidence in effect (confidence, or erf(k/√2) when it is 0).
+  double StatedConfidence() const {
+    return confidence > 0 ? confidence : std::erf(k / std::sqrt(2.0));
+  }
 };
 
 // InvalidArgument naming the field: non-positive horizon, negative or
-// non-finite k, negative min_window, negative every/offset/expected, offset ≥
-// every, pipeline stages < 1, micro_batches < 1, stage outside [0, stages),
-// non-finite or negative backward_over_forward.
+// non-finite k, confidence outside [0, 1), negative min_window, history_steps
+// < 8, min_steps < 2, max_period outside [1, 256], negative
+// every/offset/expected, offset ≥ every, pipeline stages < 1, micro_batches <
+// 1, stage outside [0, stages), non-finite or negative backward_over_forward.
 OMNI_EXPORT absl::Status ValidateForecastOptions(const ForecastOptions& options);
 
 struct IdleWindow {
+  // The interval that is idle at the stated confidence: [latest start,
+  // earliest start + guaranteed). Zero-length when the start is too
+  // uncertain (far ahead); the window is still listed with its durations.
   int64_t start_ns = 0;  // clock nanoseconds (same clock as the steps)
   int64_t duration_ns = 0;
   IdleKind kind = IdleKind::kHostSide;
-  double confidence = 0;  // lower bound on P(the whole window is idle)
+  double confidence = 0;  // stated P(the claim holds); what replay measures
   int64_t step = 0;       // the step the window falls in
+  // Anchoring (schema version 2).
+  std::string phase;              // the phase whose idle time it is ("" = between phases)
+  int64_t earliest_start_ns = 0;  // earliest / latest time the idle time starts
+  int64_t latest_start_ns = 0;
+  int64_t guaranteed_ns = 0;  // lasts at least this long once started
+  int64_t expected_ns = 0;    // median length
+};
+
+// "How long will step `step` take?": its duration lies in [lo_ns, hi_ns]
+// with probability `confidence` (calibrated online).
+struct StepBound {
+  int64_t step = 0;
+  int64_t lo_ns = 0, hi_ns = 0;
+  double confidence = 0;
 };
 
 struct OMNI_EXPORT Forecast {
-  static constexpr int kSchemaVersion = 1;
+  // Version 2 (was 1): windows carry phase, earliest/latest start,
+  // guaranteed and expected duration; the forecast carries its confidence and
+  // the next-step bounds. Version-1 readers that ignore unknown fields still
+  // read it; version-1 files are read by this version.
+  static constexpr int kSchemaVersion = 2;
   int64_t made_at_ns = 0;
   int64_t horizon_ns = 0;
   int64_t last_step = -1;      // last completed step the forecast is based on
-  int64_t steps_observed = 0;  // post-warm-up steps in the statistics
+  int64_t steps_observed = 0;  // steps of the current regime the model learned from
   double k = 0;
-  // "When must I be gone?": the earliest plausible time (μ − k·σ) after
-  // made_at at which the devices are needed again.
+  double confidence = 0;  // stated confidence of the windows and bounds
+  // "When must I be gone?": the earliest plausible time after made_at at
+  // which the devices are needed again.
   int64_t devices_needed_at_ns = 0;
-  std::vector<IdleWindow> windows;  // in time order, non-overlapping
+  std::vector<IdleWindow> windows;    // in order of start_ns, non-overlapping
+  std::vector<StepBound> next_steps;  // bounds of the next few steps
+  int64_t save_hi_ns = 0;             // save (checkpoint phase) bound; 0 = none measured
 
   int64_t total_idle_ns() const;
   // The window containing t, or nullptr.
@@ -117,30 +168,54 @@ struct FitCheck {
 class OMNI_EXPORT Forecaster {
  public:
   static absl::StatusOr<Forecaster> Create(const ForecastOptions& options);
+  Forecaster(Forecaster&&) noexcept;
+  Forecaster& operator=(Forecaster&&) noexcept;
+  ~Forecaster();
 
-  // Forecast over [now, now + horizon) for the steps after stats.last_step(),
-  // the next one starting at stats.last_end_ns() (calls are meant for step
-  // boundaries; windows already past `now` are clipped or dropped).
-  // FailedPrecondition while stats has no post-warm-up normal step.
-  absl::StatusOr<Forecast> Predict(const StepStats& stats, int64_t now_ns) const;
+  // Learns from one completed step (in step order; `catalog` resolves its
+  // phases). Also scores the claims the model made about this step (window
+  // and bound calibration) and checks for a regime change. InvalidArgument
+  // for a record that fails ValidateStepRecord or is not after the last one
+  // (the model is then unchanged).
+  absl::Status Observe(const StepRecord& rec, const PhaseCatalog& catalog);
+
+  // Forecast over [now, now + horizon) for the steps after the last observed
+  // one (calls are meant for step boundaries). FailedPrecondition while the
+  // current regime has fewer than min_steps steps. While the newest step
+  // broke its bound widely (a suspected regime change), the forecast has no
+  // windows.
+  absl::StatusOr<Forecast> Predict(int64_t now_ns);
+
+  // Bounds of the durations of the next `n` steps (n ≥ 1), in step order.
+  // FailedPrecondition like Predict; InvalidArgument for n < 1.
+  absl::StatusOr<std::vector<StepBound>> NextStepBounds(int n) const;
+
+  // Bound of a save (the checkpoint phase's idle time), `step` = the next
+  // declared or learned checkpoint step (−1 when unknown). NotFound when no
+  // checkpoint phase was observed.
+  absl::StatusOr<StepBound> SaveBound() const;
 
   // "Will one more of my steps plus my save fit before `deadline_ns`?"
   // InvalidArgument for negative or non-finite costs.
   absl::StatusOr<FitCheck> FitsBefore(const GuestCost& guest, int64_t now_ns,
                                       int64_t deadline_ns) const;
 
-  const ForecastOptions& options() const { return options_; }
+  const ForecastOptions& options() const;
+  int64_t last_step() const;
+  int64_t regime_changes() const;  // regimes started after the first
+
+  class Impl;
 
  private:
-  explicit Forecaster(const ForecastOptions& options) : options_(options) {}
-  ForecastOptions options_;
+  explicit Forecaster(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 // A fixed-width table of the first `max_rows` windows, times relative to
 // made_at, for terminals.
 OMNI_EXPORT std::string ForecastToTable(const Forecast& forecast, int max_rows = 20);
 
-// Versioned JSON (schema "omni.forecast", version 1; docs/telemetry.md).
+// Versioned JSON (schema "omni.forecast", version 2; docs/telemetry.md).
 OMNI_EXPORT std::string ForecastToJson(const Forecast& forecast);
 // InvalidArgument naming the field for malformed input; FailedPrecondition for
 // a newer schema version.

@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -116,12 +117,20 @@ class OMNI_EXPORT Telemetry {
   // The most recent forecast the worker made (FailedPrecondition before the
   // statistics are stationary or when forecasting is off).
   virtual absl::StatusOr<Forecast> LatestForecast() const = 0;
+  // Bounds of the durations of the next `n` steps from the worker's latest
+  // model (see Forecaster::NextStepBounds), and of a save (the checkpoint
+  // phase; NotFound until one was seen). FailedPrecondition before the model
+  // is ready or when forecasting is off.
+  virtual absl::StatusOr<std::vector<StepBound>> NextStepBounds(int n) const = 0;
+  virtual absl::StatusOr<StepBound> SaveBound() const = 0;
   virtual TelemetryCounters Counters() const = 0;
   // The current window notice: open (with the remaining duration given the
   // time elapsed, at options.window_confidence) or closed. Sinks receive each
   // new notice from the worker (ForecastSink::PublishWindow).
   virtual WindowNotice LatestWindow() const = 0;
   virtual PhaseCatalog Phases() const = 0;
+  // The forecaster learns on the worker thread: other threads may read only
+  // its options() through this reference.
   virtual const Forecaster& forecaster() const = 0;
   // Drains the ring, closes the step log and trace (fsynced) and joins the
   // worker. Returns the first export error seen, if any. Idempotent; the

@@ -185,8 +185,9 @@ class Telemetry(_ClosingContext):
     - statistics: ``window`` (steps kept per statistic), ``warmup_min_steps``,
       ``warmup_max_steps``, ``warmup_window``, ``warmup_max_drift`` (steps
       before the step times are stationary are left out);
-    - forecasts: ``forecast`` (bool), ``horizon_s``, ``k`` (windows are
-      bounded at mean +- k standard deviations), ``min_window_s``,
+    - forecasts: ``forecast`` (bool), ``horizon_s``, ``k`` (the stated
+      confidence is erf(k/sqrt(2)), 0.954 for k = 2; windows and bounds are
+      calibrated to hold at least that often), ``min_window_s``,
       ``max_windows``, ``publish_interval_s`` (0 = after every step);
     - declared periodic events: ``checkpoint_every``, ``checkpoint_offset``,
       ``checkpoint_expected_s``, ``eval_every``, ``eval_offset``,

@@ -82,7 +82,8 @@ def test_evaluate_scores_the_forecasts_of_a_step_log(make_telemetry, clock, tmp_
 
     report = omni.evaluate(log_path, stride=5, k=2.0, horizon_s=0.5)
     assert report["schema"] == "omni.forecast_eval"
-    assert report["version"] == 1
+    assert report["version"] == 2
+    assert report["next_step_coverage"] == 1.0
     assert report["forecasts"] > 0
     assert report["windows"] > 0
     assert report["total"]["precision"] == 1.0  # perfectly regular steps

@@ -25,9 +25,9 @@ def test_forecast_after_stationary_steps_has_data_stall_windows_where_data_wait_
     tel.flush()
     f = tel.latest_forecast()
     assert f is not None
-    assert f["schema"] == "omni.forecast" and f["version"] == 1
+    assert f["schema"] == "omni.forecast" and f["version"] == 2
     assert f["last_step"] == 29
-    assert f["steps_observed"] == 20
+    assert f["steps_observed"] == 30  # the forecaster's own regime: all 30 steps
     assert f["k"] == 2.0
     windows = f["windows"]
     assert windows, f
@@ -71,7 +71,7 @@ def test_file_sink_writes_a_versioned_forecast_json_file(make_telemetry, clock, 
     tel.flush()
     doc = json.loads(path.read_text())
     assert doc["schema"] == "omni.forecast"
-    assert doc["version"] == 1
+    assert doc["version"] == 2
     assert doc["last_step"] == 4
     assert doc["windows"] and doc["windows"][0]["kind"] == "data_stall"
     assert [p.name for p in tmp_path.iterdir()] == ["forecast.json"]  # no temp files left
@@ -113,7 +113,7 @@ def test_callback_sink_exception_is_counted_not_raised_into_training(make_teleme
     tel.add_callback_sink(broken, name="broken")
     ok = []
     tel.add_callback_sink(ok.append)  # later sinks still get the forecast
-    run_steps(tel, clock, 3)
+    run_steps(tel, clock, 5)  # the forecaster publishes from the 5th step on
     tel.flush()
     run_steps(tel, clock, 3)
     tel.flush()

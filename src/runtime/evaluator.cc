@@ -60,6 +60,37 @@ json ScoreJson(const EvaluationReport::Score& s) {
 
 }  // namespace
 
+namespace {
+
+// Next-step bound bookkeeping while replaying.
+struct BoundTally {
+  int64_t steps = 0, covered = 0;
+  std::vector<double> slack;
+  void Add(const StepBound& b, int64_t duration) {
+    ++steps;
+    if (duration >= b.lo_ns && duration <= b.hi_ns) ++covered;
+    if (duration > 0) slack.push_back(static_cast<double>(b.hi_ns) / static_cast<double>(duration));
+  }
+  EvaluationReport::BoundScore Score() {
+    EvaluationReport::BoundScore s;
+    s.steps = steps;
+    s.covered = covered;
+    if (!slack.empty()) {
+      std::nth_element(slack.begin(), slack.begin() + static_cast<long>(slack.size() / 2),
+                       slack.end());
+      s.slack_median = slack[slack.size() / 2];
+    }
+    return s;
+  }
+};
+
+}  // namespace
+
+double EvaluationReport::BoundScore::coverage() const {
+  return steps > 0 ? static_cast<double>(covered) / static_cast<double>(steps)
+                   : std::numeric_limits<double>::quiet_NaN();
+}
+
 absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOptions& options) {
   if (options.stride_steps <= 0) {
     return absl::InvalidArgumentError(
@@ -74,16 +105,21 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
   }
   auto forecaster = Forecaster::Create(fo);
   if (!forecaster.ok()) return forecaster.status();
-  auto stats = StepStats::Create(options.stats, log.header.phases);
-  if (!stats.ok()) return stats.status();
 
   // Real idle time: the innermost-phase rule inside steps, and the gaps
-  // between steps (host-side).
-  std::vector<Interval> truth;
+  // between consecutive steps (host-side). Known time: the logged steps and
+  // those gaps (a sampled log leaves the steps in between unknown).
+  std::vector<Interval> truth, known;
   for (size_t i = 0; i < log.steps.size(); ++i) {
     const StepRecord& rec = log.steps[i];
-    if (i > 0 && rec.start_ns > log.steps[i - 1].end_ns) {
+    const bool consecutive = i > 0 && rec.step == log.steps[i - 1].step + 1;
+    if (consecutive && rec.start_ns > log.steps[i - 1].end_ns) {
       truth.push_back({log.steps[i - 1].end_ns, rec.start_ns, IdleKind::kHostSide});
+    }
+    if (consecutive && !known.empty()) {
+      known.back().b = std::max(known.back().b, rec.end_ns);
+    } else if (known.empty() || rec.start_ns >= known.back().b) {
+      known.push_back({rec.start_ns, rec.end_ns, IdleKind::kNone});
     }
     ForEachIdleInterval(rec, log.header.phases, [&](const IdleInterval& iv) {
       truth.push_back({iv.start_ns, iv.end_ns, iv.kind});
@@ -93,22 +129,33 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
 
   EvaluationReport report;
   report.scoring = options.scoring;
-  int64_t stationary = 0;
-  std::vector<Interval> wins;
+  report.claimed_confidence = fo.StatedConfidence();
+  BoundTally all_bounds;
+  std::array<BoundTally, kNumStepKinds> kind_bounds;
+  int64_t ready = 0;
+  std::vector<Interval> wins, clipped, real;
   const size_t stride = static_cast<size_t>(options.stride_steps);
   for (size_t i = 0; i < log.steps.size(); ++i) {
     const StepRecord& rec = log.steps[i];
-    if (auto st = stats->Add(rec); !st.ok()) return st;
-    if (stats->warming_up()) continue;
-    if (stationary++ % options.stride_steps != 0) continue;
+    // The bound for this step, from the past only.
+    const int64_t ahead = rec.step - forecaster->last_step();
+    if (forecaster->last_step() >= 0 && ahead >= 1 && ahead <= 4096) {
+      auto b = forecaster->NextStepBounds(static_cast<int>(ahead));
+      if (b.ok() && !b->empty() && b->back().step == rec.step) {
+        all_bounds.Add(b->back(), rec.duration_ns());
+        kind_bounds[static_cast<int>(rec.kind())].Add(b->back(), rec.duration_ns());
+      }
+    }
+    if (auto st = forecaster->Observe(rec, log.header.phases); !st.ok()) return st;
     const int64_t now = rec.end_ns;
     int64_t end = std::min(now + fo.horizon_ns, log_end);
     if (options.scoring == Scoring::kLive && i + stride < log.steps.size()) {
       end = std::min(end, log.steps[i + stride].end_ns);  // until the next forecast
     }
+    auto f = forecaster->Predict(now);
+    if (!f.ok()) continue;  // too few steps in the current regime
+    if (ready++ % options.stride_steps != 0) continue;
     if (end <= now) continue;
-    auto f = forecaster->Predict(*stats, now);
-    if (!f.ok()) continue;  // e.g. no normal step yet
     ++report.forecasts;
     wins.clear();
     for (const IdleWindow& w : f->windows) {
@@ -116,15 +163,22 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
       const int64_t b = std::min(w.start_ns + w.duration_ns, end);
       if (b > a) wins.push_back({a, b, w.kind});
     }
-    report.windows += static_cast<int64_t>(wins.size());
+    // Only known time is scored.
+    clipped.clear();
+    ForEachOverlap(wins.data(), wins.size(), known.data(), known.size(),
+                   [&](size_t wi, size_t ki, int64_t) {
+                     clipped.push_back({std::max(wins[wi].a, known[ki].a),
+                                        std::min(wins[wi].b, known[ki].b), wins[wi].kind});
+                   });
+    report.windows += static_cast<int64_t>(clipped.size());
     // Truth intervals overlapping [now, end), clipped.
     auto first = std::lower_bound(truth.begin(), truth.end(), now,
                                   [](const Interval& iv, int64_t t) { return iv.b <= t; });
-    std::vector<Interval> real;
+    real.clear();
     for (auto it = first; it != truth.end() && it->a < end; ++it) {
       real.push_back({std::max(it->a, now), std::min(it->b, end), it->kind});
     }
-    for (const Interval& w : wins) {
+    for (const Interval& w : clipped) {
       report.by_kind[static_cast<int>(w.kind)].forecast_ns += w.b - w.a;
       report.total.forecast_ns += w.b - w.a;
     }
@@ -132,30 +186,50 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
       report.by_kind[static_cast<int>(r.kind)].real_ns += r.b - r.a;
       report.total.real_ns += r.b - r.a;
     }
-    ForEachOverlap(wins.data(), wins.size(), real.data(), real.size(),
+    ForEachOverlap(clipped.data(), clipped.size(), real.data(), real.size(),
                    [&](size_t wi, size_t ri, int64_t len) {
-                     report.by_kind[static_cast<int>(wins[wi].kind)].forecast_true_ns += len;
+                     report.by_kind[static_cast<int>(clipped[wi].kind)].forecast_true_ns += len;
                      report.by_kind[static_cast<int>(real[ri].kind)].real_covered_ns += len;
                      report.total.forecast_true_ns += len;
                      report.total.real_covered_ns += len;
                    });
   }
   if (report.forecasts == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no forecast could be made from ", log.steps.size(), " steps (",
-        stats->warming_up() ? "never stationary" : "no normal step after warm-up", ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("no forecast could be made from ", log.steps.size(),
+                     " steps (too few steps in any regime, or the log ends there)"));
   }
+  report.regime_changes = forecaster->regime_changes();
+  report.next_step = all_bounds.Score();
+  for (int k = 0; k < kNumStepKinds; ++k) report.next_step_by_kind[k] = kind_bounds[k].Score();
   return report;
 }
 
 std::string EvaluationReport::ToJson() const {
   json j;
   j["schema"] = "omni.forecast_eval";
-  j["version"] = 1;
+  j["version"] = 2;
   j["scoring"] = scoring == Scoring::kLive ? "live" : "horizon";
   j["forecasts"] = forecasts;
   j["windows"] = windows;
+  j["claimed_confidence"] = std::round(claimed_confidence * 1e4) / 1e4;
+  j["regime_changes"] = regime_changes;
   j["total"] = ScoreJson(total);
+  const auto num = [](double v) {
+    return std::isnan(v) ? json(nullptr) : json(std::round(v * 1e4) / 1e4);
+  };
+  j["next_step_coverage"] = num(next_step.coverage());
+  j["next_step_slack_median"] = num(next_step.slack_median);
+  j["next_step_steps"] = next_step.steps;
+  json nk = json::object();
+  for (int i = 0; i < kNumStepKinds; ++i) {
+    const BoundScore& b = next_step_by_kind[i];
+    if (b.steps == 0) continue;
+    nk[StepKindName(static_cast<StepKind>(i))] = {{"steps", b.steps},
+                                                  {"next_step_coverage", num(b.coverage())},
+                                                  {"next_step_slack_median", num(b.slack_median)}};
+  }
+  j["next_step_by_kind"] = std::move(nk);
   json k = json::object();
   for (int i = 1; i < kNumIdleKinds; ++i) {
     const Score& s = by_kind[i];
@@ -183,6 +257,10 @@ std::string EvaluationReport::ToTable() const {
     row(std::string(IdleKindName(static_cast<IdleKind>(i))), s);
   }
   row("all", total);
+  absl::StrAppend(&out, absl::StrFormat("claimed confidence %.4f; next-step bounds: coverage %.4f, "
+                                        "median slack %.3f over %d steps; %d regime changes\n",
+                                        claimed_confidence, next_step.coverage(),
+                                        next_step.slack_median, next_step.steps, regime_changes));
   return out;
 }
 

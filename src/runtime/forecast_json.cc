@@ -24,6 +24,7 @@ std::string ForecastToJson(const Forecast& f) {
   j["last_step"] = f.last_step;
   j["steps_observed"] = f.steps_observed;
   j["k"] = f.k;
+  j["confidence"] = std::round(f.confidence * 1e4) / 1e4;
   j["devices_needed_at_ns"] = f.devices_needed_at_ns;
   j["devices_needed_in_ms"] = Ms(static_cast<double>(f.devices_needed_at_ns - f.made_at_ns));
   j["total_idle_ms"] = Ms(static_cast<double>(f.total_idle_ns()));
@@ -35,9 +36,25 @@ std::string ForecastToJson(const Forecast& f) {
                   {"duration_ms", Ms(static_cast<double>(w.duration_ns))},
                   {"kind", std::string(IdleKindName(w.kind))},
                   {"confidence", std::round(w.confidence * 1e4) / 1e4},
-                  {"step", w.step}});
+                  {"step", w.step},
+                  {"phase", w.phase},
+                  {"earliest_start_ns", w.earliest_start_ns},
+                  {"latest_start_ns", w.latest_start_ns},
+                  {"guaranteed_ns", w.guaranteed_ns},
+                  {"expected_ns", w.expected_ns},
+                  {"guaranteed_ms", Ms(static_cast<double>(w.guaranteed_ns))},
+                  {"expected_ms", Ms(static_cast<double>(w.expected_ns))}});
   }
   j["windows"] = std::move(ws);
+  json bs = json::array();
+  for (const StepBound& b : f.next_steps) {
+    bs.push_back({{"step", b.step},
+                  {"lo_ns", b.lo_ns},
+                  {"hi_ns", b.hi_ns},
+                  {"confidence", std::round(b.confidence * 1e4) / 1e4}});
+  }
+  j["next_steps"] = std::move(bs);
+  j["save_hi_ns"] = f.save_hi_ns;
   return j.dump();
 }
 
@@ -75,6 +92,25 @@ absl::StatusOr<Forecast> ForecastFromJson(const std::string& text) {
     *dst = *v;
   }
   f.k = j.value("k", 0.0);
+  f.confidence = j.value("confidence", 0.0);
+  f.save_hi_ns = j.value("save_hi_ns", int64_t{0});
+  if (auto bs = j.find("next_steps"); bs != j.end()) {
+    if (!bs->is_array()) {
+      return absl::InvalidArgumentError("forecast: field 'next_steps' is not an array");
+    }
+    for (const json& b : *bs) {
+      StepBound sb;
+      for (auto [key, dst] : {std::pair<const char*, int64_t*>{"step", &sb.step},
+                              {"lo_ns", &sb.lo_ns},
+                              {"hi_ns", &sb.hi_ns}}) {
+        auto v = need_int(b, key);
+        if (!v.ok()) return v.status();
+        *dst = *v;
+      }
+      sb.confidence = b.value("confidence", 0.0);
+      f.next_steps.push_back(sb);
+    }
+  }
   auto ws = j.find("windows");
   if (ws == j.end() || !ws->is_array()) {
     return absl::InvalidArgumentError("forecast: field 'windows' missing or not an array");
@@ -92,6 +128,12 @@ absl::StatusOr<Forecast> ForecastFromJson(const std::string& text) {
     if (!kind.ok()) return kind.status();
     iw.kind = *kind;
     iw.confidence = w.value("confidence", 0.0);
+    // Version 2 fields; a version-1 window is its own sure interval.
+    iw.phase = w.value("phase", "");
+    iw.earliest_start_ns = w.value("earliest_start_ns", iw.start_ns);
+    iw.latest_start_ns = w.value("latest_start_ns", iw.start_ns);
+    iw.guaranteed_ns = w.value("guaranteed_ns", iw.duration_ns);
+    iw.expected_ns = w.value("expected_ns", iw.duration_ns);
     f.windows.push_back(iw);
   }
   return f;
@@ -99,15 +141,14 @@ absl::StatusOr<Forecast> ForecastFromJson(const std::string& text) {
 
 std::string ForecastToTable(const Forecast& f, int max_rows) {
   std::string out = absl::StrFormat(
-      "forecast after step %d (k=%.2f, confidence >= %.3f): devices needed again in %.3f ms; "
-      "%d idle windows, %.1f ms idle in the next %.0f s\n",
-      f.last_step, f.k,
-      f.windows.empty() ? std::erf(f.k / std::sqrt(2.0)) : f.windows[0].confidence,
-      static_cast<double>(f.devices_needed_at_ns - f.made_at_ns) / 1e6,
+      "forecast after step %d (confidence %.3f): devices needed again in %.3f ms; "
+      "%d idle windows, %.1f ms sure idle in the next %.0f s\n",
+      f.last_step, f.confidence, static_cast<double>(f.devices_needed_at_ns - f.made_at_ns) / 1e6,
       static_cast<int>(f.windows.size()), static_cast<double>(f.total_idle_ns()) / 1e6,
       static_cast<double>(f.horizon_ns) / 1e9);
-  absl::StrAppend(&out, absl::StrFormat("  %10s %12s %12s  %-16s %6s\n", "step", "start(ms)",
-                                        "dur(ms)", "kind", "conf"));
+  absl::StrAppend(&out,
+                  absl::StrFormat("  %10s %12s %12s %12s %12s  %-16s %s\n", "step", "start(ms)",
+                                  "sure(ms)", "guarant(ms)", "expect(ms)", "kind", "phase"));
   int rows = 0;
   for (const IdleWindow& w : f.windows) {
     if (rows++ >= max_rows) {
@@ -115,10 +156,26 @@ std::string ForecastToTable(const Forecast& f, int max_rows) {
           &out, absl::StrFormat("  ... %d more\n", static_cast<int>(f.windows.size()) - max_rows));
       break;
     }
-    absl::StrAppend(&out, absl::StrFormat("  %10d %12.3f %12.3f  %-16s %6.3f\n", w.step,
-                                          static_cast<double>(w.start_ns - f.made_at_ns) / 1e6,
-                                          static_cast<double>(w.duration_ns) / 1e6,
-                                          std::string(IdleKindName(w.kind)), w.confidence));
+    absl::StrAppend(&out,
+                    absl::StrFormat("  %10d %12.3f %12.3f %12.3f %12.3f  %-16s %s\n", w.step,
+                                    static_cast<double>(w.latest_start_ns - f.made_at_ns) / 1e6,
+                                    static_cast<double>(w.duration_ns) / 1e6,
+                                    static_cast<double>(w.guaranteed_ns) / 1e6,
+                                    static_cast<double>(w.expected_ns) / 1e6,
+                                    std::string(IdleKindName(w.kind)), w.phase));
+  }
+  if (!f.next_steps.empty()) {
+    absl::StrAppend(&out, "  next steps (ms):");
+    for (const StepBound& b : f.next_steps) {
+      absl::StrAppend(
+          &out, absl::StrFormat(" %d:[%.1f, %.1f]", b.step, static_cast<double>(b.lo_ns) / 1e6,
+                                static_cast<double>(b.hi_ns) / 1e6));
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  if (f.save_hi_ns > 0) {
+    absl::StrAppend(&out, absl::StrFormat("  save takes at most %.1f ms\n",
+                                          static_cast<double>(f.save_hi_ns) / 1e6));
   }
   return out;
 }

@@ -1,8 +1,13 @@
+// The forecaster's learning side: options, Observe (claims scored, regime
+// checked, rhythm relearned) and the public facade. Publishing is in
+// forecast_windows.cc; the model is described in omni/forecast.h.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "forecaster_impl.h"
 #include "omni/forecast.h"
 
 namespace omni {
@@ -26,102 +31,19 @@ absl::Status CheckEvent(const PeriodicEvent& e, const char* name) {
   return absl::OkStatus();
 }
 
-// One piece of a predicted step: busy or idle, with a mean and variance.
-struct Piece {
-  double mean = 0;
-  double var = 0;
-  IdleKind kind = IdleKind::kNone;
-};
-
-struct StepPlan {
-  std::vector<Piece> pieces;
-  double step_mean = 0;
-  double step_var = 0;
-  double level_sd = 0;  // uncertainty of step_mean itself
-  double max_idle = 0;  // longest idle piece
-};
-
-void AddPiece(StepPlan& plan, double mean, double var, IdleKind kind) {
-  if (mean <= 0) return;
-  plan.pieces.push_back(Piece{mean, std::max(var, 0.0), kind});
-  if (kind != IdleKind::kNone) plan.max_idle = std::max(plan.max_idle, mean);
-}
-
-// Splits a compute segment of the given length into the GPipe schedule of
-// one stage (see PipelineSchedule).
-void AddPipelinePieces(StepPlan& plan, const PipelineSchedule& ps, double mean, double var) {
-  const double p = ps.stages, m = ps.micro_batches, r = ps.stage;
-  const double tf = mean / ((m + p - 1) * (1 + ps.backward_over_forward));
-  const double tb = tf * ps.backward_over_forward;
-  const double lens[5] = {r * tf, m * tf, (p - 1 - r) * (tf + tb), m * tb, r * tb};
-  const IdleKind kinds[5] = {IdleKind::kPipelineBubble, IdleKind::kNone, IdleKind::kPipelineBubble,
-                             IdleKind::kNone, IdleKind::kPipelineBubble};
-  for (int i = 0; i < 5; ++i)
-    AddPiece(plan, lens[i], mean > 0 ? var * lens[i] / mean : 0, kinds[i]);
-}
-
-StepPlan BuildPlan(const StepStats& stats, const ForecastOptions& opt, StepKind kind) {
-  StepPlan plan;
-  const RollingWindow& own = stats.steps(kind);
-  const bool measured = !own.empty() && !stats.shape(kind).empty();
-  const std::vector<PhaseId>& shape = measured ? stats.shape(kind) : stats.shape(StepKind::kNormal);
-  const RollingWindow& normal = stats.steps(StepKind::kNormal);
-  const PhaseCatalog& cat = stats.catalog();
-  for (const PhaseId ph : shape) {
-    const RollingWindow& tot = stats.segment_total(ph);
-    const RollingWindow& idle = stats.segment_idle(ph);
-    const double tmean = tot.mean(), tsd = tot.stddev();
-    const double imean = std::min(idle.mean(), tmean), isd = idle.stddev();
-    if (ph == phase::kCompute && opt.pipeline.stages > 1) {
-      AddPipelinePieces(plan, opt.pipeline, tmean, tsd * tsd);
-      continue;
-    }
-    IdleKind ik = cat.idle_kind(ph);
-    if (ik == IdleKind::kNone) ik = stats.segment_idle_kind(ph);
-    // Busy part first, the phase's own idle time at its end (e.g. an eval's
-    // forward pass, then host-side scoring).
-    AddPiece(plan, tmean - imean, std::max(tsd * tsd - isd * isd, 0.0), IdleKind::kNone);
-    AddPiece(plan, imean, isd * isd, ik);
+// z with erf(z/√2) = c (two-sided normal quantile), by bisection.
+double TwoSidedZ(double c) {
+  double lo = 0, hi = 10;
+  for (int i = 0; i < 60; ++i) {
+    const double mid = (lo + hi) / 2;
+    (std::erf(mid / std::sqrt(2.0)) < c ? lo : hi) = mid;
   }
-  AddPiece(plan, stats.uncovered().mean(), std::pow(stats.uncovered().stddev(), 2),
-           IdleKind::kHostSide);
-  const auto level = [&](const RollingWindow& w) {
-    const int n = std::min(opt.level_window, w.size());
-    plan.step_mean = w.RecentMean(n);
-    plan.step_var = w.stddev() * w.stddev();
-    const double drift = plan.step_mean - w.mean();
-    plan.level_sd = std::sqrt(drift * drift + plan.step_var / std::max(n, 1));
-  };
-  if (measured) {
-    level(own);
-    return plan;
-  }
-  level(normal);
-  // An event step not yet measured: the declared duration, with a 10%
-  // standard deviation, appended to a normal step.
-  const PeriodicEvent& ev = kind == StepKind::kCheckpoint ? opt.checkpoint : opt.eval;
-  if (kind != StepKind::kNormal && ev.expected_ns > 0) {
-    const auto e = static_cast<double>(ev.expected_ns);
-    AddPiece(plan, e, 0.01 * e * e,
-             kind == StepKind::kCheckpoint ? IdleKind::kCheckpoint : IdleKind::kEval);
-    plan.step_mean += e;
-    plan.step_var += 0.01 * e * e;
-  }
-  return plan;
+  return (lo + hi) / 2;
 }
 
-StepKind KindAt(const ForecastOptions& opt, int64_t step) {
-  if (opt.checkpoint.OccursAt(step)) return StepKind::kCheckpoint;
-  if (opt.eval.OccursAt(step)) return StepKind::kEval;
-  return StepKind::kNormal;
-}
-
-// The first step >= `from` at which `e` occurs (max int64 when never).
-int64_t NextOccurrence(const PeriodicEvent& e, int64_t from) {
-  if (e.every_steps <= 0) return std::numeric_limits<int64_t>::max();
-  const int64_t base = from - from % e.every_steps + e.offset;
-  return base >= from ? base : base + e.every_steps;
-}
+constexpr int kMaxGaps = 64;
+constexpr size_t kMaxOccurrences = 8;
+constexpr size_t kMaxLengths = 32;
 
 }  // namespace
 
@@ -134,6 +56,10 @@ absl::Status ValidateForecastOptions(const ForecastOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("forecast k must be finite and >= 0, got ", o.k));
   }
+  if (!std::isfinite(o.confidence) || o.confidence < 0 || o.confidence >= 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forecast confidence must be in [0, 1), got ", o.confidence));
+  }
   if (o.min_window_ns < 0) {
     return absl::InvalidArgumentError("forecast min_window must not be negative");
   }
@@ -143,6 +69,18 @@ absl::Status ValidateForecastOptions(const ForecastOptions& o) {
   }
   if (o.max_windows <= 0) {
     return absl::InvalidArgumentError("forecast max_windows must be positive");
+  }
+  if (o.history_steps < 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forecast history_steps must be at least 8, got ", o.history_steps));
+  }
+  if (o.min_steps < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forecast min_steps must be at least 2, got ", o.min_steps));
+  }
+  if (o.max_period < 1 || o.max_period > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forecast max_period must be in [1, 256], got ", o.max_period));
   }
   if (auto st = CheckEvent(o.checkpoint, "checkpoint event"); !st.ok()) return st;
   if (auto st = CheckEvent(o.eval, "eval event"); !st.ok()) return st;
@@ -162,91 +100,238 @@ absl::Status ValidateForecastOptions(const ForecastOptions& o) {
   return absl::OkStatus();
 }
 
+// ------------------------------------------------------------------ Impl
+
+Forecaster::Impl::Impl(const ForecastOptions& o)
+    : opt_(o),
+      conf_(o.StatedConfidence()),
+      alpha_(1 - conf_),
+      z_(TwoSidedZ(conf_)),
+      z1_(TwoSidedZ(2 * conf_ - 1)) {
+  // Claims aim above the stated confidence, so that the realised rate is at
+  // least what is stated, not just about it (bounds more so: a missed step
+  // bound is a missed deadline).
+  window_cal_.fill(MarginCalibrator(0.75 * alpha_, 0.2));
+  bound_cal_.fill(MarginCalibrator(0.6 * alpha_, 0.2));
+  for (auto& p : slot_period_) p.fill(1);
+  dur_period_.fill(1);
+}
+
+bool Forecaster::Impl::EventAt(IdleKind kind, int64_t step) const {
+  const PeriodicEvent& declared = kind == IdleKind::kCheckpoint ? opt_.checkpoint : opt_.eval;
+  if (declared.OccursAt(step)) return true;
+  const Occurrences& o = occ_[SlotKey(kind, 0)];
+  return o.rule_valid && o.rule.OccursAt(step);
+}
+
+StepKind Forecaster::Impl::KindAt(int64_t step) const {
+  if (EventAt(IdleKind::kCheckpoint, step)) return StepKind::kCheckpoint;
+  if (EventAt(IdleKind::kEval, step)) return StepKind::kEval;
+  return StepKind::kNormal;
+}
+
+uint64_t Forecaster::Impl::RuleBits(int64_t step) const {
+  uint64_t bits = 0;
+  for (const int key : rule_keys_) {
+    if (occ_[key].rule.OccursAt(step)) bits |= uint64_t{1} << key;
+  }
+  return bits;
+}
+
+double Forecaster::Impl::GapMean() const {
+  if (gaps_.empty()) return 0;
+  return std::accumulate(gaps_.begin(), gaps_.end(), 0.0) / static_cast<double>(gaps_.size());
+}
+
+absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog& catalog) {
+  if (auto st = ValidateStepRecord(rec, catalog); !st.ok()) return st;
+  if (rec.step <= last_step_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forecaster: step ", rec.step, " is not after the last one (", last_step_, ")"));
+  }
+  if (catalog.size() != catalog_.size()) catalog_ = catalog;
+  const StepObs obs = ReduceStep(rec, catalog_, opt_.pipeline, opt_.min_window_ns);
+  if (Ready()) {
+    ScoreClaims(rec, catalog_);
+    CheckRegime(obs);
+  }
+  if (last_step_ >= 0 && rec.step == last_step_ + 1) {
+    gaps_.push_back(static_cast<double>(std::max<int64_t>(rec.start_ns - last_end_ns_, 0)));
+    if (static_cast<int>(gaps_.size()) > kMaxGaps) gaps_.pop_front();
+  }
+  hist_.push_back(obs);
+  if (static_cast<int>(hist_.size()) > opt_.history_steps) hist_.pop_front();
+  ++regime_steps_;
+  // Occurrences and learned events, per slot.
+  for (int key = 0; key < kNumSlots; ++key) {
+    Occurrences& o = occ_[key];
+    const SlotObs* s = obs.Find(key);
+    if (s == nullptr) {
+      if (o.rule_valid && o.rule.OccursAt(rec.step)) o.rule_valid = false;
+      continue;
+    }
+    if (s->has_phase) slot_phase_[key] = catalog_.name(s->phase);
+    o.steps.push_back(rec.step);
+    if (o.steps.size() > kMaxOccurrences) o.steps.erase(o.steps.begin());
+    o.lengths.push_back(static_cast<double>(s->b - s->a));
+    if (o.lengths.size() > kMaxLengths) o.lengths.pop_front();
+    o.rule = LearnSpacing(o.steps);
+    // Short spacings need a fourth occurrence: three equal gaps.
+    const size_t n = o.steps.size();
+    if (o.rule.every > 0 && o.rule.every < 8 &&
+        (n < 4 || o.steps[n - 3] - o.steps[n - 4] != o.rule.every)) {
+      o.rule = {};
+    }
+    // Only rare slots are events (a slot in every logged step of a sampled
+    // log is equally spaced too, but it is no event).
+    if (o.rule.every > 0) {
+      int present = 0;
+      for (const StepObs& h : hist_) present += h.Find(key) != nullptr ? 1 : 0;
+      if (2 * present >= static_cast<int>(hist_.size())) o.rule = {};
+    }
+    o.rule_valid = o.rule.every > 0;
+  }
+  rule_keys_.clear();
+  for (int key = 0; key < kNumSlots; ++key) {
+    if (occ_[key].rule_valid) rule_keys_.push_back(key);
+  }
+  TrimWarmup();
+  last_step_ = rec.step;
+  last_end_ns_ = rec.end_ns;
+  cache_.clear();
+  const int every = hist_.size() < 64 ? 4 : 16;
+  if (++since_learn_ >= every) Relearn();
+  return absl::OkStatus();
+}
+
+void Forecaster::Impl::ScoreClaims(const StepRecord& rec, const PhaseCatalog& catalog) {
+  std::array<IdleInterval, 2 * kMaxSpansPerStep + 2> idle{};
+  int n = 0;
+  ForEachIdleInterval(rec, catalog, [&](const IdleInterval& iv) {
+    if (n > 0 && idle[n - 1].end_ns == iv.start_ns) {
+      idle[n - 1].end_ns = iv.end_ns;  // adjacent idle of another kind: one idle stretch
+    } else if (n < static_cast<int>(idle.size())) {
+      idle[n++] = iv;
+    }
+  });
+  for (const Claim& c : claims_) {
+    if (c.step != rec.step) continue;
+    bool held = false;
+    for (int i = 0; i < n && !held; ++i) held = idle[i].start_ns <= c.a && idle[i].end_ns >= c.b;
+    window_cal_[static_cast<int>(c.kind)].Update(!held);
+  }
+  claims_.erase(std::remove_if(claims_.begin(), claims_.end(),
+                               [&](const Claim& c) { return c.step <= rec.step; }),
+                claims_.end());
+}
+
+void Forecaster::Impl::CheckRegime(const StepObs& obs) {
+  double lo = 0, hi = 0;
+  if (!DurationBound(obs.step, lo, hi)) return;
+  const auto d = static_cast<double>(obs.duration());
+  const int side = d > hi ? 1 : (d < lo ? -1 : 0);
+  bound_cal_[static_cast<int>(obs.kind)].Update(side != 0);
+  if (side == 0) {
+    run_len_ = 0;
+    run_side_ = 0;
+    suspect_ = false;
+    return;
+  }
+  if (side == run_side_) {
+    ++run_len_;
+  } else {
+    run_side_ = side;
+    run_len_ = 1;
+  }
+  const bool wide = d > 1.5 * hi || d < lo / 1.5;
+  suspect_ = wide || run_len_ >= 2;
+  if (run_len_ < 3) return;
+  // Three misses on one side: a new regime begins with the missed steps.
+  while (static_cast<int>(hist_.size()) > run_len_ - 1) hist_.pop_front();
+  ++regimes_;
+  regime_steps_ = static_cast<int64_t>(hist_.size());
+  run_len_ = 0;
+  run_side_ = 0;
+  suspect_ = false;
+  claims_.clear();
+  since_learn_ = std::numeric_limits<int>::max() / 2;  // relearn now
+}
+
+void Forecaster::Impl::TrimWarmup() {
+  if (regime_steps_ > 4 * static_cast<int64_t>(opt_.min_steps)) return;
+  while (static_cast<int>(hist_.size()) >= opt_.min_steps &&
+         hist_.front().kind == StepKind::kNormal) {
+    std::vector<double> d;
+    for (const StepObs& o : hist_) {
+      if (o.kind == StepKind::kNormal) d.push_back(static_cast<double>(o.duration()));
+    }
+    if (static_cast<double>(hist_.front().duration()) <= 3 * QuantileInPlace(d, 0.5)) break;
+    hist_.pop_front();
+    since_learn_ = std::numeric_limits<int>::max() / 2;
+  }
+}
+
+void Forecaster::Impl::Relearn() {
+  since_learn_ = 0;
+  periods_.clear();
+  const auto fold = [&](int p) {
+    if (p > 1 && std::find(periods_.begin(), periods_.end(), p) == periods_.end()) {
+      periods_.push_back(p);
+    }
+  };
+  std::vector<int64_t> steps;
+  std::vector<double> values;
+  for (int k = 0; k < kNumStepKinds; ++k) {
+    steps.clear();
+    values.clear();
+    std::array<bool, kNumSlots> seen{};
+    for (const StepObs& o : hist_) {
+      if (static_cast<int>(o.kind) != k) continue;
+      steps.push_back(o.step);
+      values.push_back(static_cast<double>(o.duration()));
+      for (int i = 0; i < o.num_slots; ++i) seen[o.slots[i].key] = true;
+    }
+    dur_period_[k] = ChoosePeriod(steps, values, opt_.max_period);
+    fold(dur_period_[k]);
+    for (int key = 0; key < kNumSlots; ++key) {
+      slot_period_[k][key] = 1;
+      if (!seen[key]) continue;
+      values.clear();
+      for (const StepObs& o : hist_) {
+        if (static_cast<int>(o.kind) != k) continue;
+        const SlotObs* s = o.Find(key);
+        values.push_back(s != nullptr ? static_cast<double>(s->b - s->a) : 0.0);
+      }
+      slot_period_[k][key] = ChoosePeriod(steps, values, opt_.max_period);
+      fold(slot_period_[k][key]);
+    }
+  }
+  cache_.clear();
+}
+
+// ------------------------------------------------------------------ facade
+
 absl::StatusOr<Forecaster> Forecaster::Create(const ForecastOptions& options) {
   if (auto st = ValidateForecastOptions(options); !st.ok()) return st;
-  return Forecaster(options);
+  return Forecaster(std::make_unique<Impl>(options));
 }
 
-absl::StatusOr<Forecast> Forecaster::Predict(const StepStats& stats, int64_t now_ns) const {
-  if (stats.steps(StepKind::kNormal).empty() || stats.shape(StepKind::kNormal).empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("no forecast yet: ", stats.steps_seen(), " steps seen, ",
-                     stats.warming_up() ? "still warming up" : "no normal step measured"));
-  }
-  const ForecastOptions& opt = options_;
-  const double k = opt.k;
-  std::array<StepPlan, kNumStepKinds> plans;
-  for (int i = 0; i < kNumStepKinds; ++i)
-    plans[i] = BuildPlan(stats, opt, static_cast<StepKind>(i));
+Forecaster::Forecaster(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Forecaster::Forecaster(Forecaster&&) noexcept = default;
+Forecaster& Forecaster::operator=(Forecaster&&) noexcept = default;
+Forecaster::~Forecaster() = default;
 
-  Forecast f;
-  f.made_at_ns = now_ns;
-  f.horizon_ns = opt.horizon_ns;
-  f.last_step = stats.last_step();
-  f.steps_observed = stats.steps(StepKind::kNormal).size() +
-                     stats.steps(StepKind::kCheckpoint).size() +
-                     stats.steps(StepKind::kEval).size();
-  f.k = k;
-  const double confidence = std::erf(k / std::sqrt(2.0));  // 1 - 2(1 - Phi(k))
-  const auto horizon_end = static_cast<double>(now_ns) + static_cast<double>(opt.horizon_ns);
-  const auto now = static_cast<double>(now_ns);
-  const auto min_window = static_cast<double>(opt.min_window_ns);
-
-  double t = static_cast<double>(stats.last_end_ns());  // mean start of the next step
-  double var = 0;                                       // its random variance
-  double level = 0;  // accumulated level uncertainty (adds linearly)
-  bool need_known = false;
-  int64_t step = stats.last_step() + 1;
-  while (t < horizon_end && static_cast<int>(f.windows.size()) < opt.max_windows) {
-    const StepKind kind = KindAt(opt, step);
-    const StepPlan& plan = plans[static_cast<int>(kind)];
-    if (plan.step_mean <= 0) break;  // zero-length steps: nothing to place
-    double pt = t, pv = var + level * level;
-    for (const Piece& pc : plan.pieces) {
-      const double end_t = pt + pc.mean, end_v = pv + pc.var;
-      if (pc.kind == IdleKind::kNone) {
-        if (!need_known && end_t > now) {
-          f.devices_needed_at_ns = static_cast<int64_t>(std::max(now, pt - k * std::sqrt(pv)));
-          need_known = true;
-        }
-      } else {
-        double ws = pt + k * std::sqrt(pv);
-        const double we = std::min(end_t - k * std::sqrt(end_v), horizon_end);
-        ws = std::max(ws, now);
-        if (we - ws >= min_window && we - ws > 0) {
-          f.windows.push_back(IdleWindow{static_cast<int64_t>(ws), static_cast<int64_t>(we - ws),
-                                         pc.kind, confidence, step});
-          if (static_cast<int>(f.windows.size()) >= opt.max_windows) break;
-        }
-      }
-      pt = end_t;
-      pv = end_v;
-    }
-    t += plan.step_mean;
-    var += plan.step_var;
-    level += plan.level_sd;
-    ++step;
-    // Once the accumulated uncertainty is wider than any idle piece of a
-    // normal step, none can be published any more: jump to the next event
-    // step (or stop when those cannot be published either).
-    const double spread = 2 * k * std::sqrt(var + level * level);
-    const StepPlan& normal = plans[0];
-    if (k > 0 && spread > normal.max_idle && normal.step_mean > 0) {
-      const double event_idle = std::max(plans[1].max_idle, plans[2].max_idle);
-      if (spread > event_idle) break;
-      const int64_t next =
-          std::min(NextOccurrence(opt.checkpoint, step), NextOccurrence(opt.eval, step));
-      if (next == std::numeric_limits<int64_t>::max()) break;
-      const auto skip = static_cast<double>(next - step);
-      t += skip * normal.step_mean;
-      var += skip * normal.step_var;
-      level += skip * normal.level_sd;
-      step = next;
-    }
-  }
-  if (!need_known) f.devices_needed_at_ns = static_cast<int64_t>(std::min(t, horizon_end));
-  return f;
+absl::Status Forecaster::Observe(const StepRecord& rec, const PhaseCatalog& catalog) {
+  return impl_->Observe(rec, catalog);
 }
+absl::StatusOr<Forecast> Forecaster::Predict(int64_t now_ns) { return impl_->Predict(now_ns); }
+absl::StatusOr<std::vector<StepBound>> Forecaster::NextStepBounds(int n) const {
+  return impl_->NextStepBounds(n);
+}
+absl::StatusOr<StepBound> Forecaster::SaveBound() const { return impl_->SaveBound(); }
+const ForecastOptions& Forecaster::options() const { return impl_->options(); }
+int64_t Forecaster::last_step() const { return impl_->last_step(); }
+int64_t Forecaster::regime_changes() const { return impl_->regime_changes(); }
 
 absl::StatusOr<FitCheck> Forecaster::FitsBefore(const GuestCost& g, int64_t now_ns,
                                                 int64_t deadline_ns) const {
@@ -258,8 +343,8 @@ absl::StatusOr<FitCheck> Forecaster::FitsBefore(const GuestCost& g, int64_t now_
   }
   FitCheck c;
   const double need = g.step_mean_ns + g.save_mean_ns +
-                      options_.k * std::sqrt(g.step_stddev_ns * g.step_stddev_ns +
-                                             g.save_stddev_ns * g.save_stddev_ns);
+                      options().k * std::sqrt(g.step_stddev_ns * g.step_stddev_ns +
+                                              g.save_stddev_ns * g.save_stddev_ns);
   c.needed_ns = static_cast<int64_t>(std::ceil(need));
   c.available_ns = deadline_ns - now_ns;
   c.fits = c.needed_ns <= c.available_ns;
@@ -275,9 +360,12 @@ int64_t Forecast::total_idle_ns() const {
 const IdleWindow* Forecast::WindowAt(int64_t t_ns) const {
   auto it = std::upper_bound(windows.begin(), windows.end(), t_ns,
                              [](int64_t t, const IdleWindow& w) { return t < w.start_ns; });
-  if (it == windows.begin()) return nullptr;
-  --it;
-  return t_ns < it->start_ns + it->duration_ns ? &*it : nullptr;
+  while (it != windows.begin()) {
+    --it;
+    if (t_ns < it->start_ns + it->duration_ns) return &*it;
+    if (it->duration_ns > 0) return nullptr;  // zero-length windows share start times
+  }
+  return nullptr;
 }
 
 }  // namespace omni

@@ -26,13 +26,13 @@ constexpr uint64_t kPrefetchSteps = 4;
 class TelemetryImpl final : public Telemetry {
  public:
   TelemetryImpl(const TelemetryOptions& options, const Clock* clock, StepStats stats,
-                const Forecaster& forecaster)
+                Forecaster forecaster)
       : options_(options),
         clock_(clock),
         ring_(static_cast<size_t>(options.ring_capacity)),
         mask_(static_cast<uint64_t>(options.ring_capacity) - 1),
-        forecaster_(forecaster),
-        stats_(std::move(stats)) {
+        stats_(std::move(stats)),
+        forecaster_(std::move(forecaster)) {
     const PhaseCatalog builtin;
     for (int p = 0; p < builtin.size(); ++p) {
       idle_kind_[p].store(builtin.idle_kind(static_cast<PhaseId>(p)), std::memory_order_relaxed);
@@ -288,7 +288,23 @@ class TelemetryImpl final : public Telemetry {
     return catalog_;
   }
 
-  const Forecaster& forecaster() const override { return forecaster_; }
+  // Only options() may be read through this reference off the worker (they
+  // never change); the model itself is read under mu_ (NextStepBounds).
+  const Forecaster& forecaster() const override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return forecaster_;
+  }
+
+  absl::StatusOr<std::vector<StepBound>> NextStepBounds(int n) const override {
+    absl::MutexLock l(&mu_);
+    if (!options_.forecast_enabled) return absl::FailedPreconditionError("forecasting is off");
+    return forecaster_.NextStepBounds(n);
+  }
+
+  absl::StatusOr<StepBound> SaveBound() const override {
+    absl::MutexLock l(&mu_);
+    if (!options_.forecast_enabled) return absl::FailedPreconditionError("forecasting is off");
+    return forecaster_.SaveBound();
+  }
 
   absl::Status Close() override {
     if (closed_.exchange(true)) {
@@ -435,6 +451,8 @@ class TelemetryImpl final : public Telemetry {
       if (!st.ok()) {
         ++rejected_;
         last_error_ = st;
+      } else if (options_.forecast_enabled) {
+        forecaster_.Observe(rec, catalog_).IgnoreError();  // same checks as stats_.Add
       }
       if (log_) RecordExportError(log_->Append(rec, catalog_, warmup));
       if (trace_) RecordExportError(trace_->Append(rec, catalog_, warmup));
@@ -455,9 +473,10 @@ class TelemetryImpl final : public Telemetry {
           now - last_publish_ns_ < options_.publish_interval_ns) {
         return;
       }
-      auto f = forecaster_.Predict(stats_, now);
+      auto f = forecaster_.Predict(now);
       if (!f.ok()) {
         latest_error_ = f.status();
+        latest_.reset();  // e.g. a new regime: the old forecast is dead
         return;
       }
       unpublished_steps_ = 0;
@@ -513,7 +532,6 @@ class TelemetryImpl final : public Telemetry {
   const Clock* const clock_;
   std::vector<StepRecord> ring_;
   const uint64_t mask_;
-  const Forecaster forecaster_;
 
   // Producer (training thread) state.
   StepRecord scratch_;
@@ -546,6 +564,7 @@ class TelemetryImpl final : public Telemetry {
   mutable absl::Mutex mu_;
   PhaseCatalog catalog_ ABSL_GUARDED_BY(mu_);
   StepStats stats_ ABSL_GUARDED_BY(mu_);
+  Forecaster forecaster_ ABSL_GUARDED_BY(mu_);  // learns on the worker
   // Lock order: sinks_mu_ before mu_.
   absl::Mutex sinks_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::vector<std::unique_ptr<ForecastSink>> sinks_ ABSL_GUARDED_BY(sinks_mu_);
@@ -597,7 +616,8 @@ absl::StatusOr<std::unique_ptr<Telemetry>> Telemetry::Create(const TelemetryOpti
   if (!stats.ok()) return stats.status();
   auto forecaster = Forecaster::Create(options.forecast);
   if (!forecaster.ok()) return forecaster.status();
-  auto impl = std::make_unique<TelemetryImpl>(options, clock, *std::move(stats), *forecaster);
+  auto impl =
+      std::make_unique<TelemetryImpl>(options, clock, *std::move(stats), *std::move(forecaster));
   if (auto st = impl->Start(); !st.ok()) return st;
   return impl;
 }

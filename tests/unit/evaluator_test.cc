@@ -33,12 +33,39 @@ EvaluateOptions Opts() {
 TEST(Evaluator, PerfectlyRegularStepsArePredictedExactly) {
   auto r = Evaluate(Deterministic(50), Opts());
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->forecasts, 49);  // the last boundary has nothing after it to score
+  // From the 5th step (min_steps) on; the last boundary has nothing after it.
+  EXPECT_EQ(r->forecasts, 45);
+  EXPECT_NEAR(r->claimed_confidence, 0.9545, 1e-4);
+  EXPECT_DOUBLE_EQ(r->next_step.coverage(), 1.0);
+  EXPECT_DOUBLE_EQ(r->next_step.slack_median, 1.0);
+  EXPECT_EQ(r->next_step.steps, 45);
+  EXPECT_EQ(r->next_step_by_kind[static_cast<int>(StepKind::kNormal)].steps, 45);
   EXPECT_DOUBLE_EQ(r->total.precision(), 1.0);
   EXPECT_DOUBLE_EQ(r->total.recall(), 1.0);
   const auto& ds = r->by_kind[static_cast<int>(IdleKind::kDataStall)];
   EXPECT_GT(ds.forecast_ns, 0);
-  EXPECT_NE(r->ToJson().find("\"precision\":1.0"), std::string::npos);
+  const std::string json = r->ToJson();
+  EXPECT_NE(json.find("\"precision\":1.0"), std::string::npos);
+  EXPECT_NE(json.find("\"claimed_confidence\":0.9545"), std::string::npos);
+  EXPECT_NE(json.find("\"next_step_coverage\":1.0"), std::string::npos);
+  EXPECT_NE(json.find("\"next_step_slack_median\":1.0"), std::string::npos);
+  EXPECT_NE(json.find("\"next_step_by_kind\":{\"normal\""), std::string::npos);
+}
+
+TEST(Evaluator, ASampledLogScoresOnlyTheLoggedTime) {
+  // Every 10th step of regular 100 ms steps: the unlogged steps in between
+  // are neither real idle time nor scored forecasts.
+  StepLog full = Deterministic(400), sampled;
+  for (const StepRecord& r : full.steps) {
+    if (r.step % 10 == 9) sampled.steps.push_back(r);
+  }
+  auto r = Evaluate(sampled, Opts());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->total.precision(), 1.0);
+  EXPECT_GT(r->total.recall(), 0.99);
+  // Real idle time: 20 ms per logged step scored (the 35 after the 5th).
+  EXPECT_EQ(r->total.real_ns, 35 * 20 * kMs);
+  EXPECT_DOUBLE_EQ(r->next_step.coverage(), 1.0);
 }
 
 TEST(Evaluator, ScoresAMissedStallAsLostRecallAndAWrongForecastAsLostPrecision) {
@@ -66,12 +93,9 @@ TEST(Evaluator, RejectsBadOptionsAndEmptyLogs) {
   o.stride_steps = 0;
   EXPECT_EQ(Evaluate(Deterministic(5), o).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Evaluate(StepLog{}, Opts()).status().code(), absl::StatusCode::kInvalidArgument);
-  EvaluateOptions warm;
-  warm.stats.warmup.max_steps = 1000;
-  warm.stats.warmup.max_drift = 0;
-  StepLog drifting;
-  for (int i = 0; i < 20; ++i) drifting.steps.push_back(MakeStep(i, i * 1000, 100 + i * 10, {}));
-  EXPECT_EQ(Evaluate(drifting, warm).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Too few steps for any forecast.
+  EXPECT_EQ(Evaluate(Deterministic(4), Opts()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

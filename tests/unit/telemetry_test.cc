@@ -120,6 +120,26 @@ TEST(Telemetry, PublishesForecastsAfterStationarySteps) {
   EXPECT_EQ(f->windows[0].start_ns, clock.NowNanos());
 }
 
+TEST(Telemetry, NextStepBoundsComeFromTheWorkersLatestModel) {
+  FakeClock clock;
+  auto tel = Telemetry::Create(FastOptions(), &clock);
+  ASSERT_TRUE(tel.ok());
+  for (int i = 0; i < 3; ++i) RunStep(**tel, clock, 20);
+  ASSERT_TRUE((*tel)->Flush().ok());
+  EXPECT_EQ((*tel)->NextStepBounds(2).status().code(), absl::StatusCode::kFailedPrecondition);
+  for (int i = 0; i < 5; ++i) RunStep(**tel, clock, 20);
+  ASSERT_TRUE((*tel)->Flush().ok());
+  auto b = (*tel)->NextStepBounds(2);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->size(), 2u);
+  EXPECT_EQ((*b)[0].step, 8);
+  EXPECT_EQ((*b)[1].step, 9);
+  EXPECT_EQ((*b)[0].lo_ns, 80'000'000);  // steady 80 ms steps
+  EXPECT_EQ((*b)[0].hi_ns, 80'000'000);
+  EXPECT_NEAR((*b)[0].confidence, 0.9545, 1e-4);
+  EXPECT_EQ((*tel)->SaveBound().status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(Telemetry, MisuseReturnsErrorsAndTelemetryKeepsWorking) {
   FakeClock clock;
   auto tel = Telemetry::Create(FastOptions(), &clock);

@@ -1,0 +1,429 @@
+// The forecaster's publishing side: the model of a future step from the
+// matching past steps, windows anchored to steps, next-step and save bounds.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "forecaster_impl.h"
+
+namespace omni {
+
+namespace {
+
+constexpr double kMinSpreadNs = 50'000;  // 50 µs
+constexpr int kBoundsInForecast = 8;
+constexpr int kClaimSteps = 64;
+
+// The Student-t quantile with `nu` degrees of freedom matching the normal
+// quantile z: exact for nu = 2, else the Cornish-Fisher expansion to third
+// order (within 1% for nu ≥ 3 and z ≤ 2.5).
+double StudentT(double z, double nu) {
+  if (nu < 2.5) {
+    const double p = 0.5 * (1 + std::erf(z / std::sqrt(2.0)));
+    return (2 * p - 1) / std::sqrt(2 * p * (1 - p));
+  }
+  const double z3 = z * z * z, z5 = z3 * z * z, z7 = z5 * z * z;
+  return z + (z3 + z) / (4 * nu) + (5 * z5 + 16 * z3 + 3 * z) / (96 * nu * nu) +
+         (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * nu * nu * nu);
+}
+
+// The multiplier of the standard deviation in a small sample's prediction
+// interval: Student-t with n − 1 degrees of freedom from n = 3 on; 1.5·z
+// below, where the standard deviation comes mostly from the prior.
+double SmallSampleFactor(double z, double n) { return n >= 3 ? StudentT(z, n - 1) : 1.5 * z; }
+
+absl::Status NotReady(int64_t have, int need) {
+  return absl::FailedPreconditionError(absl::StrCat("no forecast yet: the current regime has ",
+                                                    have, " of the ", need, " steps it needs"));
+}
+
+}  // namespace
+
+// Quantiles of `v` at the stated confidence, widened by `margin` spreads.
+// Samples too small to hold the quantile (n < 2/α) use the prediction
+// interval mean ± t·s·√(1 + 1/n) instead where that is wider; below 5
+// values s is at least 5% of `scale` (default: the mean; a prior on the
+// noise: one or two observations of an event do not show its spread).
+void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, double margin,
+                                 double scale) const {
+  s.n = static_cast<int>(v.size());
+  if (v.empty()) return;
+  std::sort(v.begin(), v.end());
+  const auto n = static_cast<double>(v.size());
+  s.median = QuantileSorted(v, 0.5);
+  double sum = 0, sq = 0;
+  for (const double x : v) sum += x;
+  s.mean = sum / n;
+  for (const double x : v) sq += (x - s.mean) * (x - s.mean);
+  s.var = sq / n;
+  s.spread = std::max(
+      {QuantileSorted(v, 0.9) - QuantileSorted(v, 0.1), 0.02 * std::abs(s.median), kMinSpreadNs});
+  const double widen = std::max(margin, 0.0) * s.spread;
+  // A negative margin (claims held more often than needed) moves the
+  // quantiles towards the median by at most a quarter of their distance.
+  const double narrow = std::clamp(-margin, 0.0, 0.5) / 2;
+  const double qlo = QuantileSorted(v, alpha_ / 2), qhi = QuantileSorted(v, 1 - alpha_ / 2);
+  const double qtail = QuantileSorted(v, alpha_);
+  s.lo = qlo + narrow * (s.median - qlo) - widen;
+  s.hi = qhi - narrow * (qhi - s.median) + widen;
+  s.low_tail = qtail + narrow * (s.median - qtail) - widen;
+  if (n >= 2 / alpha_) return;
+  const double prior = n < 5 ? 0.05 * std::abs(scale >= 0 ? scale : s.mean) : 0.0;
+  const double sd = std::max(n > 1 ? std::sqrt(sq / (n - 1)) : 0.0, prior);
+  const double half = SmallSampleFactor(z_, n) * sd * std::sqrt(1 + 1 / n);
+  const double one = SmallSampleFactor(z1_, n) * sd * std::sqrt(1 + 1 / n);
+  s.lo = std::min(s.lo, s.mean - half - widen);
+  s.hi = std::max(s.hi, s.mean + half + widen);
+  s.low_tail = std::min(s.low_tail, s.mean - one - widen);
+}
+
+StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) const {
+  StepModel m;
+  m.rule_bits = RuleBits(step);
+  bool measured = false;
+  for (const StepObs& o : hist_) measured = measured || o.kind == kind;
+  const StepKind base = measured ? kind : StepKind::kNormal;
+  const auto kb = static_cast<int>(base);
+  // The past steps of the same kind in the same residue class (all of the
+  // kind when the class has fewer than 3).
+  // A checkpoint step that also ran an eval is no sample of a checkpoint
+  // step alone (its checkpoint came late), unless both are predicted.
+  const auto usable = [&](const StepObs& o) {
+    return o.kind == base && (combo || base != StepKind::kCheckpoint ||
+                              o.Find(SlotKey(IdleKind::kEval, 0)) == nullptr);
+  };
+  std::vector<const StepObs*> same;
+  const auto matching = [&](int period) {
+    same.clear();
+    for (const StepObs& o : hist_) {
+      if (usable(o) && o.step % period == step % period) same.push_back(&o);
+    }
+    if (same.size() < 3 && period > 1) {
+      same.clear();
+      for (const StepObs& o : hist_) {
+        if (usable(o)) same.push_back(&o);
+      }
+    }
+  };
+  std::vector<double> v;
+  matching(dur_period_[kb]);
+  v.reserve(same.size());
+  for (const StepObs* o : same) v.push_back(static_cast<double>(o->duration()));
+  Summarize(v, m.dur, bound_cal_[static_cast<int>(kind)].margin());
+  if (m.dur.n == 0) return m;
+  m.ok = true;
+
+  // Normal steps' lengths at quantiles α/4 and 1 − α/4 (see below).
+  SampleSummary normal;
+  {
+    std::vector<double> nd;
+    for (const StepObs& o : hist_) {
+      if (o.kind == StepKind::kNormal) nd.push_back(static_cast<double>(o.duration()));
+    }
+    normal.n = static_cast<int>(nd.size());
+    if (!nd.empty()) {
+      std::sort(nd.begin(), nd.end());
+      double sum = 0;
+      for (const double x : nd) sum += x;
+      normal.mean = sum / static_cast<double>(nd.size());
+      normal.lo = QuantileSorted(nd, alpha_ / 4);
+      normal.hi = QuantileSorted(nd, 1 - alpha_ / 4);
+    }
+  }
+  std::array<bool, kNumSlots> candidates{};
+  for (const StepObs& o : hist_) {
+    if (o.kind != base) continue;
+    for (int i = 0; i < o.num_slots; ++i) candidates[o.slots[i].key] = true;
+  }
+  for (int key = 0; key < kNumSlots; ++key) {
+    if ((m.rule_bits >> key) & 1) candidates[key] = true;
+  }
+  std::vector<double> a, b, d;
+  for (int key = 0; key < kNumSlots; ++key) {
+    if (!candidates[key]) continue;
+    const Occurrences& oc = occ_[key];
+    a.clear();
+    b.clear();
+    d.clear();
+    if (oc.rule_valid) {
+      // A learned event: it occurs exactly where its rule says.
+      if (!oc.rule.OccursAt(step)) continue;
+      for (const StepObs& o : hist_) {
+        const SlotObs* s = o.Find(key);
+        if (s == nullptr || (measured && !usable(o))) continue;
+        a.push_back(static_cast<double>(s->a));
+        b.push_back(static_cast<double>(s->b));
+        d.push_back(static_cast<double>(s->b - s->a));
+      }
+      if (a.empty()) continue;
+    } else {
+      matching(slot_period_[kb][key]);
+      const auto n = static_cast<int>(same.size());
+      for (const StepObs* o : same) {
+        const SlotObs* s = o->Find(key);
+        if (s == nullptr) continue;
+        a.push_back(static_cast<double>(s->a));
+        b.push_back(static_cast<double>(s->b));
+        d.push_back(static_cast<double>(s->b - s->a));
+      }
+      // Published only where the slot occurs in (nearly) every matching
+      // step, and for normal steps once there are three of them.
+      const int need = base == StepKind::kNormal ? 3 : 1;
+      if (n < need || static_cast<double>(a.size()) < (1 - alpha_ / 2) * n) continue;
+    }
+    // One occurrence shows nothing of an event's spread: wait for a second.
+    if (base != StepKind::kNormal && a.size() < 2) continue;
+    StepModel::Slot sl;
+    sl.key = key;
+    sl.phase = slot_phase_[key];
+    const double wm = window_cal_[static_cast<int>(SlotKind(key))].margin();
+    Summarize(d, sl.d, wm);
+    Summarize(a, sl.a, wm, sl.d.median);
+    Summarize(b, sl.b, wm, sl.d.median);
+    const auto np = static_cast<double>(d.size());
+    if (np < 2 / alpha_ && sl.a.mean > 0.5 * normal.mean && normal.n >= 10) {
+      // Few occurrences of a slot late in its step (an eval or checkpoint
+      // after the training work): its start varies like a normal step's
+      // length, which is well measured; its length is its own (at least 5%
+      // noise assumed below 5 occurrences). Each at half the error budget.
+      // Not where its own starts disagree (an eval whose forward pass
+      // changed length): then their own spread rules.
+      const double own =
+          np > 1 ? SmallSampleFactor(z_, np) * std::sqrt(sl.a.var * np / (np - 1) * (1 + 1 / np))
+                 : 0.0;
+      sl.a.lo = sl.a.mean - std::max(normal.mean - normal.lo, own);
+      sl.a.hi =
+          sl.a.mean + std::max(normal.hi - normal.mean, own) + std::max(wm, 0.0) * sl.a.spread;
+      const double sd = std::max(np > 1 ? std::sqrt(sl.d.var * np / (np - 1)) : 0.0,
+                                 np < 5 ? 0.05 * sl.d.mean : 0.0);
+      const double low = sl.d.mean - SmallSampleFactor(z_, np) * sd * std::sqrt(1 + 1 / np) -
+                         std::max(wm, 0.0) * sl.d.spread;
+      sl.b.lo = std::max(sl.b.lo, sl.a.lo + low);
+    }
+    m.slots.push_back(std::move(sl));
+  }
+  // A declared event step not measured yet: the declared duration at the
+  // end of a normal step, its guaranteed length 80% of it.
+  if (!measured && kind != StepKind::kNormal) {
+    const PeriodicEvent& ev = kind == StepKind::kCheckpoint ? opt_.checkpoint : opt_.eval;
+    if (ev.expected_ns > 0) {
+      const auto e = static_cast<double>(ev.expected_ns);
+      StepModel::Slot sl;
+      sl.key = SlotKey(kind == StepKind::kCheckpoint ? IdleKind::kCheckpoint : IdleKind::kEval, 0);
+      sl.phase = kind == StepKind::kCheckpoint ? "checkpoint" : "eval";
+      sl.declared = true;
+      sl.a = m.dur;
+      sl.b = m.dur;
+      sl.b.lo = m.dur.lo + 0.8 * e;
+      sl.b.median = m.dur.median + e;
+      sl.d.n = 1;
+      sl.d.median = sl.d.mean = e;
+      sl.d.low_tail = 0.8 * e;
+      sl.d.var = 0.01 * e * e;
+      m.slots.push_back(sl);
+      m.dur.lo += 0.8 * e;
+      m.dur.hi += 1.2 * e;
+      m.dur.median += e;
+      m.dur.mean += e;
+      m.dur.var += 0.01 * e * e;
+    }
+  }
+  std::sort(m.slots.begin(), m.slots.end(), [](const StepModel::Slot& x, const StepModel::Slot& y) {
+    return x.a.median < y.a.median;
+  });
+  return m;
+}
+
+const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
+  const StepKind kind = KindAt(step);
+  const bool combo = EventAt(IdleKind::kCheckpoint, step) && EventAt(IdleKind::kEval, step);
+  // Steps with the same kind and the same residues modulo every period in
+  // use look alike: one model each.
+  uint64_t h = static_cast<uint64_t>(kind) * 2 + (combo ? 1 : 0);
+  for (const int p : periods_) h = h * 1'000'003 + static_cast<uint64_t>(step % p);
+  const auto key = static_cast<int64_t>(h);
+  const uint64_t bits = RuleBits(step);
+  auto it = cache_.find(key);
+  if (it != cache_.end() && it->second.rule_bits == bits) return it->second;
+  StepModel m = BuildModel(step, kind, combo);
+  bool seen = false;
+  for (size_t i = 0; combo && !seen && i < hist_.size(); ++i) {
+    seen = hist_[i].Find(SlotKey(IdleKind::kCheckpoint, 0)) != nullptr &&
+           hist_[i].Find(SlotKey(IdleKind::kEval, 0)) != nullptr;
+  }
+  if (combo && !seen && m.ok) {
+    // Checkpoint and eval in one step, never seen together: both lengths
+    // add up; only the windows before the events (at the step's start) are
+    // published, since the events' order and offsets are unknown.
+    const StepModel ev = BuildModel(step, StepKind::kEval, false);
+    const StepModel normal = BuildModel(step, StepKind::kNormal, false);
+    if (ev.ok && normal.ok) {
+      m.dur.lo += ev.dur.lo - normal.dur.hi;
+      m.dur.hi += ev.dur.hi - normal.dur.lo;
+      m.dur.mean += ev.dur.mean - normal.dur.mean;
+      m.dur.median += ev.dur.median - normal.dur.median;
+      m.dur.var += ev.dur.var + normal.dur.var;
+    }
+    m.slots.erase(std::remove_if(m.slots.begin(), m.slots.end(),
+                                 [&](const StepModel::Slot& sl) {
+                                   return sl.a.hi > std::max(normal.dur.lo, 0.0) / 2;
+                                 }),
+                  m.slots.end());
+  }
+  StepModel& slot = cache_[key];
+  slot = std::move(m);
+  return slot;
+}
+
+bool Forecaster::Impl::DurationBound(int64_t step, double& lo, double& hi) const {
+  const StepModel& m = ModelFor(step);
+  if (!m.ok) return false;
+  lo = std::max(m.dur.lo, 0.0);
+  hi = m.dur.hi;
+  return true;
+}
+
+absl::StatusOr<std::vector<StepBound>> Forecaster::Impl::NextStepBounds(int n) const {
+  if (n < 1)
+    return absl::InvalidArgumentError(absl::StrCat("NextStepBounds: n must be >= 1, got ", n));
+  if (!Ready()) return NotReady(static_cast<int64_t>(hist_.size()), opt_.min_steps);
+  std::vector<StepBound> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int i = 1; i <= n; ++i) {
+    double lo = 0, hi = 0;
+    if (!DurationBound(last_step_ + i, lo, hi)) break;
+    out.push_back(StepBound{last_step_ + i, static_cast<int64_t>(std::floor(lo)),
+                            static_cast<int64_t>(std::ceil(hi)), conf_});
+  }
+  return out;
+}
+
+absl::StatusOr<StepBound> Forecaster::Impl::SaveBound() const {
+  const Occurrences& o = occ_[SlotKey(IdleKind::kCheckpoint, 0)];
+  if (o.lengths.empty()) {
+    return absl::NotFoundError("no save bound: no checkpoint phase has been observed");
+  }
+  std::vector<double> v(o.lengths.begin(), o.lengths.end());
+  SampleSummary s;
+  Summarize(v, s, bound_cal_[static_cast<int>(StepKind::kCheckpoint)].margin());
+  StepBound b;
+  b.step = -1;
+  for (int64_t st = last_step_ + 1; st <= last_step_ + 100'000; ++st) {
+    if (opt_.checkpoint.OccursAt(st) || (o.rule_valid && o.rule.OccursAt(st))) {
+      b.step = st;
+      break;
+    }
+    if (opt_.checkpoint.every_steps == 0 && !o.rule_valid) break;
+  }
+  b.lo_ns = static_cast<int64_t>(std::floor(std::max(s.lo, 0.0)));
+  b.hi_ns = static_cast<int64_t>(std::ceil(s.hi));
+  b.confidence = conf_;
+  return b;
+}
+
+absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
+  if (!Ready()) return NotReady(static_cast<int64_t>(hist_.size()), opt_.min_steps);
+  Forecast f;
+  f.made_at_ns = now_ns;
+  f.horizon_ns = opt_.horizon_ns;
+  f.last_step = last_step_;
+  f.steps_observed = static_cast<int64_t>(hist_.size());
+  f.k = opt_.k;
+  f.confidence = conf_;
+  claims_.clear();
+
+  std::vector<double> g(gaps_.begin(), gaps_.end());
+  double gap_lo = 0, gap_hi = 0, gap_var = 0;
+  const double gap_mean = GapMean();
+  if (!g.empty()) {
+    std::sort(g.begin(), g.end());
+    gap_lo = QuantileSorted(g, alpha_ / 2);
+    gap_hi = QuantileSorted(g, 1 - alpha_ / 2);
+    for (const double x : g) gap_var += (x - gap_mean) * (x - gap_mean);
+    gap_var /= static_cast<double>(g.size());
+  }
+  const auto now = static_cast<double>(now_ns);
+  const double horizon_end = now + static_cast<double>(opt_.horizon_ns);
+  const auto min_window = static_cast<double>(opt_.min_window_ns);
+  const auto last_end = static_cast<double>(last_end_ns_);
+  double mid = last_end + gap_mean;  // expected start of the step
+  double var = 0;                    // variance of that start
+  double level = 0;                  // accumulated uncertainty of the level
+  bool needed_known = false;
+  const auto n_hist = static_cast<double>(hist_.size());
+  for (int64_t s = last_step_ + 1; s < last_step_ + 10'000'000; ++s) {
+    const StepModel& m = ModelFor(s);
+    if (!m.ok || m.dur.mean <= 0) break;
+    double s_lo = mid - z_ * std::sqrt(var) - level, s_hi = mid + z_ * std::sqrt(var) + level;
+    if (s == last_step_ + 1) {
+      s_lo = last_end + gap_lo;
+      s_hi = last_end + gap_hi;
+    }
+    if (s_lo >= horizon_end) break;
+    if (!needed_known) {
+      // The devices are needed once the first busy time of this step can begin.
+      double needed = s_lo;
+      for (const StepModel::Slot& sl : m.slots) {
+        if (s_lo + std::max(sl.a.lo, 0.0) <= needed) needed = std::max(needed, s_lo + sl.b.lo);
+      }
+      f.devices_needed_at_ns = static_cast<int64_t>(std::max(needed, now));
+      needed_known = true;
+    }
+    const bool event_step = KindAt(s) != StepKind::kNormal;
+    for (const StepModel::Slot& sl : m.slots) {
+      if (suspect_ || static_cast<int>(f.windows.size()) >= opt_.max_windows) break;
+      IdleWindow w;
+      w.step = s;
+      w.kind = SlotKind(sl.key);
+      w.confidence = conf_;
+      w.phase = sl.phase;
+      w.earliest_start_ns = static_cast<int64_t>(s_lo + std::max(sl.a.lo, 0.0));
+      w.latest_start_ns = static_cast<int64_t>(s_hi + std::max(sl.a.hi, 0.0));
+      w.guaranteed_ns = static_cast<int64_t>(std::max(sl.d.low_tail, 0.0));
+      w.expected_ns = static_cast<int64_t>(std::max(sl.d.median, 0.0));
+      const double start = std::max(s_hi + std::max(sl.a.hi, 0.0), now);
+      const double end = std::min(s_lo + sl.b.lo, horizon_end);
+      if (end - start >= min_window && end > start) {
+        w.start_ns = static_cast<int64_t>(start);
+        w.duration_ns = static_cast<int64_t>(end - start);
+      } else {
+        // Start too uncertain for a sure part: listed (with its guaranteed
+        // length) only for events (declared or learned), not for the idle
+        // time of every normal step.
+        if (!event_step && !occ_[sl.key].rule_valid) continue;
+        w.start_ns = std::max(w.latest_start_ns, now_ns);
+        w.duration_ns = 0;
+        if (static_cast<double>(w.guaranteed_ns) < min_window) continue;
+        if (w.start_ns >= static_cast<int64_t>(horizon_end)) continue;
+      }
+      if (w.duration_ns > 0 && s <= last_step_ + kClaimSteps) {
+        claims_.push_back(Claim{s, w.start_ns, w.start_ns + w.duration_ns, w.kind});
+      }
+      f.windows.push_back(std::move(w));
+    }
+    if (static_cast<int>(f.windows.size()) >= opt_.max_windows) break;
+    mid += m.dur.mean + gap_mean;
+    var += m.dur.var + gap_var;
+    level += z_ * std::sqrt(m.dur.var / std::max(n_hist, 1.0));
+  }
+  if (!needed_known) f.devices_needed_at_ns = now_ns;
+  // In time order, the sure parts not overlapping.
+  std::stable_sort(
+      f.windows.begin(), f.windows.end(),
+      [](const IdleWindow& x, const IdleWindow& y) { return x.start_ns < y.start_ns; });
+  int64_t prev_end = std::numeric_limits<int64_t>::min();
+  for (IdleWindow& w : f.windows) {
+    if (w.duration_ns > 0 && w.start_ns < prev_end) {
+      const int64_t end = w.start_ns + w.duration_ns;
+      w.start_ns = prev_end;
+      w.duration_ns = std::max<int64_t>(end - prev_end, 0);
+    }
+    if (w.duration_ns > 0) prev_end = w.start_ns + w.duration_ns;
+  }
+  if (auto b = NextStepBounds(kBoundsInForecast); b.ok()) f.next_steps = *std::move(b);
+  if (auto sb = SaveBound(); sb.ok()) f.save_hi_ns = sb->hi_ns;
+  return f;
+}
+
+}  // namespace omni

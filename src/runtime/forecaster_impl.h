@@ -1,0 +1,112 @@
+// The forecaster's state (see omni/forecast.h for the model). Private to
+// omni_core: forecaster.cc learns (Observe), forecast_windows.cc publishes
+// (Predict, bounds).
+//
+// Thread safety: not thread-safe; one owner (the Telemetry worker, or a replay).
+#pragma once
+
+#include <array>
+#include <deque>
+#include <unordered_map>
+#include <vector>
+
+#include "omni/forecast.h"
+#include "quantile.h"
+#include "rhythm.h"
+#include "step_slots.h"
+
+namespace omni {
+
+// Summary of the matching past values of one quantity for one future step.
+struct SampleSummary {
+  int n = 0;              // matching past steps
+  int present = 0;        // ... in which the slot occurred (= n for durations)
+  double lo = 0, hi = 0;  // two-sided quantiles at the stated confidence
+  double low_tail = 0;    // one-sided lower quantile (guaranteed length)
+  double median = 0, mean = 0, var = 0, spread = 0;
+};
+
+// What one future step looks like (cached per rhythm class).
+struct StepModel {
+  bool ok = false;
+  SampleSummary dur;
+  struct Slot {
+    int key = 0;
+    std::string phase;
+    SampleSummary a, b, d;  // start offset, end offset, length
+    bool declared = false;  // from a declared event not measured yet
+  };
+  std::vector<Slot> slots;
+  uint64_t rule_bits = 0;  // which learned events occur at the step (cache check)
+};
+
+class Forecaster::Impl {
+ public:
+  explicit Impl(const ForecastOptions& o);
+
+  absl::Status Observe(const StepRecord& rec, const PhaseCatalog& catalog);
+  absl::StatusOr<Forecast> Predict(int64_t now_ns);
+  absl::StatusOr<std::vector<StepBound>> NextStepBounds(int n) const;
+  absl::StatusOr<StepBound> SaveBound() const;
+
+  const ForecastOptions& options() const { return opt_; }
+  int64_t last_step() const { return last_step_; }
+  int64_t regime_changes() const { return regimes_; }
+
+ private:
+  struct Claim {
+    int64_t step;
+    int64_t a, b;  // absolute, must be idle
+    IdleKind kind;
+  };
+  struct Occurrences {
+    std::vector<int64_t> steps;  // newest last, at most 8
+    std::deque<double> lengths;  // newest last, at most 32 (across regimes)
+    SpacingRule rule;
+    bool rule_valid = false;
+  };
+
+  bool Ready() const { return static_cast<int>(hist_.size()) >= opt_.min_steps; }
+  StepKind KindAt(int64_t step) const;
+  // Whether a declared or learned checkpoint / eval event occurs at `step`.
+  bool EventAt(IdleKind kind, int64_t step) const;
+  uint64_t RuleBits(int64_t step) const;
+  // Bound of step `step`'s duration from the current model (no caching).
+  bool DurationBound(int64_t step, double& lo, double& hi) const;
+  const StepModel& ModelFor(int64_t step) const;
+  // `combo`: a checkpoint and an eval are both predicted at `step`.
+  StepModel BuildModel(int64_t step, StepKind kind, bool combo) const;
+  void Summarize(std::vector<double>& v, SampleSummary& s, double margin, double scale = -1) const;
+  void Relearn();
+  void CheckRegime(const StepObs& obs);
+  void ScoreClaims(const StepRecord& rec, const PhaseCatalog& catalog);
+  void TrimWarmup();
+  double GapMean() const;
+
+  const ForecastOptions opt_;
+  const double conf_;   // stated confidence
+  const double alpha_;  // 1 − conf_
+  const double z_;      // normal quantile of the two-sided confidence
+  const double z1_;     // ... of the one-sided confidence
+  PhaseCatalog catalog_;
+  std::deque<StepObs> hist_;  // current regime, oldest first
+  std::deque<double> gaps_;   // between consecutive steps
+  int64_t last_step_ = -1, last_end_ns_ = 0;
+  int64_t regimes_ = 0;
+  int64_t regime_steps_ = 0;  // steps since the regime began
+  int since_learn_ = 0;
+  std::vector<int> periods_;  // the distinct periods > 1 in use (cache key)
+  int run_side_ = 0, run_len_ = 0;
+  bool suspect_ = false;
+  std::array<std::array<int, kNumSlots>, kNumStepKinds> slot_period_{};
+  std::array<int, kNumStepKinds> dur_period_{};
+  std::array<Occurrences, kNumSlots> occ_;
+  std::vector<int> rule_keys_;  // slots with a valid learned rule
+  std::array<std::string, kNumSlots> slot_phase_;
+  std::array<MarginCalibrator, kNumIdleKinds> window_cal_;  // per window kind
+  std::array<MarginCalibrator, kNumStepKinds> bound_cal_;   // per step kind
+  std::vector<Claim> claims_;
+  mutable std::unordered_map<int64_t, StepModel> cache_;  // cleared by Observe
+};
+
+}  // namespace omni

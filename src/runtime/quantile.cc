@@ -1,0 +1,33 @@
+#include "quantile.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace omni {
+
+double QuantileSorted(const std::vector<double>& v, double level) {
+  const double pos = std::clamp(level, 0.0, 1.0) * static_cast<double>(v.size() - 1);
+  const auto i = static_cast<size_t>(std::floor(pos));
+  if (i + 1 >= v.size()) return v.back();
+  const double f = pos - static_cast<double>(i);
+  return v[i] + f * (v[i + 1] - v[i]);
+}
+
+double QuantileInPlace(std::vector<double>& v, double level) {
+  std::sort(v.begin(), v.end());
+  return QuantileSorted(v, level);
+}
+
+namespace {
+// Hits can narrow claims below the plain quantiles by at most this many
+// spreads, so that one good spell cannot bank credit for a later shift.
+constexpr double kMaxNarrowing = 0.5;
+}  // namespace
+
+void MarginCalibrator::Update(bool miss) {
+  ++claims_;
+  if (miss) ++misses_;
+  margin_ = std::max(margin_ + gain_ * ((miss ? 1.0 : 0.0) - target_), -kMaxNarrowing);
+}
+
+}  // namespace omni

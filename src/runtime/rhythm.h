@@ -1,0 +1,34 @@
+// The job's rhythm: periods learned from a step-indexed series, and events
+// learned from the steps at which something happened. Private to omni_core.
+//
+// Thread safety: pure functions and plain values.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace omni {
+
+// The period P in [1, max_period] whose residue classes (step mod P) explain
+// `values` best: least squares per class after winsorising the values at
+// their 2nd and 98th percentiles (so single outliers buy nothing), scored
+//   n·ln(SSE_P/n + floor) + penalty·(non-empty classes)·ln(n)
+// (BIC with a doubled penalty, so that noise does not select a period).
+// Periods with fewer than 3 values per class on average are not considered.
+// REQUIRES: steps.size() == values.size().
+int ChoosePeriod(const std::vector<int64_t>& steps, const std::vector<double>& values,
+                 int max_period, double penalty = 2.0);
+
+// An event seen at equally spaced steps: it occurs at every step s with
+// s % every == offset (none when every == 0).
+struct SpacingRule {
+  int64_t every = 0;
+  int64_t offset = 0;
+  bool OccursAt(int64_t step) const { return every > 0 && step >= 0 && step % every == offset; }
+};
+
+// The rule behind the last occurrences (ascending steps): the last three
+// must be equally spaced (spacing ≥ 2). Otherwise no rule.
+SpacingRule LearnSpacing(const std::vector<int64_t>& occurrences);
+
+}  // namespace omni

@@ -1,0 +1,76 @@
+#include "step_slots.h"
+
+namespace omni {
+
+const SlotObs* StepObs::Find(int key) const {
+  for (int i = 0; i < num_slots; ++i) {
+    if (slots[i].key == key) return &slots[i];
+  }
+  return nullptr;
+}
+
+namespace {
+
+// The deepest span covering [a, b), or -1 (uncovered).
+int CoveringSpan(const StepRecord& rec, int64_t a, int64_t b) {
+  int best = -1;
+  for (int i = 0; i < rec.num_spans; ++i) {
+    const PhaseSpan& s = rec.spans[i];
+    if (s.start_ns <= a && s.end_ns >= b && (best < 0 || s.depth > rec.spans[best].depth)) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+void AddSlot(StepObs& o, std::array<int, kNumIdleKinds>& ordinals, IdleKind kind, int64_t a,
+             int64_t b, int span, const StepRecord& rec) {
+  const int k = static_cast<int>(kind);
+  if (o.num_slots >= kMaxSlotsPerStep || ordinals[k] >= kMaxOrdinal) return;
+  SlotObs& s = o.slots[o.num_slots++];
+  s.key = SlotKey(kind, ordinals[k]++);
+  s.a = a - rec.start_ns;
+  s.b = b - rec.start_ns;
+  s.has_phase = span >= 0;
+  s.phase = span >= 0 ? rec.spans[span].phase : 0;
+}
+
+}  // namespace
+
+StepObs ReduceStep(const StepRecord& rec, const PhaseCatalog& catalog,
+                   const PipelineSchedule& pipeline, int64_t min_host_ns) {
+  StepObs o;
+  o.step = rec.step;
+  o.start_ns = rec.start_ns;
+  o.end_ns = rec.end_ns;
+  o.kind = rec.kind();
+  std::array<int, kNumIdleKinds> ordinals{};
+  bool bubbles = false;
+  ForEachIdleInterval(rec, catalog, [&](const IdleInterval& iv) {
+    if (iv.kind == IdleKind::kHostSide && iv.end_ns - iv.start_ns < min_host_ns) return;
+    if (iv.kind == IdleKind::kPipelineBubble) bubbles = true;
+    AddSlot(o, ordinals, iv.kind, iv.start_ns, iv.end_ns, CoveringSpan(rec, iv.start_ns, iv.end_ns),
+            rec);
+  });
+  if (pipeline.stages <= 1 || bubbles) return o;
+  // Declared schedule, bubbles not logged: split the first compute span.
+  for (int i = 0; i < rec.num_spans; ++i) {
+    const PhaseSpan& c = rec.spans[i];
+    if (c.phase != phase::kCompute || c.depth != 0) continue;
+    const double p = pipeline.stages, m = pipeline.micro_batches, r = pipeline.stage;
+    const double len = static_cast<double>(c.end_ns - c.start_ns);
+    const double tf = len / ((m + p - 1) * (1 + pipeline.backward_over_forward));
+    const double tb = tf * pipeline.backward_over_forward;
+    const double starts[3] = {0, r * tf + m * tf, len - r * tb};
+    const double lens[3] = {r * tf, (p - 1 - r) * (tf + tb), r * tb};
+    for (int j = 0; j < 3; ++j) {
+      if (lens[j] <= 0) continue;
+      const auto a = c.start_ns + static_cast<int64_t>(starts[j]);
+      AddSlot(o, ordinals, IdleKind::kPipelineBubble, a, a + static_cast<int64_t>(lens[j]), i, rec);
+    }
+    break;
+  }
+  return o;
+}
+
+}  // namespace omni

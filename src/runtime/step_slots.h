@@ -1,0 +1,50 @@
+// A step reduced to what the forecaster learns from: its duration, kind and
+// idle intervals relative to its start, each keyed by a "slot" (idle kind,
+// ordinal among the step's intervals of that kind). Private to omni_core.
+//
+// Thread safety: plain values.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "omni/forecast.h"
+#include "omni/phase.h"
+
+namespace omni {
+
+inline constexpr int kMaxOrdinal = 8;
+inline constexpr int kNumSlots = kNumIdleKinds * kMaxOrdinal;
+inline constexpr int kMaxSlotsPerStep = 16;
+
+inline int SlotKey(IdleKind kind, int ordinal) {
+  return static_cast<int>(kind) * kMaxOrdinal + ordinal;
+}
+inline IdleKind SlotKind(int key) { return static_cast<IdleKind>(key / kMaxOrdinal); }
+
+struct SlotObs {
+  int key = 0;
+  int64_t a = 0, b = 0;  // relative to the step's start
+  PhaseId phase = 0;
+  bool has_phase = false;  // false: uncovered (host-side) time
+};
+
+struct StepObs {
+  int64_t step = 0;
+  int64_t start_ns = 0, end_ns = 0;
+  StepKind kind = StepKind::kNormal;
+  int num_slots = 0;
+  std::array<SlotObs, kMaxSlotsPerStep> slots{};
+  int64_t duration() const { return end_ns - start_ns; }
+  // The slot with `key`, or nullptr.
+  const SlotObs* Find(int key) const;
+};
+
+// Reduces a valid record. Host-side intervals shorter than `min_host_ns` are
+// dropped (the slivers between phases); when the schedule has stages > 1 and
+// the record logs no pipeline_bubble time, the bubbles are derived from its
+// compute phase.
+StepObs ReduceStep(const StepRecord& rec, const PhaseCatalog& catalog,
+                   const PipelineSchedule& pipeline, int64_t min_host_ns);
+
+}  // namespace omni

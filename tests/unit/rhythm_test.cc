@@ -1,0 +1,99 @@
+// The forecaster's private learners (src/runtime/rhythm.h, quantile.h),
+// compiled into the test binary.
+#include "runtime/rhythm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "runtime/quantile.h"
+
+namespace omni {
+namespace {
+
+struct Series {
+  std::vector<int64_t> steps;
+  std::vector<double> values;
+};
+
+TEST(Rhythm, FindsAStallEveryThirdStepUnderNoise) {
+  std::mt19937_64 rng(1);
+  std::lognormal_distribution<double> noise(0, 0.1);
+  Series s;
+  for (int i = 0; i < 90; ++i) {
+    s.steps.push_back(i);
+    s.values.push_back((i % 3 == 0 ? 400.0 : 4.0) * noise(rng));
+  }
+  EXPECT_EQ(ChoosePeriod(s.steps, s.values, 64), 3);
+}
+
+TEST(Rhythm, HeavyTailedNoiseDoesNotSelectAPeriod) {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    std::mt19937_64 rng(seed);
+    std::lognormal_distribution<double> noise(std::log(20.0), 1.0);
+    Series s;
+    for (int i = 0; i < 300; ++i) {
+      s.steps.push_back(i);
+      s.values.push_back(noise(rng));
+    }
+    EXPECT_EQ(ChoosePeriod(s.steps, s.values, 64), 1) << "seed " << seed;
+  }
+}
+
+TEST(Rhythm, LearnsAPeriodFromEveryTenthStep) {
+  Series s;
+  std::mt19937_64 rng(2);
+  std::normal_distribution<double> noise(1.0, 0.02);
+  for (int i = 9; i < 3000; i += 10) {
+    s.steps.push_back(i);
+    s.values.push_back((i % 3 == 0 ? 300.0 : 5.0) * noise(rng));
+  }
+  EXPECT_EQ(ChoosePeriod(s.steps, s.values, 64), 3);
+}
+
+TEST(Rhythm, TooShortASeriesHasNoPeriod) {
+  EXPECT_EQ(ChoosePeriod({0, 1, 2, 3}, {1, 9, 1, 9}, 64), 1);
+}
+
+TEST(Rhythm, EqualSpacingMakesARule) {
+  const SpacingRule r = LearnSpacing({5, 17, 29});
+  EXPECT_EQ(r.every, 12);
+  EXPECT_EQ(r.offset, 5);
+  EXPECT_TRUE(r.OccursAt(41));
+  EXPECT_FALSE(r.OccursAt(40));
+  EXPECT_EQ(LearnSpacing({5, 17, 30}).every, 0);
+  EXPECT_EQ(LearnSpacing({17, 29}).every, 0);
+  EXPECT_EQ(LearnSpacing({3, 4, 5}).every, 0);  // every step is no event
+}
+
+TEST(Quantile, InterpolatesBetweenOrderStatistics) {
+  std::vector<double> v = {4, 1, 3, 2};
+  EXPECT_DOUBLE_EQ(QuantileInPlace(v, 0.5), 2.5);
+  EXPECT_DOUBLE_EQ(QuantileSorted(v, 0), 1);
+  EXPECT_DOUBLE_EQ(QuantileSorted(v, 1), 4);
+  EXPECT_DOUBLE_EQ(QuantileSorted({7}, 0.3), 7);
+}
+
+TEST(Calibration, MissRateConvergesToTheTargetWhateverTheDistribution) {
+  // Claims "x <= q + margin·spread" with q the median of a heavy-tailed
+  // stream: half would miss without calibration.
+  MarginCalibrator cal(0.05, 0.5);
+  std::mt19937_64 rng(5);
+  std::lognormal_distribution<double> x(0, 1.0);
+  long misses = 0, n = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const bool miss = x(rng) > 1.0 + cal.margin() * 1.0;
+    cal.Update(miss);
+    if (i >= 2000) {
+      ++n;
+      misses += miss ? 1 : 0;
+    }
+  }
+  EXPECT_NEAR(static_cast<double>(misses) / static_cast<double>(n), 0.05, 0.01);
+  EXPECT_GT(cal.margin(), 1.0);
+}
+
+}  // namespace
+}  // namespace omni
