@@ -104,8 +104,8 @@ struct OMNI_EXPORT RuntimeOptions {
   // tcp:// needs omni::torch_ext::RegisterTcpStore() first.
   std::string store_uri;
   Store* store = nullptr;  // not owned; must outlive the Runtime; wins over store_uri
-  // membership.job_id is taken from job_id when empty, membership.self.host
-  // from the host name when empty.
+  // membership.job_id is taken from job_id (else `source`) when empty,
+  // membership.self.host from the host name when empty.
   ElasticOptions elastic;
   // A preempted replica leaves the group alone at the next boundary but one
   // while the others go on (instead of a job-wide stop).

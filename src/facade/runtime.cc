@@ -187,6 +187,9 @@ absl::Status RuntimeImpl::Init() {
     monitor_ = *std::move(m);
   }
   TelemetryOptions to = o_.telemetry;
+  // A job with checkpoints may be a resumed one: its earlier runs' step log
+  // and trace are kept (moved aside), not truncated.
+  if (!o_.ckpt_dir.empty()) to.keep_previous_outputs = true;
   if (to.source.empty() || to.source == "omni") to.source = o_.source;
   absl::StatusOr<std::unique_ptr<Telemetry>> tel = Telemetry::Create(to, o_.clock);
   if (!tel.ok()) return tel.status();
@@ -242,7 +245,9 @@ absl::StatusOr<int64_t> RuntimeImpl::Start() {
   }
   if (store_ != nullptr) {
     ElasticOptions eo = o_.elastic;
-    if (eo.membership.job_id.empty()) eo.membership.job_id = o_.job_id;
+    if (eo.membership.job_id.empty()) {
+      eo.membership.job_id = o_.job_id.empty() ? o_.source : o_.job_id;
+    }
     if (eo.membership.self.host.empty()) eo.membership.self.host = Hostname();
     absl::StatusOr<std::unique_ptr<ElasticGroup>> g =
         ElasticGroup::Create(*store_, eo, replicated_);
