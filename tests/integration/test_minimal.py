@@ -46,7 +46,9 @@ def test_sigterm_then_resume_is_bit_exact(tmp_path):
     assert ref.returncode == 0, ref.stderr
     ref_final = final(ref.stdout)
 
-    p = subprocess.Popen([str(MINIMAL), str(STEPS)], env=env(run_dir), stdout=subprocess.PIPE,
+    # Half a second of grace: it trains on while a step and a save still fit.
+    p = subprocess.Popen([str(MINIMAL), str(STEPS)], env=env(run_dir, OMNI_PREEMPT_GRACE_S="0.5"),
+                         stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not any((run_dir / "ckpt").glob("step-*")) and time.monotonic() < deadline:
