@@ -51,9 +51,12 @@ class OMNI_EXPORT StepLogWriter {
   struct Private {};
 
  public:
-  // Creates or truncates `path` and writes the header. Errors name the path.
+  // Creates or truncates `path` and writes the header. With keep_previous,
+  // an existing `path` (an earlier run of a resumed job) is moved to the
+  // first free "<path>.N" instead of being truncated. Errors name the path.
   static absl::StatusOr<std::unique_ptr<StepLogWriter>> Open(const std::string& path,
-                                                             const StepLogHeader& header);
+                                                             const StepLogHeader& header,
+                                                             bool keep_previous = false);
   StepLogWriter(Private, std::FILE* file, std::string path, int phases_announced);  // use Open
   ~StepLogWriter();
   StepLogWriter(const StepLogWriter&) = delete;

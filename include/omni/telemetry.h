@@ -50,6 +50,9 @@ struct TelemetryOptions {
   int64_t publish_interval_ns = 1'000'000'000;
   std::string step_log_path;  // JSON Lines step log; empty = none
   std::string trace_path;     // Chrome-trace / Perfetto JSON; empty = none
+  // An existing step log or trace (a resumed job's earlier run) is moved to
+  // the first free "<path>.N" instead of being truncated.
+  bool keep_previous_outputs = false;
   std::string source = "omni";
   int ring_capacity = 256;  // completed steps buffered for the worker (power of two)
   absl::Duration worker_poll = absl::Milliseconds(2);

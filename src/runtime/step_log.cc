@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
+#include "runtime/output_rotation.h"
 
 namespace omni {
 
@@ -37,7 +38,11 @@ StepLogWriter::StepLogWriter(Private, std::FILE* file, std::string path, int pha
 StepLogWriter::~StepLogWriter() { Close().IgnoreError(); }
 
 absl::StatusOr<std::unique_ptr<StepLogWriter>> StepLogWriter::Open(const std::string& path,
-                                                                   const StepLogHeader& header) {
+                                                                   const StepLogHeader& header,
+                                                                   bool keep_previous) {
+  if (keep_previous) {
+    if (auto st = internal::MoveAside(path); !st.ok()) return st;
+  }
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return ErrnoStatus(errno, absl::StrCat("cannot open step log ", path));
   auto w = std::make_unique<StepLogWriter>(Private{}, f, path, header.phases.size());

@@ -58,12 +58,13 @@ class TelemetryImpl final : public Telemetry {
     header.eval = options_.forecast.eval;
     header.pipeline = options_.forecast.pipeline;
     if (!options_.step_log_path.empty()) {
-      auto w = StepLogWriter::Open(options_.step_log_path, header);
+      auto w = StepLogWriter::Open(options_.step_log_path, header, options_.keep_previous_outputs);
       if (!w.ok()) return w.status();
       log_ = *std::move(w);
     }
     if (!options_.trace_path.empty()) {
-      auto w = internal::TraceWriter::Open(options_.trace_path, options_.source);
+      auto w = internal::TraceWriter::Open(options_.trace_path, options_.source,
+                                           options_.keep_previous_outputs);
       if (!w.ok()) return w.status();
       trace_ = *std::move(w);
     }

@@ -7,11 +7,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/fs.h"
+#include "runtime/output_rotation.h"
 
 namespace omni::internal {
 
 absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path,
-                                                               const std::string& process_name) {
+                                                               const std::string& process_name,
+                                                               bool keep_previous) {
+  if (keep_previous) {
+    if (auto st = MoveAside(path); !st.ok()) return st;
+  }
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return ErrnoStatus(errno, absl::StrCat("cannot open trace file ", path));
   auto w = std::make_unique<TraceWriter>(f, path);
@@ -50,7 +55,10 @@ absl::Status TraceWriter::Append(const StepRecord& rec, const PhaseCatalog& cata
                                us(s.start_ns), static_cast<double>(s.end_ns - s.start_ns) / 1e3,
                                rec.step));
   }
-  if (std::fwrite(buf_.data(), 1, buf_.size(), file_) != buf_.size()) {
+  // Flushed per step (on the telemetry worker, off the training thread), so
+  // that a process killed at any time leaves whole events: only the closing
+  // ']' is missing, which the Trace Event Format's array form allows.
+  if (std::fwrite(buf_.data(), 1, buf_.size(), file_) != buf_.size() || std::fflush(file_) != 0) {
     return ErrnoStatus(errno, absl::StrCat("cannot write trace file ", path_));
   }
   return absl::OkStatus();

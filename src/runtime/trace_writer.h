@@ -1,6 +1,7 @@
 // Chrome-trace / Perfetto JSON timeline of steps and phases (private).
 // Written in the JSON Array Format, one event per line, so that a trace cut
-// short by a crash still opens in ui.perfetto.dev; Close() adds the final ']'.
+// short by a crash still opens in ui.perfetto.dev (the Trace Event Format
+// makes the closing ']' of the array optional); Close() adds it.
 #pragma once
 
 #include <cstdio>
@@ -15,8 +16,11 @@ namespace omni::internal {
 
 class TraceWriter {
  public:
+  // Creates or truncates `path`; with keep_previous an existing file is
+  // moved to the first free "<path>.N" first (see MoveAside).
   static absl::StatusOr<std::unique_ptr<TraceWriter>> Open(const std::string& path,
-                                                           const std::string& process_name);
+                                                           const std::string& process_name,
+                                                           bool keep_previous = false);
   // Use Open().
   TraceWriter(std::FILE* f, std::string path) : file_(f), path_(std::move(path)) {}
   ~TraceWriter();

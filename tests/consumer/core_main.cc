@@ -1,6 +1,8 @@
-// Uses the installed omni::core: hooks on a fake clock, a forecast.
+// Uses omni::core through find_package(omni): hooks on a fake clock, a
+// forecast, and a few steps through the Runtime.
 #include <cstdio>
 
+#include "omni/runtime.h"
 #include "omni/telemetry.h"
 #include "omni/version.h"
 
@@ -24,6 +26,24 @@ int main() {
   if (!(*tel)->Flush().ok()) return 1;
   auto f = (*tel)->LatestForecast();
   if (!f.ok() || f->windows.empty()) return 1;
-  std::printf("consumer ok: %s, %zu windows\n", omni::BuildInfo().c_str(), f->windows.size());
-  return (*tel)->Close().ok() ? 0 : 1;
+  if (!(*tel)->Close().ok()) return 1;
+
+  omni::RuntimeOptions ro;
+  ro.clock = &clock;
+  ro.handle_preemption = false;
+  auto rt = omni::Runtime::Create(ro);
+  if (!rt.ok()) return 1;
+  int64_t counter = 0;
+  omni::BytesState state("value", &counter, sizeof(counter));
+  if (!(*rt)->Register("counter", &state).ok() || !(*rt)->Start().ok()) return 1;
+  for (int i = 0; i < 3; ++i) {
+    if (!(*rt)->BeginStep().ok()) return 1;
+    ++counter;
+    auto d = (*rt)->EndStep();
+    if (!d.ok() || d->kind != omni::Decision::kContinue) return 1;
+  }
+  if ((*rt)->step() != 3 || !(*rt)->Finish().ok()) return 1;
+  std::printf("consumer ok: %s, %zu windows, %lld runtime steps\n", omni::BuildInfo().c_str(),
+              f->windows.size(), static_cast<long long>((*rt)->step()));
+  return 0;
 }

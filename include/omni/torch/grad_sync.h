@@ -1,0 +1,46 @@
+// Data-parallel gradient all-reduce through an omni::Runtime: the gradients
+// of the given parameters are summed over the replicas where they live,
+// bucketed and in place.
+//
+//   loss.backward();
+//   if (omni::torch_ext::AllReduceGradients(*rt, model->parameters()).ok()) optimizer.step();
+//   omni::Decision d = rt->EndStep().value();   // kRedoStep after a failure
+//
+// CPU tensors go through the Runtime's communicator (Gloo) without a copy
+// when a bucket is one contiguous float32/float64 gradient; smaller gradients
+// are packed into buckets of up to bucket_bytes (one collective each) and
+// copied back. CUDA gradients are staged through host memory.
+//
+// Thread safety: call from the training thread, between BeginStep and
+// EndStep; nothing else may touch the gradients meanwhile.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "omni/runtime.h"
+#include "omni/torch/export.h"
+
+namespace omni::torch_ext {
+
+struct GradSyncOptions {
+  size_t bucket_bytes = size_t{25} << 20;  // gradients packed per collective
+  // Divide by the number of replicas after the sum (a mean over replicas);
+  // false keeps the sum (the loss is then scaled by each replica's share).
+  bool average = false;
+};
+
+// Sums the gradients of `params` over the Runtime's replicas, in place. A
+// parameter without a gradient gets a zero gradient first (every replica
+// must reduce the same layout). Without an elastic group: OK, untouched.
+// Errors: InvalidArgument naming the parameter index for a dtype other than
+// float32 / float64; a failed collective (latched by the Runtime: skip the
+// optimizer step, EndStep answers kRedoStep).
+OMNI_TORCH_EXPORT absl::Status AllReduceGradients(Runtime& rt,
+                                                  const std::vector<torch::Tensor>& params,
+                                                  const GradSyncOptions& options = {});
+
+}  // namespace omni::torch_ext

@@ -1,0 +1,502 @@
+// Runtime: the owned parts and the step-boundary state machine (see
+// include/omni/runtime.h for the order of the boundary's questions).
+#include "omni/runtime.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "omni/phase.h"
+#include "omni/sinks.h"
+
+namespace omni {
+namespace {
+
+std::string Hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+// Counts the bytes a state would occupy in a checkpoint, copying nothing.
+class CountingWriter final : public StateWriter {
+ public:
+  absl::Status PutTensor(std::string_view /*key*/, DType /*dtype*/, std::vector<int64_t> /*shape*/,
+                         const void* /*data*/, size_t nbytes) override {
+    bytes_ += nbytes;
+    return absl::OkStatus();
+  }
+  absl::Status PutBytes(std::string_view /*key*/, std::string_view bytes) override {
+    bytes_ += bytes.size();
+    return absl::OkStatus();
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t bytes_ = 0;
+};
+
+class RuntimeImpl final : public Runtime {
+ public:
+  explicit RuntimeImpl(RuntimeOptions options)
+      : o_(std::move(options)), step_state_("step", &step_, sizeof(step_)) {}
+
+  absl::Status Init();
+
+  absl::Status Register(std::string name, Stateful* object, StateScope scope) override {
+    if (started_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Runtime::Register(\"", name, "\"): state must be registered before Start"));
+    }
+    if (scope == StateScope::kReplicated) {
+      if (auto st = replicated_.Register(name, object); !st.ok()) return st;
+    }
+    return all_.Register(std::move(name), object);
+  }
+
+  absl::StatusOr<int64_t> Start() override;
+  absl::Status BeginStep() override;
+  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) override;
+  absl::StatusOr<Decision> EndStep() override;
+  absl::StatusOr<std::vector<int64_t>> LocalBatch() const override {
+    if (!sampler_.has_value()) {
+      return absl::FailedPreconditionError(
+          "Runtime::LocalBatch: no sampler (RuntimeOptions.sampler.dataset_size is 0)");
+    }
+    return sampler_->BatchAt(sampler_->cursor(), rank_, size_);
+  }
+  absl::Status Finish() override;
+
+  int64_t step() const override { return step_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  double last_save_s() const override { return last_save_s_; }
+  Telemetry& telemetry() override { return *tel_; }
+  DistributedSampler* sampler() override { return sampler_.has_value() ? &*sampler_ : nullptr; }
+  CheckpointManager* checkpoints() override { return ckpt_.get(); }
+  ElasticGroup* group() override { return group_.get(); }
+  PreemptionMonitor* preemption() override { return monitor_.get(); }
+  Store* store() override { return store_; }
+
+ private:
+  void Log(const std::string& line) const {
+    if (o_.log) {
+      o_.log(line);
+    } else {
+      std::fprintf(stderr, "%s: %s\n", o_.source.c_str(), line.c_str());
+    }
+  }
+  void LogChange(const GroupChange& c, const char* why) const;
+  int64_t NowNs() const { return o_.clock->NowNanos(); }
+  bool IsEvalStep(int64_t step) const { return o_.telemetry.forecast.eval.OccursAt(step); }
+  absl::Status Save(bool background);
+  void AdoptGeneration() {
+    const Generation gen = group_->generation();
+    if (gen.rank >= 0) {
+      rank_ = gen.rank;
+      size_ = gen.size();
+    }
+  }
+  // The costs the preemption decision weighs: the next step and a save.
+  std::pair<Cost, Cost> PreemptionCosts(int64_t next_step);
+  // Job-wide stop: one agreed boundary for the replicas of a generation.
+  absl::StatusOr<BoundaryDecision> AgreeOnStop(int64_t step, const BoundaryDecision& local);
+  absl::StatusOr<Decision> Stop(int64_t step, const BoundaryDecision& d, bool saved_here);
+
+  RuntimeOptions o_;
+  // Declaration order is destruction order reversed: the group and the
+  // monitor (which read the store) go before the store they use.
+  std::unique_ptr<Store> owned_store_;
+  Store* store_ = nullptr;
+  std::unique_ptr<PreemptionMonitor> monitor_;
+  std::unique_ptr<Telemetry> tel_;
+  std::unique_ptr<CheckpointManager> ckpt_;
+  std::optional<DistributedSampler> sampler_;
+  int64_t step_ = 0;  // committed steps (replicated state "runtime/step")
+  BytesState step_state_;
+  StateRegistry all_;         // what a checkpoint holds
+  StateRegistry replicated_;  // what the group synchronises
+  std::unique_ptr<ElasticGroup> group_;
+  std::unique_ptr<Store> stop_store_;
+  std::unique_ptr<StopCoordinator> stop_;
+  int64_t stop_generation_ = -1;
+
+  bool started_ = false;
+  bool stopped_ = false;  // a kSaveAndExit was answered
+  bool finished_ = false;
+  bool step_open_ = false;
+  int64_t current_ = 0;        // the step being run
+  int64_t step_start_ns_ = 0;  // its start
+  absl::Status failure_;       // the first failed collective of the step
+  bool recovered_ = false;     // the next commit is the first after a recovery
+  int rank_ = 0;
+  int size_ = 1;
+  bool leaving_ = false;        // leave_on_preempt: a leave is requested
+  bool left_group_ = false;     // ... and has taken effect
+  bool leave_refused_ = false;  // ... and was refused (min_replicas): the job stops
+  double worst_step_s_ = 0, worst_eval_step_s_ = 0;
+  std::optional<size_t> state_bytes_;  // counted once, for an unmeasured save
+  double last_save_s_ = 0;
+};
+
+absl::Status RuntimeImpl::Init() {
+  if (o_.clock == nullptr) return absl::InvalidArgumentError("RuntimeOptions.clock is null");
+  if (o_.ckpt_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RuntimeOptions.ckpt_every must be >= 0, got ", o_.ckpt_every));
+  }
+  if (o_.world_size < 1 || o_.rank < 0 || o_.rank >= o_.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RuntimeOptions: rank ", o_.rank, " of world_size ", o_.world_size));
+  }
+  rank_ = o_.rank;
+  size_ = o_.world_size;
+  // A store that the preemption monitor polls is opened before it.
+  store_ = o_.store;
+  if (store_ == nullptr && !o_.store_uri.empty()) {
+    absl::StatusOr<std::unique_ptr<Store>> opened = OpenStore(o_.store_uri);
+    if (!opened.ok()) return opened.status();
+    owned_store_ = *std::move(opened);
+    store_ = owned_store_.get();
+  }
+  if (!o_.notice_key.empty() && store_ == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("RuntimeOptions.notice_key \"", o_.notice_key,
+                                                   "\" needs a store (store or store_uri)"));
+  }
+  if (o_.handle_preemption) {
+    PreemptionOptions po = o_.preemption;
+    if (!o_.notice_key.empty()) {
+      po.notice_store = store_;
+      po.notice_key = o_.notice_key;
+    }
+    absl::StatusOr<std::unique_ptr<PreemptionMonitor>> m = PreemptionMonitor::Create(po, o_.clock);
+    if (!m.ok()) return m.status();
+    monitor_ = *std::move(m);
+  }
+  TelemetryOptions to = o_.telemetry;
+  // A job with checkpoints may be a resumed one: its earlier runs' step log
+  // and trace are kept (moved aside), not truncated.
+  if (!o_.ckpt_dir.empty()) to.keep_previous_outputs = true;
+  if (to.source.empty() || to.source == "omni") to.source = o_.source;
+  absl::StatusOr<std::unique_ptr<Telemetry>> tel = Telemetry::Create(to, o_.clock);
+  if (!tel.ok()) return tel.status();
+  tel_ = *std::move(tel);
+  if (!o_.forecast_path.empty()) {
+    absl::StatusOr<std::unique_ptr<ForecastSink>> sink = MakeFileSink(o_.forecast_path);
+    if (!sink.ok()) return sink.status();
+    tel_->AddSink(*std::move(sink));
+  }
+  if (!o_.ckpt_dir.empty()) {
+    CheckpointOptions co;
+    co.dir = o_.ckpt_dir;
+    co.keep_last = o_.keep_last;
+    co.job_id = o_.job_id;
+    if (store_ == nullptr) {  // ranks of a static job share the directory
+      co.rank = o_.rank;
+      co.world_size = o_.world_size;
+    }
+    absl::StatusOr<std::unique_ptr<CheckpointManager>> c = CheckpointManager::Open(co);
+    if (!c.ok()) return c.status();
+    ckpt_ = *std::move(c);
+  }
+  if (auto st = Register("runtime", &step_state_, StateScope::kReplicated); !st.ok()) return st;
+  if (o_.sampler.dataset_size > 0) {
+    absl::StatusOr<DistributedSampler> s = DistributedSampler::Create(o_.sampler);
+    if (!s.ok()) return s.status();
+    sampler_.emplace(*std::move(s));
+    if (auto st = Register("data", &*sampler_, StateScope::kReplicated); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+void RuntimeImpl::LogChange(const GroupChange& c, const char* why) const {
+  Log(absl::StrFormat("elastic: %s: %s; agree %.1f ms, build %.1f ms, sync %.1f ms%s t_mono_ns=%d",
+                      why, c.generation.ToString(), c.agree_ms, c.build_ms, c.sync_ms,
+                      c.state_received ? absl::StrCat(", state (", c.state_bytes, " bytes, step ",
+                                                      c.completed, ") from rank ", c.source_rank)
+                                       : "",
+                      Clock::Real()->NowNanos()));
+}
+
+absl::StatusOr<int64_t> RuntimeImpl::Start() {
+  if (started_) return absl::FailedPreconditionError("Runtime::Start called twice");
+  started_ = true;
+  if (ckpt_) {
+    absl::StatusOr<CheckpointManager::RestoreResult> restored = ckpt_->Restore(all_);
+    if (restored.ok()) {
+      for (const std::string& why : restored->skipped) Log("skipped checkpoint: " + why);
+      Log(absl::StrCat("resumed from ", restored->info.path, " (step ", step_, ")"));
+    } else if (!absl::IsNotFound(restored.status())) {
+      return restored.status();
+    }
+  }
+  if (store_ != nullptr) {
+    ElasticOptions eo = o_.elastic;
+    if (eo.membership.job_id.empty()) {
+      eo.membership.job_id = o_.job_id.empty() ? o_.source : o_.job_id;
+    }
+    if (eo.membership.self.host.empty()) eo.membership.self.host = Hostname();
+    absl::StatusOr<std::unique_ptr<ElasticGroup>> g =
+        ElasticGroup::Create(*store_, eo, replicated_);
+    if (!g.ok()) return g.status();
+    group_ = *std::move(g);
+    absl::StatusOr<GroupChange> started = group_->Start(step_);
+    if (!started.ok()) return started.status();
+    LogChange(*started, "joined");
+    AdoptGeneration();
+  }
+  return step_;
+}
+
+absl::Status RuntimeImpl::BeginStep() {
+  if (!started_) return absl::FailedPreconditionError("Runtime::BeginStep before Start");
+  if (step_open_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Runtime::BeginStep: step ", current_, " is still open (call EndStep)"));
+  }
+  step_open_ = true;
+  current_ = step_;
+  step_start_ns_ = NowNs();
+  failure_ = absl::OkStatus();
+  // A telemetry misuse is counted there and never stops training.
+  tel_->BeginStep(current_).IgnoreError();
+  return absl::OkStatus();
+}
+
+absl::Status RuntimeImpl::AllReduce(void* data, size_t count, DataType type, ReduceOp op) {
+  if (!group_) return absl::OkStatus();
+  if (!failure_.ok()) return failure_;  // the step is lost already
+  absl::Status st = group_->AllReduce(data, count, type, op);
+  if (!st.ok()) failure_ = st;
+  return st;
+}
+
+absl::Status RuntimeImpl::Save(bool background) {
+  std::map<std::string, std::string> meta = o_.ckpt_metadata;
+  meta.emplace("source", o_.source);
+  if (o_.total_steps > 0) meta.emplace("steps_total", std::to_string(o_.total_steps));
+  if (background) return ckpt_->SaveAsync(step_, all_, meta).status();
+  if (auto st = ckpt_->WaitForPending(); !st.ok()) return st;
+  absl::StatusOr<SaveStats> stats = ckpt_->Save(step_, all_, meta);
+  if (!stats.ok()) return stats.status();
+  last_save_s_ = stats->write_s + stats->snapshot_s;
+  return absl::OkStatus();
+}
+
+// Today's rule, as omni_train had it. The next step is costed at the worst
+// duration this process has seen for its kind (a data stall or an eval must
+// not make the job miss its deadline; an eval step not seen yet costs more
+// than any deadline); in a group the agreed stop comes one boundary after
+// the first local decision, so two steps are looked ahead. The save is the
+// telemetry's checkpoint phase (mean, stddev; PreemptionMonitor adds k·σ);
+// until one was measured, 50 ms for the fsyncs and renames plus the state at
+// a conservative 100 MB/s, with a 50% standard deviation.
+// TODO(merge): take the next-step bound from Telemetry::NextStepBounds (the
+// forecaster's per-kind bounds) once it lands; this is the one place to change.
+std::pair<Cost, Cost> RuntimeImpl::PreemptionCosts(int64_t next_step) {
+  const auto step_cost = [&](int64_t s) {
+    if (!IsEvalStep(s)) return worst_step_s_;
+    return worst_eval_step_s_ > 0 ? worst_eval_step_s_ : std::numeric_limits<double>::infinity();
+  };
+  Cost step{step_cost(next_step), 0};
+  if (group_) step.mean_s += step_cost(next_step + 1);
+  Cost save;
+  for (const auto& row : tel_->Snapshot().rows) {
+    if (row.name == "checkpoint") {
+      save = {row.summary.mean / 1e9, row.summary.stddev / 1e9};
+    }
+  }
+  if (save.mean_s == 0) {
+    if (!state_bytes_.has_value()) {
+      CountingWriter counter;
+      state_bytes_ = all_.SaveAll(counter).ok() ? counter.bytes() : size_t{0};
+    }
+    const double s = 0.05 + static_cast<double>(*state_bytes_) / 100e6;
+    save = {s, 0.5 * s};
+  }
+  return {step, save};
+}
+
+absl::StatusOr<BoundaryDecision> RuntimeImpl::AgreeOnStop(int64_t step,
+                                                          const BoundaryDecision& local) {
+  const Generation gen = group_->generation();
+  if (!stop_ || stop_generation_ != gen.number) {
+    stop_store_ = MakePrefixStore(*store_, gen.prefix() + "/stop/");
+    stop_ = std::make_unique<StopCoordinator>(*stop_store_);
+    stop_generation_ = gen.number;
+  }
+  return stop_->AtBoundary(step, local);
+}
+
+absl::StatusOr<Decision> RuntimeImpl::EndStep() {
+  if (!step_open_) return absl::FailedPreconditionError("Runtime::EndStep: no step is open");
+  step_open_ = false;
+  // The boundary (checkpoint included) belongs to the step in the telemetry.
+  absl::Cleanup end_step = [this] { tel_->EndStep().IgnoreError(); };
+  const int64_t step = current_;
+  Decision out;
+
+  if (!failure_.ok()) {
+    // Nothing of this step is committed: agree on the survivors, rebuild,
+    // re-synchronise, and redo the step.
+    Log(absl::StrFormat("elastic: step %d failed: %s t_mono_ns=%d", step, failure_.ToString(),
+                        Clock::Real()->NowNanos()));
+    absl::StatusOr<GroupChange> change = group_->Recover(failure_, step_);
+    if (!change.ok()) return change.status();
+    LogChange(*change, "recovered");
+    recovered_ = true;
+    AdoptGeneration();
+    out.kind = Decision::kRedoStep;
+    out.rank = rank_;
+    out.size = size_;
+    out.reason = failure_.ToString();
+    failure_ = absl::OkStatus();
+    return out;
+  }
+
+  // ---- commit
+  const double step_s = static_cast<double>(NowNs() - step_start_ns_) / 1e9;
+  double& worst = IsEvalStep(step) ? worst_eval_step_s_ : worst_step_s_;
+  worst = std::max(worst, step_s);
+  if (sampler_.has_value()) sampler_->Commit();
+  step_ = step + 1;
+  if (recovered_) {
+    Log(absl::StrFormat("elastic: committed step %d after recovery t_mono_ns=%d", step,
+                        Clock::Real()->NowNanos()));
+    recovered_ = false;
+  }
+
+  // ---- periodic checkpoint
+  bool saved_here = false;
+  if (ckpt_ && o_.ckpt_every > 0 && step_ % o_.ckpt_every == 0 &&
+      (o_.total_steps == 0 || step_ < o_.total_steps)) {
+    PhaseScope p(*tel_, phase::kCheckpoint);
+    if (auto st = Save(o_.async_ckpt); !st.ok()) return st;
+    saved_here = !o_.async_ckpt;
+  }
+
+  // ---- a new generation here?
+  if (group_) {
+    absl::StatusOr<std::optional<GroupChange>> change = group_->AtBoundary(step_);
+    if (!change.ok()) return change.status();
+    if (change->has_value() && (*change)->generation.rank < 0 && leaving_) {
+      left_group_ = true;  // the others go on in this generation, without us
+      Log(absl::StrFormat("elastic: left the group: %s t_mono_ns=%d",
+                          (*change)->generation.ToString(), Clock::Real()->NowNanos()));
+    } else if (change->has_value()) {
+      LogChange(**change, "changed");
+      AdoptGeneration();
+      out.kind = Decision::kReconfigured;
+    }
+  }
+  out.rank = rank_;
+  out.size = size_;
+
+  // ---- preemption
+  BoundaryDecision d;
+  if (monitor_ && monitor_->pending()) {
+    const auto [step_cost, save_cost] = PreemptionCosts(step + 1);
+    d = monitor_->AtBoundary(step_cost, save_cost);
+  }
+  // leave_on_preempt: this replica leaves alone, after one more step, while
+  // the others go on. When the others would be too few (min_replicas) the
+  // whole job stops at one boundary instead; while another change is
+  // pending, it asks again at the next boundary; when not even a save fits
+  // any more, it exits alone (the others see a failure).
+  if (group_ && o_.leave_on_preempt && !leaving_ && !leave_refused_ &&
+      d.action == BoundaryAction::kSaveAndExit) {
+    const absl::Status asked = group_->Leave(step_);
+    if (asked.ok()) {
+      leaving_ = true;
+      Log(absl::StrFormat("elastic: leaving the group after step %d (%s)", step_, d.reason));
+    } else {
+      Log(absl::StrCat("elastic: ", asked.ToString()));
+      leave_refused_ = !absl::IsUnavailable(asked);
+    }
+    if (!leave_refused_) d = BoundaryDecision{};
+  }
+  const bool exits_alone = o_.leave_on_preempt && !leave_refused_;
+  if (left_group_) {
+    d.action = BoundaryAction::kSaveAndExit;
+    d.reason = "left the elastic group gracefully";
+  } else if (leaving_) {
+    // On the way out: only a save that would no longer fit stops us now.
+    if (d.action != BoundaryAction::kExitWithoutSave) d = BoundaryDecision{};
+  } else if (group_ && !(exits_alone && d.action == BoundaryAction::kExitWithoutSave)) {
+    // Every replica stops at one boundary, whichever of them was told to
+    // stop (a signal to one replica, a notice key that all of them read, or
+    // a leave refused): each reads the agreement at every boundary.
+    absl::StatusOr<BoundaryDecision> agreed = AgreeOnStop(step, d);
+    if (!agreed.ok()) return agreed.status();
+    d = *std::move(agreed);
+  }
+  if (d.action == BoundaryAction::kContinue) return out;
+  return Stop(step, d, saved_here);
+}
+
+absl::StatusOr<Decision> RuntimeImpl::Stop(int64_t step, const BoundaryDecision& d,
+                                           bool saved_here) {
+  Log(absl::StrFormat("preempted after step %d: %s", step, d.reason));
+  stopped_ = true;
+  Decision out;
+  out.kind = Decision::kSaveAndExit;
+  out.rank = rank_;
+  out.size = size_;
+  out.reason = d.reason;
+  out.exit_code = kExitPreemptedNoSave;
+  if (d.action == BoundaryAction::kSaveAndExit && ckpt_) {
+    if (!saved_here) {
+      PhaseScope p(*tel_, phase::kCheckpoint);
+      if (auto st = Save(/*background=*/false); !st.ok()) return st;
+    }
+    if (auto st = ckpt_->WaitForPending(); !st.ok()) return st;
+    Log(absl::StrFormat("saved step %d to %s in %.1f ms; exiting %d (resumable)", step_,
+                        o_.ckpt_dir, 1e3 * last_save_s_, kExitPreempted));
+    out.exit_code = kExitPreempted;
+    out.saved_step = step_;
+  } else if (d.action == BoundaryAction::kSaveAndExit) {
+    Log(absl::StrFormat("no checkpoint directory: exiting %d without a checkpoint", out.exit_code));
+  } else {
+    Log(absl::StrFormat(
+        "a checkpoint cannot finish before the deadline; exiting %d without saving (the previous "
+        "checkpoint stays valid)",
+        out.exit_code));
+  }
+  return out;
+}
+
+absl::Status RuntimeImpl::Finish() {
+  if (finished_) return absl::OkStatus();
+  finished_ = true;
+  absl::Status first;
+  if (ckpt_) first.Update(ckpt_->WaitForPending());
+  if (group_ && !stopped_) {
+    // Replicas still waiting to be admitted learn that there is nothing left.
+    first.Update(group_->membership().Finish());
+  }
+  first.Update(tel_->Close());
+  return first;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(RuntimeOptions options) {
+  auto rt = std::make_unique<RuntimeImpl>(std::move(options));
+  if (auto st = rt->Init(); !st.ok()) return st;
+  return rt;
+}
+
+}  // namespace omni

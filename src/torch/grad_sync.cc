@@ -1,0 +1,84 @@
+#include "omni/torch/grad_sync.h"
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace omni::torch_ext {
+namespace {
+
+absl::StatusOr<DataType> CommType(c10::ScalarType t, size_t index) {
+  if (t == torch::kFloat) return DataType::kFloat32;
+  if (t == torch::kDouble) return DataType::kFloat64;
+  return absl::InvalidArgumentError(absl::StrCat("AllReduceGradients: parameter ", index,
+                                                 " has a gradient of ", c10::toString(t),
+                                                 "; float32 and float64 are supported"));
+}
+
+// Reduces one bucket of gradients of one dtype.
+absl::Status ReduceBucket(Runtime& rt, const std::vector<torch::Tensor>& grads, DataType type,
+                          bool average) {
+  const torch::Tensor& first = grads.front();
+  const double scale = average ? 1.0 / rt.size() : 1.0;
+  if (grads.size() == 1 && first.is_cpu() && first.is_contiguous()) {
+    if (auto st = rt.AllReduce(first.data_ptr(), static_cast<size_t>(first.numel()), type,
+                               ReduceOp::kSum);
+        !st.ok()) {
+      return st;
+    }
+    if (average) first.mul_(scale);
+    return absl::OkStatus();
+  }
+  std::vector<torch::Tensor> flat;
+  flat.reserve(grads.size());
+  for (const torch::Tensor& g : grads) flat.push_back(g.reshape({-1}).to(torch::kCPU));
+  torch::Tensor buf = torch::cat(flat);
+  if (auto st =
+          rt.AllReduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), type, ReduceOp::kSum);
+      !st.ok()) {
+    return st;
+  }
+  if (average) buf.mul_(scale);
+  int64_t at = 0;
+  for (const torch::Tensor& g : grads) {
+    g.copy_(buf.narrow(0, at, g.numel()).view(g.sizes()));
+    at += g.numel();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AllReduceGradients(Runtime& rt, const std::vector<torch::Tensor>& params,
+                                const GradSyncOptions& options) {
+  if (rt.group() == nullptr) return absl::OkStatus();
+  std::vector<torch::Tensor> bucket;
+  DataType bucket_type = DataType::kFloat32;
+  size_t bucket_bytes = 0;
+  const auto flush = [&]() -> absl::Status {
+    if (bucket.empty()) return absl::OkStatus();
+    absl::Status st = ReduceBucket(rt, bucket, bucket_type, options.average);
+    bucket.clear();
+    bucket_bytes = 0;
+    return st;
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    torch::Tensor p = params[i];
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    const torch::Tensor g = p.grad();
+    absl::StatusOr<DataType> type = CommType(g.scalar_type(), i);
+    if (!type.ok()) return type.status();
+    const size_t bytes = g.nbytes();
+    if (!bucket.empty() && (*type != bucket_type || bucket_bytes + bytes > options.bucket_bytes ||
+                            g.device() != bucket.front().device())) {
+      if (auto st = flush(); !st.ok()) return st;
+    }
+    bucket_type = *type;
+    bucket.push_back(g);
+    bucket_bytes += bytes;
+  }
+  return flush();
+}
+
+}  // namespace omni::torch_ext

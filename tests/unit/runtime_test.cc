@@ -1,0 +1,500 @@
+// Runtime: options from the environment, and the step-boundary decisions on a
+// fake clock — single process, and replicas as threads over a real FileStore
+// with real Gloo (loopback).
+#include "omni/runtime.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "omni/config.h"
+#include "omni/state.h"
+
+namespace omni {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "omni_runtime_XXXXXX").string();
+    path_ = mkdtemp(t.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
+
+ private:
+  std::string path_;
+};
+
+EnvLookup Env(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char* name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+TEST(RuntimeOptions, ReadsTorchrunVariablesIntoRankSizeAndATcpStore) {
+  absl::StatusOr<RuntimeOptions> o =
+      RuntimeOptions::FromEnvironment(Env({{"RANK", "2"},
+                                           {"WORLD_SIZE", "4"},
+                                           {"LOCAL_RANK", "1"},
+                                           {"MASTER_ADDR", "10.0.0.1"},
+                                           {"MASTER_PORT", "29500"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rank, 2);
+  EXPECT_EQ(o->world_size, 4);
+  EXPECT_EQ(o->local_rank, 1);
+  EXPECT_EQ(o->store_uri, "tcp://10.0.0.1:29500");
+  EXPECT_EQ(o->elastic.membership.self.id, "rank-2");
+  EXPECT_EQ(o->elastic.membership.max_replicas, 4);
+}
+
+TEST(RuntimeOptions, ReadsSlurmVariablesWhenTorchrunsAreAbsent) {
+  absl::StatusOr<RuntimeOptions> o = RuntimeOptions::FromEnvironment(
+      Env({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "3"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rank, 3);
+  EXPECT_EQ(o->world_size, 8);
+  EXPECT_EQ(o->local_rank, 3);
+  EXPECT_TRUE(o->store_uri.empty());
+}
+
+TEST(RuntimeOptions, OmniVariablesFillTheirOptionsAndOmniStoreWinsOverMaster) {
+  absl::StatusOr<RuntimeOptions> o =
+      RuntimeOptions::FromEnvironment(Env({{"OMNI_STORE", "file:///tmp/s"},
+                                           {"MASTER_ADDR", "h"},
+                                           {"MASTER_PORT", "1"},
+                                           {"OMNI_CKPT_DIR", "/ckpt"},
+                                           {"OMNI_CKPT_EVERY", "25"},
+                                           {"OMNI_STEP_LOG", "/l.jsonl"},
+                                           {"OMNI_TRACE", "/t.json"},
+                                           {"OMNI_REPLICA_ID", "r7"},
+                                           {"OMNI_MIN_REPLICAS", "2"},
+                                           {"OMNI_PREEMPT_GRACE_S", "12.5"},
+                                           {"OMNI_NOTICE_KEY", "notice"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->store_uri, "file:///tmp/s");
+  EXPECT_EQ(o->ckpt_dir, "/ckpt");
+  EXPECT_EQ(o->ckpt_every, 25);
+  EXPECT_EQ(o->telemetry.step_log_path, "/l.jsonl");
+  EXPECT_EQ(o->telemetry.trace_path, "/t.json");
+  EXPECT_EQ(o->elastic.membership.self.id, "r7");
+  EXPECT_EQ(o->elastic.membership.min_replicas, 2);
+  EXPECT_EQ(o->preemption.grace, absl::Milliseconds(12500));
+  EXPECT_EQ(o->notice_key, "notice");
+}
+
+TEST(RuntimeOptions, MalformedVariableIsRefusedNamingIt) {
+  for (const auto& [name, value] :
+       std::map<std::string, std::string>{{"RANK", "x"},
+                                          {"WORLD_SIZE", "0"},
+                                          {"OMNI_CKPT_EVERY", "-1"},
+                                          {"OMNI_PREEMPT_GRACE_S", "soon"}}) {
+    absl::StatusOr<RuntimeOptions> o = RuntimeOptions::FromEnvironment(Env({{name, value}}));
+    ASSERT_FALSE(o.ok()) << name;
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(o.status().message(), name)) << o.status();
+  }
+}
+
+TEST(RuntimeOptions, RankOutsideTheWorldIsRefused) {
+  absl::StatusOr<RuntimeOptions> o =
+      RuntimeOptions::FromEnvironment(Env({{"RANK", "4"}, {"WORLD_SIZE", "4"}}));
+  ASSERT_FALSE(o.ok());
+  EXPECT_TRUE(absl::StrContains(o.status().message(), "RANK")) << o.status();
+}
+
+// A trainer's state: weights that every step changes deterministically.
+struct Model {
+  explicit Model(size_t n = 64) : w(n, 0.0F), state("w", w.data(), n * sizeof(float)) {}
+  void Train(float g) {
+    for (float& x : w) x = x * 0.5F + g;
+  }
+  std::vector<float> w;
+  BytesState state;
+};
+
+struct Log {
+  void Add(const std::string& line) {
+    absl::MutexLock l(&mu);
+    if (std::getenv("RUNTIME_TEST_LOG") != nullptr) std::fprintf(stderr, "log: %s\n", line.c_str());
+    lines.push_back(line);
+  }
+  bool Has(const std::string& what) {
+    absl::MutexLock l(&mu);
+    for (const std::string& s : lines) {
+      if (absl::StrContains(s, what)) return true;
+    }
+    return false;
+  }
+  absl::Mutex mu;
+  std::vector<std::string> lines;
+};
+
+RuntimeOptions Local(const TempDir& dir, const Clock* clock, Log* log) {
+  RuntimeOptions o;
+  o.source = "test";
+  o.job_id = "job";
+  o.clock = clock;
+  o.ckpt_dir = dir / "ckpt";
+  o.telemetry.forecast_enabled = false;
+  o.preemption.signals = {};
+  o.preemption.k = 0;
+  o.sampler.dataset_size = 100;
+  o.sampler.global_batch = 10;
+  o.log = [log](const std::string& line) { log->Add(line); };
+  return o;
+}
+
+std::unique_ptr<Runtime> MustCreate(const RuntimeOptions& o, Model& m) {
+  absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(o);
+  EXPECT_TRUE(rt.ok()) << rt.status();
+  if (!rt.ok()) return nullptr;
+  EXPECT_TRUE((*rt)->Register("model", &m.state).ok());
+  return *std::move(rt);
+}
+
+// One step of `step_ms` on the fake clock.
+Decision Step(Runtime& rt, Model& m, FakeClock& clock, int64_t step_ms) {
+  EXPECT_TRUE(rt.BeginStep().ok());
+  clock.Advance(milliseconds(step_ms));
+  m.Train(static_cast<float>(rt.step()));
+  absl::StatusOr<Decision> d = rt.EndStep();
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *d : Decision{};
+}
+
+TEST(Runtime, WithoutPreemptionEveryStepCommitsAndAdvancesTheSampler) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  RuntimeOptions o = Local(dir, &clock, &log);
+  o.ckpt_every = 4;
+  o.total_steps = 8;
+  Model m;
+  auto rt = MustCreate(o, m);
+  ASSERT_EQ(*rt->Start(), 0);
+  absl::StatusOr<std::vector<int64_t>> first = rt->LocalBatch();
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->size(), 10U);
+  while (rt->step() < 8) EXPECT_EQ(Step(*rt, m, clock, 10).kind, Decision::kContinue);
+  EXPECT_EQ(rt->sampler()->cursor().offset, 80);
+  EXPECT_NE(*rt->LocalBatch(), *first);
+  ASSERT_TRUE(rt->Finish().ok());
+  // Periodic checkpoint at 4, none at the last step.
+  absl::StatusOr<std::vector<CheckpointInfo>> list = rt->checkpoints()->List();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1U);
+  EXPECT_EQ((*list)[0].step, 4);
+}
+
+TEST(Runtime, NoticeWithTimeLeftContinuesThenSavesAndAResumeIsExact) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  Model m;
+  int64_t saved = -1;
+  {
+    auto rt = MustCreate(Local(dir, &clock, &log), m);
+    ASSERT_EQ(*rt->Start(), 0);
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(Step(*rt, m, clock, 100).kind, Decision::kContinue);
+    // 1 s left: steps of 100 ms and a small save fit a few times more.
+    rt->preemption()->Notice(clock.NowNanos() + 1'000'000'000);
+    int continued = 0;
+    for (;;) {
+      const Decision d = Step(*rt, m, clock, 100);
+      if (d.kind == Decision::kSaveAndExit) {
+        EXPECT_EQ(d.exit_code, kExitPreempted);
+        EXPECT_EQ(d.saved_step, rt->step());
+        saved = d.saved_step;
+        break;
+      }
+      ASSERT_EQ(d.kind, Decision::kContinue);
+      ++continued;
+      ASSERT_LT(continued, 10);
+    }
+    EXPECT_GT(continued, 2);
+    EXPECT_TRUE(log.Has("resumable"));
+  }
+  // A new process resumes at the saved step with the same weights and data.
+  const std::vector<float> at_save = m.w;
+  Model resumed;
+  auto rt = MustCreate(Local(dir, &clock, &log), resumed);
+  ASSERT_EQ(*rt->Start(), saved);
+  EXPECT_EQ(resumed.w, at_save);
+  EXPECT_EQ(rt->sampler()->cursor().epoch, saved / 10);  // 10 batches per epoch
+  EXPECT_EQ(rt->sampler()->cursor().offset, saved % 10 * 10);
+}
+
+TEST(Runtime, NoticeTooCloseForASaveExitsWithoutSavingAndKeepsThePreviousCheckpoint) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  RuntimeOptions o = Local(dir, &clock, &log);
+  o.ckpt_every = 2;
+  Model m;
+  auto rt = MustCreate(o, m);
+  ASSERT_TRUE(rt->Start().ok());
+  for (int i = 0; i < 2; ++i) Step(*rt, m, clock, 10);
+  rt->preemption()->Notice(clock.NowNanos() + 1'000);  // 1 µs: no save fits
+  ASSERT_TRUE(rt->BeginStep().ok());
+  absl::StatusOr<Decision> d = rt->EndStep();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->kind, Decision::kSaveAndExit);
+  EXPECT_EQ(d->exit_code, kExitPreemptedNoSave);
+  EXPECT_EQ(d->saved_step, -1);
+  EXPECT_EQ((*rt->checkpoints()->List())[0].step, 2);
+  EXPECT_TRUE(log.Has("cannot finish before the deadline"));
+}
+
+TEST(Runtime, AnEvalStepNotSeenYetIsNotStartedUnderANotice) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  RuntimeOptions o = Local(dir, &clock, &log);
+  o.telemetry.forecast.eval.every_steps = 5;
+  o.telemetry.forecast.eval.offset = 4;
+  Model m;
+  auto rt = MustCreate(o, m);
+  ASSERT_TRUE(rt->Start().ok());
+  Step(*rt, m, clock, 10);
+  rt->preemption()->Notice(clock.NowNanos() + 3'600'000'000'000);  // an hour
+  Decision d;
+  while ((d = Step(*rt, m, clock, 10)).kind == Decision::kContinue) {
+  }
+  EXPECT_EQ(d.kind, Decision::kSaveAndExit);
+  EXPECT_EQ(rt->step(), 4);  // the next step (4) would be the first eval
+}
+
+TEST(Runtime, StepsAndSaveAreReportedToTheStepLogAndTrace) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  RuntimeOptions o = Local(dir, &clock, &log);
+  o.telemetry.step_log_path = dir / "steps.jsonl";
+  o.telemetry.trace_path = dir / "trace.json";
+  Model m;
+  auto rt = MustCreate(o, m);
+  ASSERT_TRUE(rt->Start().ok());
+  Step(*rt, m, clock, 10);
+  rt->preemption()->Notice(clock.NowNanos() + 60'000'000'000);
+  Decision d;
+  // A save costs ~50 ms unmeasured; steps of 20 s leave room for one more.
+  while ((d = Step(*rt, m, clock, 20'000)).kind == Decision::kContinue) {
+  }
+  ASSERT_EQ(d.exit_code, kExitPreempted);
+  ASSERT_TRUE(rt->Finish().ok());
+  std::ifstream steps(dir / "steps.jsonl");
+  std::string line, last;
+  while (std::getline(steps, line)) last = line;
+  EXPECT_TRUE(absl::StrContains(last, "checkpoint")) << last;
+  std::ifstream trace(dir / "trace.json");
+  const std::string text((std::istreambuf_iterator<char>(trace)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(absl::StrContains(text, "\"checkpoint\"")) << text.substr(0, 400);
+}
+
+TEST(Runtime, RegisterAfterStartIsRefused) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  Model m, other;
+  auto rt = MustCreate(Local(dir, &clock, &log), m);
+  ASSERT_TRUE(rt->Start().ok());
+  absl::Status st = rt->Register("late", &other.state);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(st.message(), "late"));
+}
+
+TEST(Runtime, EndStepWithoutBeginStepIsRefused) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  Model m;
+  auto rt = MustCreate(Local(dir, &clock, &log), m);
+  ASSERT_TRUE(rt->Start().ok());
+  EXPECT_EQ(rt->EndStep().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+#if OMNI_HAVE_GLOO
+
+// Replicas as threads: each its own Runtime, checkpoint directory and model,
+// one shared FileStore. Only `monitored` gets a preemption monitor (one per
+// process).
+RuntimeOptions Replica(const TempDir& dir, const Clock* clock, Log* log, int i, int min_replicas,
+                       int max_replicas, bool monitored) {
+  RuntimeOptions o = Local(dir, clock, log);
+  o.ckpt_dir = dir / ("ckpt-" + std::to_string(i));
+  o.store_uri = "file://" + (dir / "store");
+  o.handle_preemption = monitored;
+  MembershipOptions& m = o.elastic.membership;
+  m.self.id = "r" + std::to_string(i);
+  m.model_digest = "m";
+  m.min_replicas = min_replicas;
+  m.max_replicas = max_replicas;
+  m.heartbeat = absl::Milliseconds(20);
+  m.peer_timeout = absl::Milliseconds(300);
+  m.settle = absl::Seconds(2);
+  m.join_timeout = absl::Seconds(20);
+  o.elastic.collective_timeout = absl::Seconds(20);
+  o.elastic.init_timeout = absl::Seconds(10);
+  return o;
+}
+
+struct Outcome {
+  std::vector<Decision> decisions;  // every non-continue decision
+  int64_t final_step = 0;
+  std::vector<float> w;
+};
+
+// Trains until `total` steps or a kSaveAndExit; replica `noticed` (the
+// monitored one) gets a notice after step `notice_at`.
+void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at, Outcome* out) {
+  Model m;
+  absl::StatusOr<std::unique_ptr<Runtime>> created = Runtime::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Runtime& rt = **created;
+  ASSERT_TRUE(rt.Register("model", &m.state).ok());
+  ASSERT_TRUE(rt.Start().ok());
+  while (rt.step() < total) {
+    if (rt.preemption() != nullptr && rt.step() == notice_at) {
+      rt.preemption()->Notice(clock->NowNanos() + 60'000'000);  // a save fits, a step + save not
+    }
+    ASSERT_TRUE(rt.BeginStep().ok());
+    float g = static_cast<float>(rt.step());
+    if (rt.AllReduce(&g, 1, DataType::kFloat32, ReduceOp::kSum).ok()) m.Train(g);
+    absl::StatusOr<Decision> d = rt.EndStep();
+    ASSERT_TRUE(d.ok()) << d.status();
+    if (d->kind != Decision::kContinue) out->decisions.push_back(*d);
+    if (d->kind == Decision::kSaveAndExit) break;
+  }
+  out->final_step = rt.step();
+  out->w = m.w;
+  EXPECT_TRUE(rt.Finish().ok());
+}
+
+TEST(RuntimeElastic, ANoticeToOneReplicaStopsAllAtOneAgreedBoundaryWithASave) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  std::vector<Outcome> out(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back(Train, Replica(dir, &clock, &log, i, 1, 2, i == 1), 1000, &clock, 3,
+                         &out[i]);
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_FALSE(out[i].decisions.empty()) << i;
+    const Decision& d = out[i].decisions.back();
+    EXPECT_EQ(d.kind, Decision::kSaveAndExit);
+    EXPECT_EQ(d.exit_code, kExitPreempted);
+    EXPECT_EQ(d.saved_step, out[0].final_step);
+    EXPECT_EQ(out[i].w, out[0].w);
+  }
+  EXPECT_LT(out[0].final_step, 10);
+  EXPECT_TRUE(log.Has("agreed stop after step"));
+}
+
+TEST(RuntimeElastic, AGracefulLeaveLetsTheOthersGoOnReconfigured) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  std::vector<Outcome> out(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    RuntimeOptions o = Replica(dir, &clock, &log, i, 2, 3, i == 2);
+    o.leave_on_preempt = true;
+    threads.emplace_back(Train, o, 12, &clock, 3, &out[i]);
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_FALSE(out[2].decisions.empty());
+  EXPECT_EQ(out[2].decisions.back().kind, Decision::kSaveAndExit);
+  EXPECT_EQ(out[2].decisions.back().exit_code, kExitPreempted);
+  EXPECT_LT(out[2].final_step, 12);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(out[i].final_step, 12);
+    ASSERT_EQ(out[i].decisions.size(), 1U) << i;
+    EXPECT_EQ(out[i].decisions[0].kind, Decision::kReconfigured);
+    EXPECT_EQ(out[i].decisions[0].size, 2);
+  }
+  EXPECT_EQ(out[0].w, out[1].w);
+  EXPECT_TRUE(log.Has("leaving the group after step"));
+  EXPECT_TRUE(log.Has("left the group"));
+}
+
+TEST(RuntimeElastic, ARefusedLeaveStopsTheWholeJobAtOneBoundary) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  std::vector<Outcome> out(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    RuntimeOptions o = Replica(dir, &clock, &log, i, 2, 2, i == 0);
+    o.leave_on_preempt = true;
+    threads.emplace_back(Train, o, 1000, &clock, 3, &out[i]);
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_FALSE(out[i].decisions.empty()) << i;
+    EXPECT_EQ(out[i].decisions.back().kind, Decision::kSaveAndExit);
+    EXPECT_EQ(out[i].final_step, out[0].final_step);
+  }
+  EXPECT_LT(out[0].final_step, 10);
+}
+
+TEST(RuntimeElastic, AFailedCollectiveIsRedoneByTheSurvivorsWithoutCommitting) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  constexpr int64_t kTotal = 8;
+  std::vector<Outcome> out(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back(Train, Replica(dir, &clock, &log, i, 1, 3, false), kTotal, &clock, -1,
+                         &out[i]);
+  }
+  // A third replica that disappears after two steps, mid-way into the third.
+  {
+    Model m;
+    auto rt = Runtime::Create(Replica(dir, &clock, &log, 2, 1, 3, false));
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    ASSERT_TRUE((*rt)->Register("model", &m.state).ok());
+    ASSERT_TRUE((*rt)->Start().ok());
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_TRUE((*rt)->BeginStep().ok());
+      float g = static_cast<float>((*rt)->step());
+      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DataType::kFloat32, ReduceOp::kSum).ok());
+      m.Train(g);
+      ASSERT_TRUE((*rt)->EndStep().ok());
+    }
+  }  // destroyed: its heartbeats stop and its connections close
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(out[i].final_step, kTotal);
+    ASSERT_FALSE(out[i].decisions.empty()) << i;
+    EXPECT_EQ(out[i].decisions[0].kind, Decision::kRedoStep);
+    EXPECT_EQ(out[i].decisions[0].size, 2);
+  }
+  EXPECT_EQ(out[0].w, out[1].w);
+  EXPECT_TRUE(log.Has("after recovery"));
+}
+
+#endif  // OMNI_HAVE_GLOO
+
+}  // namespace
+}  // namespace omni
