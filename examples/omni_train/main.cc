@@ -469,6 +469,23 @@ int Run(const TrainFlags& flags) {
     last_save_s = stats->write_s + stats->snapshot_s;
     return absl::OkStatus();
   };
+  // The elastic group's error `st`: when the store failed (omni::IsStoreFailure:
+  // lost its state, a malformed record, unreachable), nothing committed is
+  // lost: save the completed steps (with --ckpt-dir) and exit kExitPreempted,
+  // resumable once the job has a store again. Otherwise as Fail.
+  const auto fail_group = [&](const absl::Status& st) -> int {
+    if (!omni::IsStoreFailure(st) || !ckpt) return Fail(st);
+    std::fprintf(stderr, "omni_train: elastic: store failure: %s: %s\n",
+                 absl::StatusCodeToString(st.code()).c_str(), std::string(st.message()).c_str());
+    if (auto saved = save(/*background=*/false); !saved.ok()) return Fail(saved);
+    if (auto waited = ckpt->WaitForPending(); !waited.ok()) return Fail(waited);
+    std::fprintf(stderr,
+                 "omni_train: saved step %" PRId64
+                 " to %s after the store failure; exiting %d "
+                 "(resumable)\n",
+                 progress.step, flags.ckpt_dir.c_str(), omni::kExitPreempted);
+    return omni::kExitPreempted;
+  };
   // Until a save has been measured: a fixed cost for the fsyncs and renames
   // plus the state at a conservative 100 MB/s, with a 50% standard deviation.
   size_t state_bytes = 0;
@@ -599,7 +616,7 @@ int Run(const TrainFlags& flags) {
                      "omni_train: elastic: step %" PRId64 " failed: %s t_mono_ns=%" PRId64 "\n",
                      step, reduced.ToString().c_str(), omni::Clock::Real()->NowNanos());
         absl::StatusOr<omni::GroupChange> change = group->Recover(reduced, progress.step);
-        if (!change.ok()) return Fail(change.status());
+        if (!change.ok()) return fail_group(change.status());
         LogChange(*change, "recovered");
         completed = progress.step;
         recovered = true;
@@ -673,7 +690,7 @@ int Run(const TrainFlags& flags) {
     }
     if (group) {
       absl::StatusOr<std::optional<omni::GroupChange>> change = group->AtBoundary(completed);
-      if (!change.ok()) return Fail(change.status());
+      if (!change.ok()) return fail_group(change.status());
       if (change->has_value() && (*change)->generation.rank < 0 && leaving) {
         left_group = true;  // the others go on in this generation, without us
         std::fprintf(stderr, "omni_train: elastic: left the group: %s t_mono_ns=%" PRId64 "\n",

@@ -115,8 +115,11 @@ OMNI_EXPORT absl::Status ValidateStoreKey(const std::string& key);
 //                     PermissionDenied (or the OS error) naming the
 //                     directory when it cannot be created or written.
 //   <scheme>://...    the factory registered for `scheme` (below), called
-//                     with the URI less the options OpenStore takes (below);
-//                     its error as it returns it.
+//                     with the whole URI; its error as it returns it. A
+//                     factory must accept the options `secret_file` and
+//                     `insecure` (below), and may apply them before it
+//                     connects (the tcp:// adapter refuses a remote host
+//                     without a secret there).
 //   tcp://, env://    while nothing is registered for them: Unimplemented
 //                     saying to link omni::torch and call
 //                     omni::torch_ext::RegisterTcpStore().
@@ -133,9 +136,8 @@ OMNI_EXPORT absl::Status ValidateStoreKey(const std::string& key);
 // has `insecure=1`; one that serves on more addresses than it names is
 // opened with a warning on stderr. A bad secret (missing or unreadable file,
 // shorter than kMinJobSecretBytes) is InvalidArgument naming its source.
-// Options are the URI's query (`?a=1&b=2`); OpenStore takes `secret_file`
-// and `insecure` and hands the others to the factory. A file:// URI takes no
-// other option (InvalidArgument naming it), so its path cannot contain '?'.
+// Options are the URI's query (`?a=1&b=2`). A file:// URI takes no other
+// option (InvalidArgument naming it), so its path cannot contain '?'.
 OMNI_EXPORT absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& uri);
 
 // Makes OpenStore hand URIs "<scheme>://..." to `factory` (called with the

@@ -474,11 +474,7 @@ absl::StatusOr<std::unique_ptr<Store>> OpenBackend(const std::string& uri,
     const auto it = registry.factories.find(scheme);
     if (it != registry.factories.end()) factory = it->second;
   }
-  if (factory) {
-    std::string passed = absl::StrCat(scheme, "://", rest);
-    if (!options.empty()) absl::StrAppend(&passed, "?", absl::StrJoin(options, "&"));
-    return factory(passed);
-  }
+  if (factory) return factory(uri);
   if (scheme == "tcp" || scheme == "env") {
     return absl::UnimplementedError(absl::StrCat(
         "store scheme '", scheme, "' (in '", absl::CHexEscape(uri),
