@@ -12,16 +12,22 @@
 //   omni ckpt verify DIR|STEPDIR   every checksum of one checkpoint (or of all under DIR;
 //                                  a DIR without any fails)
 //   omni ckpt show STEPDIR         a checkpoint's manifest and entries
+//   omni store serve --listen HOST:PORT
+//                                  the job's TCPStore as its own process: runs the
+//                                  omni-store binary beside this one (it links
+//                                  LibTorch, which this tool does not)
 //
 // Exit codes: 0 success, 1 the operation failed (message on stderr), 2 usage
 // (including a numeric option that does not parse or is out of range).
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <limits>
 #include <map>
@@ -48,7 +54,8 @@ constexpr const char* kUsage =
     "       omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N] [--k K] [--width PX]\n"
     "       omni ckpt ls DIR\n"
     "       omni ckpt verify DIR|STEPDIR   (exit 1 naming the first bad file / key)\n"
-    "       omni ckpt show STEPDIR\n";
+    "       omni ckpt show STEPDIR\n"
+    "       omni store serve --listen HOST:PORT   (runs omni-store, built with LibTorch)\n";
 
 int Usage(const std::string& msg) {
   std::fprintf(stderr, "omni: %s\n%s", msg.c_str(), kUsage);
@@ -237,6 +244,23 @@ int Ckpt(int argc, char** argv) {
   return Usage("unknown ckpt subcommand " + sub);
 }
 
+// `omni store ...`: replaces this process with the omni-store binary of the
+// same directory (built with LibTorch), passing the arguments after "store".
+int StoreCommand(int argc, char** argv) {
+  std::string self(4096, '\0');
+  const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
+  if (n <= 0) return Usage("store: cannot find this program's directory");
+  self.resize(static_cast<size_t>(n));
+  const std::string tool = self.substr(0, self.rfind('/') + 1) + "omni-store";
+  std::vector<char*> args{const_cast<char*>(tool.c_str())};  // execv's signature
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  ::execv(tool.c_str(), args.data());
+  std::fprintf(stderr, "omni: store: cannot run %s (built only with LibTorch): %s\n", tool.c_str(),
+               std::strerror(errno));
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -249,6 +273,7 @@ int main(int argc, char** argv) {
   if (cmd == "info") return Info();
   if (cmd == "ckpt") return Ckpt(argc, argv);
   if (cmd == "plot") return omni::cli::PlotCommand(argc, argv);
+  if (cmd == "store") return StoreCommand(argc, argv);
   if (cmd != "stats" && cmd != "forecast" && cmd != "eval") return Usage("unknown command " + cmd);
 
   Parsed p;

@@ -28,6 +28,25 @@
 //     ... allreduce; on failure: gen = (*m)->Recover(step);
 //   }
 //
+// The store's own failures. Every record this class writes carries the job's
+// store incarnation (a random token the first replica writes once under
+// "incarnation"), and every member checks at each heartbeat that the store
+// still holds it. When the coordination store fails for good, Join,
+// AtBoundary and Recover return an error for which IsStoreFailure() is true:
+//   - DataLoss: the store lost its state (key 'incarnation' missing or
+//     replaced: wiped, replaced, or restarted empty under the running job;
+//     newcomers on it would form a second job), or it holds a malformed
+//     record (the message names the key and the field);
+//   - Unavailable: the store was unreachable for store_retry (its server
+//     died with the replica that hosted it).
+// The group cannot go on, but this replica's state is intact: nothing of a
+// step in flight was committed by the group. Save locally (a checkpoint at
+// the completed steps) and stop; a job restarted on a healthy store resumes
+// from it. A lost peer is never a store failure.
+// With an authenticated store (omni/auth_store.h), records the store refuses
+// as forged (PermissionDenied) count as absent: a forged generation is
+// replaced by the members' own, a forged join ticket is never admitted.
+//
 // Thread safety: Join, AtBoundary and Recover are called by one thread (the
 // training thread); the accessors may be called from any thread.
 #pragma once
@@ -163,6 +182,15 @@ class OMNI_EXPORT Membership {
   virtual std::vector<std::string> DeadPeers() const = 0;
   // The last heartbeat error (store unreachable), OK when none.
   virtual absl::Status HeartbeatError() const = 0;
+  // The store failure seen by the heartbeat thread (see the top of this
+  // file), latched; OK while none. Join, AtBoundary and Recover return it.
+  virtual absl::Status StoreFailure() const { return absl::OkStatus(); }
 };
+
+// True when `status` is a store failure (see the top of this file): the
+// caller should save locally and stop. Kept by ElasticGroup's errors.
+OMNI_EXPORT bool IsStoreFailure(const absl::Status& status);
+// `status` marked as a store failure (OK stays OK).
+OMNI_EXPORT absl::Status MarkStoreFailure(absl::Status status);
 
 }  // namespace omni

@@ -83,6 +83,19 @@ class OMNI_EXPORT Store {
   // DeadlineExceeded naming the keys still missing. The default polls TryGet
   // (0.1 ms .. 2 ms backoff).
   virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout);
+
+  // Who besides this host can reach the store's records (a capability
+  // query; the default: nobody). OpenStore uses it to refuse a store that
+  // other hosts reach when the job has no secret.
+  struct Exposure {
+    // Non-empty when this process connects to the store over the network,
+    // e.g. "connects to 10.0.0.1:29500".
+    std::string remote;
+    // Non-empty when this process serves the store on more addresses than
+    // its URI names, e.g. "serves port 29500 on every interface".
+    std::string wildcard;
+  };
+  virtual Exposure exposure() const { return {}; }
 };
 
 // A view of `base` in which every key `k` is stored as `prefix` + "/" + `k`,
@@ -102,12 +115,29 @@ OMNI_EXPORT absl::Status ValidateStoreKey(const std::string& key);
 //                     PermissionDenied (or the OS error) naming the
 //                     directory when it cannot be created or written.
 //   <scheme>://...    the factory registered for `scheme` (below), called
-//                     with the whole URI; its error as it returns it.
+//                     with the whole URI; its error as it returns it. A
+//                     factory must accept the options `secret_file` and
+//                     `insecure` (below), and may apply them before it
+//                     connects (the tcp:// adapter refuses a remote host
+//                     without a secret there).
 //   tcp://, env://    while nothing is registered for them: Unimplemented
 //                     saying to link omni::torch and call
 //                     omni::torch_ext::RegisterTcpStore().
 // InvalidArgument naming the URI for anything else, including a relative
 // or empty file path.
+//
+// Authentication (omni/auth_store.h): when the job has a secret — the file
+// named by the URI option `secret_file=PATH`, else the file named by
+// OMNI_JOB_SECRET_FILE, else OMNI_JOB_SECRET, read at this call — the store
+// returned is the authenticated view of the backend: every record is
+// MAC'd, and forged ones are refused (PermissionDenied naming the key).
+// Without a secret, a store whose exposure() says other hosts reach it is
+// refused (FailedPrecondition saying how to give a secret) unless the URI
+// has `insecure=1`; one that serves on more addresses than it names is
+// opened with a warning on stderr. A bad secret (missing or unreadable file,
+// shorter than kMinJobSecretBytes) is InvalidArgument naming its source.
+// Options are the URI's query (`?a=1&b=2`). A file:// URI takes no other
+// option (InvalidArgument naming it), so its path cannot contain '?'.
 OMNI_EXPORT absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& uri);
 
 // Makes OpenStore hand URIs "<scheme>://..." to `factory` (called with the

@@ -9,7 +9,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/strings.h"
 #include "omni/clock.h"
@@ -288,10 +290,15 @@ class ElasticGroupImpl final : public ElasticGroup {
       if (st.ok()) return change;
       if (absl::IsInvalidArgument(st) || absl::IsDataLoss(st) ||
           attempt + 1 >= kMaxRecoverAttempts) {
-        return absl::Status(st.code(), absl::StrCat("entering ", g.ToString(), ": ", st.message(),
-                                                    failure.ok() ? "" : " (after: ",
-                                                    failure.ok() ? "" : failure.message(),
-                                                    failure.ok() ? "" : ")"));
+        absl::Status out(st.code(), absl::StrCat("entering ", g.ToString(), ": ", st.message(),
+                                                 failure.ok() ? "" : " (after: ",
+                                                 failure.ok() ? "" : failure.message(),
+                                                 failure.ok() ? "" : ")"));
+        // Keeps what the error is (e.g. IsStoreFailure) for the caller.
+        st.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+          out.SetPayload(url, payload);
+        });
+        return out;
       }
       failure = st;
       DropComm();

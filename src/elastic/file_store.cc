@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -41,13 +42,17 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/fs.h"
+#include "omni/auth_store.h"
 #include "omni/store.h"
 
 namespace omni {
@@ -442,16 +447,20 @@ absl::Status RegisterStoreScheme(const std::string& scheme, StoreFactory factory
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& uri) {
+namespace {
+
+// The store a URI names, before authentication.
+absl::StatusOr<std::unique_ptr<Store>> OpenBackend(const std::string& uri,
+                                                   const std::string& scheme,
+                                                   const std::string& rest,
+                                                   const std::vector<std::string>& options) {
   constexpr char kExpected[] = "expected file:///abs/dir or tcp://host:port";
-  const std::string::size_type sep = uri.find("://");
-  if (sep == std::string::npos || sep == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("store URI '", absl::CHexEscape(uri), "' has no scheme; ", kExpected));
-  }
-  const std::string scheme = uri.substr(0, sep);
-  const std::string rest = uri.substr(sep + 3);
   if (scheme == "file") {
+    if (!options.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "store URI '", absl::CHexEscape(uri), "' has an unknown option '",
+          absl::CHexEscape(options.front()), "' (file:// knows secret_file, insecure)"));
+    }
     if (rest.empty() || rest[0] != '/') {
       return absl::InvalidArgumentError(absl::StrCat(
           "store URI '", absl::CHexEscape(uri), "' does not name an absolute path; ", kExpected));
@@ -475,6 +484,63 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& uri) {
   return absl::InvalidArgumentError(absl::StrCat("unsupported store scheme '",
                                                  absl::CHexEscape(scheme), "' in '",
                                                  absl::CHexEscape(uri), "'; ", kExpected));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& uri) {
+  constexpr char kExpected[] = "expected file:///abs/dir or tcp://host:port";
+  const std::string::size_type sep = uri.find("://");
+  if (sep == std::string::npos || sep == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store URI '", absl::CHexEscape(uri), "' has no scheme; ", kExpected));
+  }
+  const std::string scheme = uri.substr(0, sep);
+  std::string rest = uri.substr(sep + 3);
+  // The options OpenStore takes itself; the others go to the backend.
+  std::string secret_file;
+  bool insecure = false;
+  std::vector<std::string> options;
+  if (const auto q = rest.find('?'); q != std::string::npos) {
+    for (const absl::string_view item :
+         absl::StrSplit(rest.substr(q + 1), '&', absl::SkipEmpty())) {
+      if (absl::StartsWith(item, "secret_file=")) {
+        secret_file = std::string(item.substr(12));
+        if (secret_file.empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("store URI '", absl::CHexEscape(uri), "' has an empty secret_file="));
+        }
+      } else if (item == "insecure=1" || item == "insecure=true") {
+        insecure = true;
+      } else {
+        options.emplace_back(item);
+      }
+    }
+    rest.resize(q);
+  }
+  absl::StatusOr<std::optional<std::string>> secret = LoadJobSecret(secret_file);
+  if (!secret.ok()) return secret.status();
+  absl::StatusOr<std::unique_ptr<Store>> base = OpenBackend(uri, scheme, rest, options);
+  if (!base.ok()) return base.status();
+  if (secret->has_value()) return MakeAuthenticatedStore(*std::move(base), **secret);
+
+  const Store::Exposure exposure = (*base)->exposure();
+  constexpr char kHowToAuthenticate[] =
+      "set OMNI_JOB_SECRET (or OMNI_JOB_SECRET_FILE, or ?secret_file=PATH in the URI) to the "
+      "job's secret, the same for every replica (docs/elastic.md, \"Threat model\")";
+  if (!exposure.remote.empty() && !insecure) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "store '", absl::CHexEscape(uri), "' ", exposure.remote,
+        ": other hosts can reach it, and the job has no secret to authenticate its records; ",
+        kHowToAuthenticate, ", or add insecure=1 to the URI to accept forged records"));
+  }
+  if (!exposure.wildcard.empty() && !insecure) {
+    std::fprintf(stderr,
+                 "omni: warning: store '%s' %s without a job secret: anyone who can reach it "
+                 "can read and forge the job's records; %s\n",
+                 absl::CHexEscape(uri).c_str(), exposure.wildcard.c_str(), kHowToAuthenticate);
+  }
+  return base;
 }
 
 }  // namespace omni

@@ -2,6 +2,12 @@
 //
 // Store keys (relative to the store given to Create):
 //   job                 the job id (set once, by compare-and-set)
+//   incarnation         a random token written once, by compare-and-set, by
+//                       the first replica of the job on this store; every
+//                       generation record and join ticket carries it, and
+//                       members check it at every heartbeat: a store that
+//                       lost it (wiped, replaced) stops the job instead of
+//                       letting newcomers fork it
 //   model               the model digest (set once)
 //   hb/<id>             heartbeat: "<session>:<counter>", rewritten every
 //                       heartbeat; only changes are meaningful
@@ -28,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -52,6 +59,21 @@ std::string Generation::ToString() const {
 
 namespace {
 
+constexpr char kStoreFailureUrl[] = "omni.dev/store-failure";
+
+}  // namespace
+
+absl::Status MarkStoreFailure(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kStoreFailureUrl, absl::Cord("1"));
+  return status;
+}
+
+bool IsStoreFailure(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kStoreFailureUrl).has_value();
+}
+
+namespace {
+
 using Json = nlohmann::json;
 
 constexpr size_t kMaxIdLength = 64;
@@ -59,6 +81,7 @@ constexpr size_t kMaxIdLength = 64;
 // after this many peer timeouts (its training thread is stuck).
 constexpr int kStuckPeerTimeouts = 10;
 constexpr absl::Duration kPoll = absl::Milliseconds(5);
+constexpr char kIncarnationKey[] = "incarnation";
 
 bool ValidId(const std::string& id) {
   if (id.empty() || id.size() > kMaxIdLength) return false;
@@ -82,10 +105,20 @@ absl::StatusOr<ReplicaInfo> InfoFromJson(const Json& j) {
   }
   ReplicaInfo r;
   r.id = j["id"].get<std::string>();
-  r.host = j.value("host", "");
-  r.rack = j.value("rack", "");
-  r.switch_name = j.value("switch", "");
-  r.session = j.value("session", "");
+  if (!ValidId(r.id)) {
+    return absl::InvalidArgumentError(absl::StrCat("replica record with a bad id '", r.id, "'"));
+  }
+  for (auto [field, out] : {std::pair<const char*, std::string*>{"host", &r.host},
+                            {"rack", &r.rack},
+                            {"switch", &r.switch_name},
+                            {"session", &r.session}}) {
+    if (!j.contains(field)) continue;
+    if (!j[field].is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("replica record '", r.id, "': field '", field, "' is not a string"));
+    }
+    *out = j[field].get<std::string>();
+  }
   return r;
 }
 
@@ -100,33 +133,85 @@ void TopologySort(std::vector<ReplicaInfo>& members) {
 
 std::string GenKey(int64_t n) { return absl::StrCat("gen/", n); }
 
-absl::StatusOr<Generation> ParseGeneration(const std::string& key, const std::string& text) {
+// DataLoss naming the key and the field, marked as a store failure.
+absl::Status BadRecord(const std::string& key, const std::string& field, const std::string& why) {
+  return MarkStoreFailure(absl::DataLossError(absl::StrCat(
+      "store key '", key, "' is not a valid generation record: field '", field, "' ", why)));
+}
+
+// A generation record, every field checked for its type; DataLoss naming
+// the key and the field otherwise (never an exception). `number` is the
+// number its key names; `incarnation` the job's (a record carrying another
+// one is from another incarnation of the store).
+absl::StatusOr<Generation> ParseGeneration(const std::string& key, int64_t number,
+                                           const std::string& text,
+                                           const std::string& incarnation) {
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("number") || !j.contains("members") ||
-      !j["members"].is_array()) {
-    return absl::DataLossError(absl::StrCat("store key '", key, "' is not a generation record"));
+  if (j.is_discarded() || !j.is_object()) {
+    return MarkStoreFailure(absl::DataLossError(
+        absl::StrCat("store key '", key, "' is not a generation record (not a JSON object)")));
   }
   Generation g;
-  g.number = j.value("number", int64_t{0});
-  g.kind = j.value("kind", "");
-  g.at_step = j.value("at_step", int64_t{0});
+  const auto integer = [&](const char* field, int64_t& out, bool required) -> absl::Status {
+    if (!j.contains(field)) {
+      return required ? BadRecord(key, field, "is missing") : absl::OkStatus();
+    }
+    if (!j[field].is_number_integer()) return BadRecord(key, field, "is not an integer");
+    out = j[field].get<int64_t>();
+    return absl::OkStatus();
+  };
+  const auto strings = [&](const char* field, std::vector<std::string>& out) -> absl::Status {
+    if (!j.contains(field)) return absl::OkStatus();
+    if (!j[field].is_array()) return BadRecord(key, field, "is not an array");
+    for (const Json& e : j[field]) {
+      if (!e.is_string()) return BadRecord(key, field, "holds an element that is not a string");
+      out.push_back(e.get<std::string>());
+    }
+    return absl::OkStatus();
+  };
+  if (auto st = integer("number", g.number, true); !st.ok()) return st;
+  if (g.number != number) {
+    return BadRecord(key, "number", absl::StrCat("is ", g.number, ", not ", number));
+  }
+  if (j.contains("kind")) {
+    if (!j["kind"].is_string()) return BadRecord(key, "kind", "is not a string");
+    g.kind = j["kind"].get<std::string>();
+  }
+  if (g.kind != "initial" && g.kind != "join" && g.kind != "leave" && g.kind != "recover") {
+    return BadRecord(key, "kind",
+                     absl::StrCat("is '", g.kind, "', not initial, join, leave or recover"));
+  }
+  if (auto st = integer("at_step", g.at_step, false); !st.ok()) return st;
+  if (!j.contains("members") || !j["members"].is_array()) {
+    return BadRecord(key, "members", "is missing or not an array");
+  }
   for (const Json& m : j["members"]) {
     absl::StatusOr<ReplicaInfo> r = InfoFromJson(m);
-    if (!r.ok()) {
-      return absl::DataLossError(absl::StrCat("store key '", key, "': ", r.status().message()));
-    }
+    if (!r.ok()) return BadRecord(key, "members", std::string(r.status().message()));
     g.members.push_back(*std::move(r));
   }
-  if (j.contains("joined")) g.joined = j["joined"].get<std::vector<std::string>>();
-  if (j.contains("left")) g.left = j["left"].get<std::vector<std::string>>();
+  if (auto st = strings("joined", g.joined); !st.ok()) return st;
+  if (auto st = strings("left", g.left); !st.ok()) return st;
+  // A record written before incarnations were recorded has none.
+  if (j.contains("incarnation")) {
+    if (!j["incarnation"].is_string()) return BadRecord(key, "incarnation", "is not a string");
+    const std::string theirs = j["incarnation"].get<std::string>();
+    if (!incarnation.empty() && theirs != incarnation) {
+      return MarkStoreFailure(absl::DataLossError(
+          absl::StrCat("store key '", key, "' belongs to incarnation '", theirs,
+                       "' of the job's store, but this replica joined incarnation '", incarnation,
+                       "' (key 'incarnation'): the store lost its state under the running job")));
+    }
+  }
   return g;
 }
 
-std::string SerializeGeneration(const Generation& g) {
+std::string SerializeGeneration(const Generation& g, const std::string& incarnation) {
   Json members = Json::array();
   for (const ReplicaInfo& m : g.members) members.push_back(InfoToJson(m));
-  return Json{{"number", g.number}, {"kind", g.kind},     {"at_step", g.at_step},
-              {"members", members}, {"joined", g.joined}, {"left", g.left}}
+  return Json{{"number", g.number},        {"kind", g.kind},     {"at_step", g.at_step},
+              {"members", members},        {"joined", g.joined}, {"left", g.left},
+              {"incarnation", incarnation}}
       .dump();
 }
 
@@ -182,6 +267,17 @@ class MembershipImpl final : public Membership {
     if (!o_.model_digest.empty()) {
       if (auto st = CheckIdentity("model", o_.model_digest, "model digest"); !st.ok()) return st;
     }
+    {
+      // The first replica of the job on this store names its incarnation.
+      std::random_device rd;
+      const std::string mine =
+          absl::StrCat(absl::Hex(rd(), absl::kZeroPad8), absl::Hex(rd(), absl::kZeroPad8),
+                       absl::Hex(rd(), absl::kZeroPad8), absl::Hex(rd(), absl::kZeroPad8));
+      absl::StatusOr<std::string> stored =
+          Retry(kIncarnationKey, [&] { return store_.CompareAndSet(kIncarnationKey, "", mine); });
+      if (!stored.ok()) return stored.status();
+      incarnation_ = *stored;
+    }
     // An id in use by a live member of the newest generation is refused.
     absl::StatusOr<std::optional<Generation>> latest = LatestFrom(0);
     if (!latest.ok()) return latest.status();
@@ -209,20 +305,23 @@ class MembershipImpl final : public Membership {
   }
 
   absl::StatusOr<Generation> Join() override {
+    if (absl::Status st = StoreFailure(); !st.ok()) return st;
     const int64_t deadline = Now() + absl::ToInt64Nanoseconds(o_.join_timeout);
     const int64_t evicted_from = current().number;
     {
       absl::StatusOr<int64_t> t = Retry("join/seq", [&] { return store_.Add("join/seq", 1); });
       if (!t.ok()) return t.status();
       const std::string key = absl::StrCat("join/", *t);
-      const std::string info = InfoToJson(self_).dump();
+      Json ticket = InfoToJson(self_);
+      ticket["incarnation"] = incarnation_;
+      const std::string info = ticket.dump();
       if (auto st = Retry(key, [&] { return store_.Set(key, info); }); !st.ok()) return st;
       my_ticket_ = *t;
     }
     int64_t last_seq = -1, seq_changed_ns = Now();
     for (;;) {
-      absl::StatusOr<std::optional<std::string>> finished =
-          Retry("finished", [&] { return store_.TryGet("finished"); });
+      if (absl::Status st = StoreFailure(); !st.ok()) return st;
+      absl::StatusOr<std::optional<std::string>> finished = ReadRecord("finished");
       if (!finished.ok()) return finished.status();
       if (finished->has_value()) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -286,6 +385,7 @@ class MembershipImpl final : public Membership {
     if (cur.number == 0 || cur.rank < 0) {
       return absl::FailedPreconditionError("AtBoundary before Join: not a member");
     }
+    if (absl::Status st = StoreFailure(); !st.ok()) return st;
     absl::StatusOr<std::optional<Generation>> next = LatestFrom(cur.number);
     if (!next.ok()) return next.status();
     if (!next->has_value()) {
@@ -349,6 +449,7 @@ class MembershipImpl final : public Membership {
       }
     }
     for (;;) {
+      if (absl::Status st = StoreFailure(); !st.ok()) return st;
       absl::StatusOr<std::optional<Generation>> next = LatestFrom(cur.number);
       if (!next.ok()) return next.status();
       if (next->has_value()) {
@@ -360,9 +461,7 @@ class MembershipImpl final : public Membership {
       std::vector<std::string> missing_alive;  // not reported, heartbeat still going
       std::vector<std::string> gone;
       for (const ReplicaInfo& m : cur.members) {
-        const std::string key = prefix + m.id;
-        absl::StatusOr<std::optional<std::string>> v =
-            Retry(key, [&] { return store_.TryGet(key); });
+        absl::StatusOr<std::optional<std::string>> v = ReadRecord(prefix + m.id);
         if (!v.ok()) return v.status();
         if (v->has_value()) {
           alive.push_back(m);
@@ -464,6 +563,11 @@ class MembershipImpl final : public Membership {
     return hb_error_;
   }
 
+  absl::Status StoreFailure() const override {
+    absl::MutexLock lock(&mu_);
+    return store_failure_;
+  }
+
  private:
   int64_t Now() const { return clock_->NowNanos(); }
 
@@ -485,13 +589,14 @@ class MembershipImpl final : public Membership {
       // (NotFound is retried: none of the calls made here can return it
       // about the request, so it means the store's directory is gone.)
       if (st.ok() || absl::IsInvalidArgument(st) || absl::IsFailedPrecondition(st) ||
-          absl::IsAlreadyExists(st) || absl::IsOutOfRange(st) || absl::IsDataLoss(st)) {
+          absl::IsAlreadyExists(st) || absl::IsOutOfRange(st) || absl::IsDataLoss(st) ||
+          absl::IsPermissionDenied(st)) {
         return r;
       }
       if (Now() >= until) {
-        return absl::UnavailableError(absl::StrCat("store unreachable for ",
-                                                   absl::FormatDuration(o_.store_retry), " (key '",
-                                                   key, "'): ", st.message()));
+        return MarkStoreFailure(absl::UnavailableError(
+            absl::StrCat("store unreachable for ", absl::FormatDuration(o_.store_retry), " (key '",
+                         key, "'): ", st.message())));
       }
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Milliseconds(500));
@@ -511,8 +616,16 @@ class MembershipImpl final : public Membership {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<int64_t> ReadCounter(const std::string& key) {
+  // The record under `key`; a record that an authenticated store refused
+  // (PermissionDenied: forged, logged there) counts as absent.
+  absl::StatusOr<std::optional<std::string>> ReadRecord(const std::string& key) {
     absl::StatusOr<std::optional<std::string>> v = Retry(key, [&] { return store_.TryGet(key); });
+    if (!v.ok() && absl::IsPermissionDenied(v.status())) return std::optional<std::string>();
+    return v;
+  }
+
+  absl::StatusOr<int64_t> ReadCounter(const std::string& key) {
+    absl::StatusOr<std::optional<std::string>> v = ReadRecord(key);
     if (!v.ok()) return v.status();
     int64_t n = 0;
     if (v->has_value() && !absl::SimpleAtoi(**v, &n)) {
@@ -530,15 +643,14 @@ class MembershipImpl final : public Membership {
     std::optional<std::string> best;
     int64_t best_n = 0;
     for (int64_t k = std::max(after + 1, *hint);; ++k) {
-      const std::string key = GenKey(k);
-      absl::StatusOr<std::optional<std::string>> v = Retry(key, [&] { return store_.TryGet(key); });
+      absl::StatusOr<std::optional<std::string>> v = ReadRecord(GenKey(k));
       if (!v.ok()) return v.status();
       if (!v->has_value()) break;
       best = **v;
       best_n = k;
     }
     if (!best.has_value()) return std::nullopt;
-    absl::StatusOr<Generation> g = ParseGeneration(GenKey(best_n), *best);
+    absl::StatusOr<Generation> g = ParseGeneration(GenKey(best_n), best_n, *best, incarnation_);
     if (!g.ok()) return g.status();
     return std::optional<Generation>(*std::move(g));
   }
@@ -548,7 +660,7 @@ class MembershipImpl final : public Membership {
   absl::StatusOr<Generation> Propose(Generation g) {
     TopologySort(g.members);
     const std::string key = GenKey(g.number);
-    const std::string text = SerializeGeneration(g);
+    const std::string text = SerializeGeneration(g, incarnation_);
     absl::StatusOr<std::string> stored =
         Retry(key, [&] { return store_.CompareAndSet(key, "", text); });
     if (!stored.ok()) return stored.status();
@@ -557,7 +669,7 @@ class MembershipImpl final : public Membership {
       // Best effort: readers also scan past the hint.
       Retry("gen/latest", [&] { return store_.Set("gen/latest", n); }).IgnoreError();
     }
-    return ParseGeneration(key, *stored);
+    return ParseGeneration(key, g.number, *stored, incarnation_);
   }
 
   Generation Adopt(Generation g) {
@@ -631,9 +743,23 @@ class MembershipImpl final : public Membership {
     for (int64_t t = next_ticket_; t <= *seq; ++t) {
       const std::string key = absl::StrCat("join/", t);
       absl::StatusOr<std::optional<std::string>> v = Retry(key, [&] { return store_.TryGet(key); });
+      if (!v.ok() && absl::IsPermissionDenied(v.status())) {
+        next_ticket_ = t + 1;  // forged (logged by the store): never admitted
+        continue;
+      }
       if (!v.ok()) return v.status();
       if (!v->has_value()) break;  // being written: next time
       Json j = Json::parse(**v, nullptr, false);
+      if (j.is_object() && j.contains("incarnation") &&
+          (!j["incarnation"].is_string() || j["incarnation"].get<std::string>() != incarnation_)) {
+        return MarkStoreFailure(absl::DataLossError(
+            absl::StrCat("store key '", key,
+                         "' is a join ticket of another incarnation of the job's store "
+                         "than this replica's '",
+                         incarnation_,
+                         "' (key 'incarnation'): the store lost its "
+                         "state under the running job")));
+      }
       absl::StatusOr<ReplicaInfo> info = InfoFromJson(j);
       if (info.ok()) {
         tickets_.erase(std::remove_if(tickets_.begin(), tickets_.end(),
@@ -665,9 +791,37 @@ class MembershipImpl final : public Membership {
 
   void Beat() {
     const std::string key = "hb/" + o_.self.id;
-    const absl::Status st = store_.Set(key, absl::StrCat(session_, ":", ++beats_));
+    absl::Status st = store_.Set(key, absl::StrCat(session_, ":", ++beats_));
+    absl::Status lost;
+    if (st.ok() && !incarnation_.empty()) {
+      // The incarnation is still the one this replica joined: the store has
+      // not lost its state. A refused (forged) record is no news.
+      absl::StatusOr<std::optional<std::string>> inc = store_.TryGet(kIncarnationKey);
+      if (!inc.ok() && !absl::IsPermissionDenied(inc.status())) {
+        st = inc.status();
+      } else if (inc.ok() && (!inc->has_value() || **inc != incarnation_)) {
+        lost = MarkStoreFailure(absl::DataLossError(absl::StrCat(
+            "the job's store lost its state under the running job: key '", kIncarnationKey, "' ",
+            inc->has_value() ? absl::StrCat("is '", **inc, "'") : std::string("is missing"),
+            ", but replica '", o_.self.id, "' joined incarnation '", incarnation_,
+            "' (the store was wiped, replaced or restarted empty); stopping rather than "
+            "letting new replicas form a second job beside this one")));
+      }
+    }
+    const int64_t now = Now();
     absl::MutexLock lock(&mu_);
     hb_error_ = st;
+    if (st.ok()) {
+      hb_failing_since_ns_ = 0;
+    } else if (hb_failing_since_ns_ == 0) {
+      hb_failing_since_ns_ = now;
+    } else if (store_failure_.ok() &&
+               now - hb_failing_since_ns_ >= absl::ToInt64Nanoseconds(o_.store_retry)) {
+      store_failure_ = MarkStoreFailure(absl::UnavailableError(
+          absl::StrCat("store unreachable for ", absl::FormatDuration(o_.store_retry),
+                       " (heartbeats of replica '", o_.self.id, "'): ", st.message())));
+    }
+    if (!lost.ok() && store_failure_.ok()) store_failure_ = lost;
   }
 
   void HeartbeatLoop() {
@@ -725,8 +879,9 @@ class MembershipImpl final : public Membership {
   const MembershipOptions o_;
   const Clock* clock_;
   std::string session_;
-  ReplicaInfo self_;   // o_.self with this process's session
-  int64_t beats_ = 0;  // heartbeat thread (and Init, before it starts)
+  ReplicaInfo self_;         // o_.self with this process's session
+  int64_t beats_ = 0;        // heartbeat thread (and Init, before it starts)
+  std::string incarnation_;  // set by Init, then read-only
 
   // Training thread only.
   int64_t next_ticket_ = 1;
@@ -739,6 +894,9 @@ class MembershipImpl final : public Membership {
   std::set<std::string> extra_watch_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> dead_ ABSL_GUARDED_BY(mu_);
   absl::Status hb_error_ ABSL_GUARDED_BY(mu_);
+  int64_t hb_failing_since_ns_ ABSL_GUARDED_BY(mu_) = 0;  // 0: the last beat succeeded
+  // Latched: the store failed for good (see StoreFailure()).
+  absl::Status store_failure_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> on_dead_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -13,6 +13,8 @@
 //                        sum as decimal text.
 //   check(keys)          true when every key exists; never blocks.
 //   get(k), wait(keys)   block (client side) until the keys exist; not used.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -38,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "omni/auth_store.h"
 #include "omni/torch/store.h"
 
 static_assert(TORCH_VERSION_MAJOR > 1 || (TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR >= 13),
@@ -88,6 +91,13 @@ std::string ExceptionMessage(const std::exception_ptr& e) {
 std::string HostPort(const std::string& host, uint16_t port) {
   return host.find(':') == std::string::npos ? absl::StrCat(host, ":", port)
                                              : absl::StrCat("[", host, "]:", port);
+}
+
+// A loopback address (127.0.0.0/8, ::1) or "localhost": only this host reaches it.
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  in_addr v4{};
+  return ::inet_pton(AF_INET, host.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127;
 }
 
 class TcpStoreImpl final : public TcpStore {
@@ -162,6 +172,17 @@ class TcpStoreImpl final : public TcpStore {
     }
     return absl::NotFoundError(
         absl::StrCat(label_, ": compare-and-set of missing key '", key, "' expected a value"));
+  }
+
+  Exposure exposure() const override {
+    Exposure e;
+    if (!IsLoopbackHost(host())) e.remote = absl::StrCat("connects to ", HostPort(host(), port()));
+    if (is_server()) {
+      e.wildcard = absl::StrCat("serves port ", port(),
+                                " on every interface (LibTorch 1.13's TCPStore has no bind "
+                                "address; omni-store serve --listen HOST:PORT binds one)");
+    }
+    return e;
   }
 
   absl::StatusOr<bool> Delete(const std::string& key) override {
@@ -328,6 +349,15 @@ absl::StatusOr<TcpStoreOptions> ParseTcpStoreUri(const std::string& uri) {
         return BadUri(uri,
                       absl::StrCat("has server='", absl::CHexEscape(value), "' (expected 1 or 0)"));
       }
+    } else if (name == "secret_file") {
+      if (value.empty()) return BadUri(uri, "has an empty secret_file");
+      options.secret_file = value;
+    } else if (name == "insecure") {
+      if (value != "1" && value != "true") {
+        return BadUri(uri,
+                      absl::StrCat("has insecure='", absl::CHexEscape(value), "' (expected 1)"));
+      }
+      options.insecure = true;
     } else if (name == "timeout") {
       absl::Duration timeout;
       if (!absl::ParseDuration(value, &timeout) || timeout <= absl::ZeroDuration() ||
@@ -338,7 +368,7 @@ absl::StatusOr<TcpStoreOptions> ParseTcpStoreUri(const std::string& uri) {
       options.connect_timeout = timeout;
     } else {
       return BadUri(uri, absl::StrCat("has an unknown option '", absl::CHexEscape(name),
-                                      "' (known: server, timeout)"));
+                                      "' (known: server, timeout, secret_file, insecure)"));
     }
   }
 
@@ -465,6 +495,19 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Open(const TcpStoreOptions& 
 absl::StatusOr<std::unique_ptr<TcpStore>> OpenTcpStore(const std::string& uri) {
   absl::StatusOr<TcpStoreOptions> options = ParseTcpStoreUri(uri);
   if (!options.ok()) return options.status();
+  if (!IsLoopbackHost(options->host) && !options->insecure) {
+    // Refused before connecting (omni::OpenStore would refuse it after).
+    absl::StatusOr<std::optional<std::string>> secret = omni::LoadJobSecret(options->secret_file);
+    if (!secret.ok()) return secret.status();
+    if (!secret->has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "store URI '", absl::CHexEscape(uri), "' names host '", options->host,
+          "', which other hosts share, and the job has no secret to authenticate its records: "
+          "set OMNI_JOB_SECRET (or OMNI_JOB_SECRET_FILE, or ?secret_file=PATH) to the job's "
+          "secret, the same for every replica, or add insecure=1 to accept forged records "
+          "(docs/elastic.md, \"Threat model\")"));
+    }
+  }
   return TcpStore::Open(*options);
 }
 

@@ -11,6 +11,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -20,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "omni/store.h"
@@ -602,6 +606,104 @@ TEST(StoreSchemes, RegisteredFactoriesOpenTheirUris) {
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_TRUE((*server)->Set("k", "v").ok());
   EXPECT_EQ(*(*server)->Get("k", absl::ZeroDuration()), "v");
+}
+
+// ---------------------------------------------------------------- security
+
+constexpr char kSecret[] = "a job secret of more than sixteen bytes";
+
+// Issue 13, item 6: tcp:// to another host opened without any
+// authentication. Without a job secret it is now refused, before connecting.
+TEST(TcpStoreSecurity, ARemoteStoreWithoutAJobSecretIsRefusedBeforeConnecting) {
+  ASSERT_TRUE(RegisterTcpStore().ok());
+  ScopedEnv no_secret("OMNI_JOB_SECRET", nullptr);
+  ScopedEnv no_file("OMNI_JOB_SECRET_FILE", nullptr);
+  const absl::Time t0 = absl::Now();
+  auto s = omni::OpenStore("tcp://192.0.2.1:29500?timeout=3s");  // TEST-NET-1: unreachable
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(s.status())) << s.status();
+  EXPECT_TRUE(Contains(std::string(s.status().message()), "OMNI_JOB_SECRET")) << s.status();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+  // insecure=1 is the explicit way past it (then: unreachable).
+  auto insecure = omni::OpenStore("tcp://192.0.2.1:29500?timeout=1s&insecure=1");
+  EXPECT_TRUE(absl::IsUnavailable(insecure.status())) << insecure.status();
+}
+
+TEST_F(ServerTest, AForgerOnTheNetworkCannotForgeTheRecordsOfAJobWithASecret) {
+  std::unique_ptr<Store> job;
+  {
+    ScopedEnv secret("OMNI_JOB_SECRET", kSecret);
+    job = Client();
+  }
+  ASSERT_TRUE(job);
+  auto forger = OpenTcpStore(Uri());  // the raw c10d protocol, no secret
+  ASSERT_TRUE(forger.ok()) << forger.status();
+  ASSERT_TRUE(job->Set("gen/1", "members").ok());
+  EXPECT_EQ(job->TryGet("gen/1")->value_or(""), "members");
+  ASSERT_TRUE((*forger)->Set("gen/1", "forged").ok());
+  absl::StatusOr<std::optional<std::string>> v = job->TryGet("gen/1");
+  EXPECT_TRUE(absl::IsPermissionDenied(v.status())) << v.status();
+  EXPECT_TRUE(Contains(std::string(v.status().message()), "'gen/1'")) << v.status();
+  EXPECT_EQ(job->CompareAndSet("gen/1", "", "ours").value_or(""), "ours");
+}
+
+// Issue 13, items 6 and 7: `omni-store serve` hosts the store as its own
+// process and listens only on the address it is given (LibTorch 1.13's
+// server alone listens on every interface).
+TEST(OmniStoreServe, ListensOnlyOnTheAddressItIsGivenAndServesAuthenticatedClients) {
+  ASSERT_TRUE(RegisterTcpStore().ok());
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::close(out[0]);
+    ::execl(OMNI_STORE_BIN, OMNI_STORE_BIN, "serve", "--listen", "127.0.0.1:0",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  std::string line;
+  char c = 0;
+  while (::read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+  ::close(out[0]);
+  // {"listening": "127.0.0.1:PORT"}
+  const auto colon = line.rfind(':');
+  ASSERT_NE(colon, std::string::npos) << line;
+  const int port = std::atoi(line.c_str() + colon + 1);
+  ASSERT_GT(port, 0) << line;
+
+  // Every listening socket on that port, from /proc/net/tcp and tcp6.
+  std::vector<std::string> listeners;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    FILE* f = std::fopen(table, "r");
+    ASSERT_NE(f, nullptr);
+    char buf[512];
+    while (std::fgets(buf, sizeof(buf), f) != nullptr) {
+      char local[128] = {}, remote[128] = {}, state[8] = {};
+      if (std::sscanf(buf, " %*d: %127s %127s %7s", local, remote, state) != 3) continue;
+      const std::string l(local);
+      const auto sep = l.rfind(':');
+      if (sep == std::string::npos || std::string(state) != "0A") continue;  // LISTEN
+      if (std::strtol(l.c_str() + sep + 1, nullptr, 16) == port) listeners.push_back(l);
+    }
+    std::fclose(f);
+  }
+  EXPECT_EQ(listeners, (std::vector<std::string>{absl::StrFormat("0100007F:%04X", port)}))
+      << "listening on more than 127.0.0.1";
+
+  {
+    ScopedEnv secret("OMNI_JOB_SECRET", kSecret);
+    auto job = omni::OpenStore(absl::StrCat("tcp://127.0.0.1:", port));
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_TRUE((*job)->Set("k", "v").ok());
+    EXPECT_EQ((*job)->TryGet("k")->value_or(""), "v");
+  }
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 }  // namespace

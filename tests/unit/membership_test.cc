@@ -460,5 +460,93 @@ TEST(Membership, AnUnreachableStoreFailsCreateWithinItsRetryBound) {
   EXPECT_LT(s, 2.0);
 }
 
+// Issue 13, item 5: the file store's files deleted under a running job. New
+// replicas on the emptied store form their own "generation 1"; the running
+// members must notice that the store lost its state and stop, rather than
+// train on beside them (a fork of the job).
+TEST(Membership, AStoreThatLostItsStateStopsTheRunningMembersInsteadOfForking) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 2));
+  auto b = MustCreate(*store, Opts("b", 2));
+  std::vector<Generation> g = JoinAll({a.get(), b.get()});
+  ASSERT_EQ(g[0].number, 1);
+  for (const auto& entry : fs::directory_iterator(dir.path() + "/store")) {
+    if (entry.path().filename() != ".lock") fs::remove(entry.path());
+  }
+  auto c = MustCreate(*store, Opts("c", 2));
+  auto d = MustCreate(*store, Opts("d", 2));
+  std::vector<Generation> fork = JoinAll({c.get(), d.get()});
+  EXPECT_EQ(fork[0].number, 1);  // what the newcomers see: an empty store
+
+  absl::Status stopped;
+  for (int64_t step = 1; step < 200 && stopped.ok(); ++step) {
+    absl::StatusOr<std::optional<Generation>> next = a->AtBoundary(step);
+    if (!next.ok()) {
+      stopped = next.status();
+      break;
+    }
+    ASSERT_FALSE(next->has_value()) << (*next)->ToString();
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_FALSE(stopped.ok()) << "the running members went on beside the new generation 1";
+  EXPECT_TRUE(absl::IsDataLoss(stopped)) << stopped;
+  EXPECT_TRUE(absl::StrContains(stopped.message(), "'incarnation'")) << stopped;
+  EXPECT_TRUE(IsStoreFailure(stopped)) << stopped;
+}
+
+// Issue 13, item 5: a generation record with a field of the wrong type made
+// every replica exit with a raw JSON exception.
+TEST(Membership, AMalformedGenerationRecordIsRefusedNamingTheKeyAndTheField) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 1));
+  ASSERT_TRUE(a->Join().ok());
+  ASSERT_TRUE(store
+                  ->Set("gen/2", R"({"number":2,"kind":"join","at_step":"soon",)"
+                                 R"("members":[{"id":"a"}],"joined":[],"left":[]})")
+                  .ok());
+  absl::StatusOr<std::optional<Generation>> next = a->AtBoundary(1);
+  ASSERT_FALSE(next.ok());
+  EXPECT_TRUE(absl::IsDataLoss(next.status())) << next.status();
+  EXPECT_TRUE(absl::StrContains(next.status().message(), "'gen/2'")) << next.status();
+  EXPECT_TRUE(absl::StrContains(next.status().message(), "at_step")) << next.status();
+  EXPECT_TRUE(IsStoreFailure(next.status())) << next.status();
+
+  ASSERT_TRUE(store
+                  ->Set("gen/2", R"({"number":2,"kind":"join","at_step":3,)"
+                                 R"("members":[{"id":"a"}],"joined":[5],"left":[]})")
+                  .ok());
+  next = a->AtBoundary(1);
+  ASSERT_FALSE(next.ok());
+  EXPECT_TRUE(absl::StrContains(next.status().message(), "joined")) << next.status();
+}
+
+// Issue 13, item 7: a store that goes away under a running member (its
+// server died) is reported at the next boundary as a store failure, which
+// the caller can tell from a lost peer and answer with a local save.
+TEST(Membership, ALostStoreIsAStoreFailureAtTheNextBoundary) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 1));
+  ASSERT_TRUE(a->Join().ok());
+  fs::remove_all(dir.path() + "/store");
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status failed;
+  for (int64_t step = 1; step < 400; ++step) {
+    absl::StatusOr<std::optional<Generation>> next = a->AtBoundary(step);
+    if (!next.ok()) {
+      failed = next.status();
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_TRUE(IsStoreFailure(failed)) << failed;
+  EXPECT_LT(s, 2.0);
+  EXPECT_FALSE(IsStoreFailure(absl::UnavailableError("a peer closed its connection")));
+}
+
 }  // namespace
 }  // namespace omni

@@ -21,9 +21,18 @@
 // OPTIONS, joined by '&':
 //   server=1|0                  start the server in this process (default 0
 //                               for tcp://); it listens on PORT on every
-//                               interface and lives as long as this Store
-//                               (and any other server=1 Store of this
-//                               process on the same port, which shares it).
+//                               interface (LibTorch 1.13's TCPStore has no
+//                               bind address: HOST is only what clients
+//                               connect to; `omni-store serve --listen
+//                               HOST:PORT` binds exactly HOST) and lives as
+//                               long as this Store (and any other server=1
+//                               Store of this process on the same port,
+//                               which shares it).
+//   secret_file=PATH            the job secret's file (omni::OpenStore
+//                               authenticates every record with it, see
+//                               omni/auth_store.h).
+//   insecure=1                  allow a host that is not loopback without a
+//                               job secret (below).
 //   timeout=DURATION            how long to keep trying to connect (the
 //                               server may start after its clients), e.g.
 //                               "500ms", "2m"; default 60s. Then Unavailable
@@ -85,6 +94,10 @@ struct TcpStoreOptions {
   bool is_server = false;  // start the server in this process
   // How long to keep trying to connect before giving up (Unavailable).
   absl::Duration connect_timeout = absl::Seconds(60);
+  // From the URI, for OpenTcpStore's check (below): the job secret's file,
+  // and insecure=1 (accept a remote host without a secret).
+  std::string secret_file;
+  bool insecure = false;
 };
 
 // An omni::Store over c10d::TCPStore; see the top of this file.
@@ -115,7 +128,12 @@ class OMNI_TORCH_EXPORT TcpStore : public omni::Store {
 // environment now); InvalidArgument naming the URI or variable otherwise.
 OMNI_TORCH_EXPORT absl::StatusOr<TcpStoreOptions> ParseTcpStoreUri(const std::string& uri);
 
-// ParseTcpStoreUri then TcpStore::Open.
+// ParseTcpStoreUri then TcpStore::Open. A host that is not a loopback
+// address (127.0.0.0/8, ::1, localhost) needs a job secret
+// (omni::LoadJobSecret: secret_file=, OMNI_JOB_SECRET_FILE, OMNI_JOB_SECRET)
+// or insecure=1: otherwise FailedPrecondition saying so, before connecting.
+// The store returned is the raw adapter; omni::OpenStore wraps it in the
+// authenticated view when the job has a secret.
 OMNI_TORCH_EXPORT absl::StatusOr<std::unique_ptr<TcpStore>> OpenTcpStore(const std::string& uri);
 
 // Registers OpenTcpStore with omni::RegisterStoreScheme for "tcp" and
