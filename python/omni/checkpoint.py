@@ -113,6 +113,7 @@ class CheckpointManager(_ClosingContext):
     def __init__(
         self,
         dir: _Path,
+        *,
         rank: int = 0,
         world_size: int = 1,
         job_id: str = "",
@@ -124,8 +125,10 @@ class CheckpointManager(_ClosingContext):
         keep_snapshot_memory: bool = True,
     ) -> None:
         self._c = _C.CheckpointManager(
-            dir, rank, world_size, job_id, keep_last, keep_every, max_snapshot_bytes,
-            wait_for_pending, shard_timeout_s, keep_snapshot_memory,
+            dir, rank=rank, world_size=world_size, job_id=job_id, keep_last=keep_last,
+            keep_every=keep_every, max_snapshot_bytes=max_snapshot_bytes,
+            wait_for_pending=wait_for_pending, shard_timeout_s=shard_timeout_s,
+            keep_snapshot_memory=keep_snapshot_memory,
         )
 
     @classmethod
@@ -216,7 +219,10 @@ class PreemptionMonitor(_ClosingContext):
     ``{"yield_in_s": S}`` polled every ``notice_poll_s``. ``grace_s``: the
     deadline after a signal; with ``apply_environment`` the variable
     ``OMNI_PREEMPT_GRACE_S`` overrides it. Costs are taken as mean + k·stddev.
-    ``clock``: an ``omni.FakeClock`` for tests.
+    ``clock``: an ``omni.FakeClock`` for tests. ``notice_store`` /
+    ``notice_key``: an ``omni.Store`` key polled like the notice file (a job
+    scheduler, or one replica for all, writes the notice there).
+    All options are keyword-only.
 
     Signals: creating the monitor installs C-level handlers for ``signals``
     that replace Python's own while it lives: for those signals no Python
@@ -229,6 +235,7 @@ class PreemptionMonitor(_ClosingContext):
 
     def __init__(
         self,
+        *,
         signals: Optional[Iterable[int]] = None,
         notice_file: Optional[_Path] = None,
         grace_s: float = 30.0,
@@ -236,12 +243,19 @@ class PreemptionMonitor(_ClosingContext):
         apply_environment: bool = True,
         notice_poll_s: float = 0.1,
         clock: Optional[_C.FakeClock] = None,
+        notice_store: Optional[_C.Store] = None,
+        notice_key: str = "",
     ) -> None:
         sigs = None if signals is None else [int(s) for s in signals]
+        store_options: Dict[str, Any] = {}
+        if notice_store is not None:
+            store_options = {"notice_store": notice_store, "notice_key": notice_key}
         if notice_file is not None and os.fspath(notice_file) == "":
             notice_file = None
         self._c = _C.PreemptionMonitor(
-            sigs, notice_file, grace_s, k, apply_environment, notice_poll_s, clock
+            signals=sigs, notice_file=notice_file, grace_s=grace_s, k=k,
+            apply_environment=apply_environment, notice_poll_s=notice_poll_s, clock=clock,
+            **store_options,
         )
 
     def at_boundary(
