@@ -61,6 +61,15 @@ from ._C import (
 )
 
 from . import state
+from .elastic import (
+    Communicator,
+    ElasticGroup,
+    Store,
+    as_buffer,
+    default_comm_options,
+    default_elastic_options,
+    open_store,
+)
 from .checkpoint import (
     EXIT_PREEMPTED,
     EXIT_PREEMPTED_NO_SAVE,
@@ -117,6 +126,14 @@ __all__ = [
     "EXIT_PREEMPTED",
     "EXIT_PREEMPTED_NO_SAVE",
     "state",
+    # elastic data parallelism (omni.elastic)
+    "Store",
+    "open_store",
+    "Communicator",
+    "ElasticGroup",
+    "as_buffer",
+    "default_comm_options",
+    "default_elastic_options",
 ]
 
 Phase = Union[int, str]

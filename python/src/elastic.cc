@@ -188,9 +188,13 @@ void AcquireWritable(const char* what, py::handle obj, BufferView* buf) {
 omni::DataType CommDataTypeOrThrow(const char* what, const BufferView& buf) {
   const std::optional<omni::DataType> type = CommDataType(buf.view());
   if (!type) {
-    throw py::value_error(absl::StrCat(what, ": unsupported element type (buffer format '",
-                                       buf.view().format == nullptr ? "B" : buf.view().format,
-                                       "'); supported: float32, float64, int32, int64, uint8"));
+    const Py_buffer& v = buf.view();
+    const std::optional<omni::DType> dtype = BufferDType(v.format, v.itemsize);
+    const std::string name =
+        dtype ? NumpyDTypeName(*dtype)
+              : absl::StrCat("buffer format '", v.format == nullptr ? "B" : v.format, "'");
+    throw py::value_error(absl::StrCat(what, ": unsupported element type ", name,
+                                       "; supported: float32, float64, int32, int64, uint8"));
   }
   return *type;
 }
