@@ -138,6 +138,7 @@ def _wait_for_line(proc, prefix, lines, timeout=60):
     raise AssertionError(f"no '{prefix}' line; output so far: {lines}")
 
 
+@pytest.mark.slow
 def test_two_processes_survive_a_sigkill_and_admit_a_joiner_bit_exactly(tmp_path):
     steps = 300
     uri = f"file://{tmp_path}/store"
