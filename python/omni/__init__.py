@@ -61,6 +61,7 @@ from ._C import (
 )
 
 from . import state
+from .train import ResumableBatchSampler, TrainState
 from .elastic import (
     Communicator,
     ElasticGroup,
@@ -126,6 +127,9 @@ __all__ = [
     "EXIT_PREEMPTED",
     "EXIT_PREEMPTED_NO_SAVE",
     "state",
+    # torch glue (omni.train; torch imported lazily)
+    "TrainState",
+    "ResumableBatchSampler",
     # elastic data parallelism (omni.elastic)
     "Store",
     "open_store",
