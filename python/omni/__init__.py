@@ -61,6 +61,8 @@ from ._C import (
 )
 
 from . import state
+from .files import read_trace
+from .files import rotate as _rotate
 from .train import ResumableBatchSampler, TrainState
 from .elastic import (
     Communicator,
@@ -127,6 +129,7 @@ __all__ = [
     "EXIT_PREEMPTED",
     "EXIT_PREEMPTED_NO_SAVE",
     "state",
+    "read_trace",
     # torch glue (omni.train; torch imported lazily)
     "TrainState",
     "ResumableBatchSampler",
@@ -217,6 +220,10 @@ class Telemetry(_ClosingContext):
     - exports: ``step_log`` (JSON Lines path), ``trace`` (Chrome trace /
       Perfetto JSON path), ``forecast_file`` (a JSON file replaced atomically
       with every forecast), ``source`` (writer name in the step log);
+    - ``on_existing``: what happens to a non-empty ``step_log`` or ``trace``
+      file that exists already (a resumed run's previous attempt):
+      ``"rotate"`` (default) moves it to ``<path>.<n>`` (the first free n >=
+      1; ``rotated`` lists the new names), ``"truncate"`` overwrites it;
     - ``ring_capacity`` (completed steps buffered for the worker, a power of
       two), ``clock`` (``None`` for the steady clock, or an ``omni.FakeClock``
       that the telemetry keeps alive).
@@ -231,7 +238,15 @@ class Telemetry(_ClosingContext):
     worker thread; ``flush()`` waits for it.
     """
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, *, on_existing: str = "rotate", **options: Any) -> None:
+        if on_existing not in ("rotate", "truncate"):
+            raise ValueError(f"on_existing must be 'rotate' or 'truncate', got {on_existing!r}")
+        self.rotated: List[str] = []
+        if on_existing == "rotate":
+            for key in ("step_log", "trace"):
+                moved = _rotate(options.get(key))
+                if moved is not None:
+                    self.rotated.append(moved)
         self._c = _C.Telemetry(**options)
 
     # ---- context managers

@@ -31,6 +31,7 @@ of the C++ core (docs/preemption.md, include/omni/checkpoint.h).
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Union
 
@@ -86,6 +87,21 @@ def _registry(state: State) -> StateRegistry:
 from ._util import ClosingContext as _ClosingContext
 
 
+def _flatten_config(config: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """{"optim": {"lr": 0.1}} -> {"optim.lr": 0.1}, JSON-normalised (tuples
+    become lists) so that a value compares equal to itself after a round trip."""
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping, got {type(config).__name__}")
+    flat: Dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten_config(value, name + "."))
+        else:
+            flat[name] = json.loads(json.dumps(value))
+    return flat
+
+
 class CheckpointManager(_ClosingContext):
     """The checkpoints of one rank under ``dir`` (created if missing).
 
@@ -97,6 +113,15 @@ class CheckpointManager(_ClosingContext):
     memory for the next ``save_async``, or return it after every write),
     ``wait_for_pending`` (``save_async`` while one is being written: wait, or
     skip the new one), ``shard_timeout_s``.
+
+    ``config``: the run's configuration (a JSON-like mapping, nested dicts
+    allowed). Every save records it (metadata key ``config``); ``restore``
+    compares it with the checkpoint it is about to load and raises
+    ``ValueError`` naming every field that differs, with both values
+    (checkpoints written without one are accepted).
+
+    Step ids are unique: saving a step that already exists in ``dir`` raises
+    ``FileExistsError`` unless ``overwrite=True`` is passed.
 
     Opening takes a writer lock on (dir, rank): ``RuntimeError`` naming the
     directory when another live process holds it. Use from one thread.
@@ -123,7 +148,10 @@ class CheckpointManager(_ClosingContext):
         wait_for_pending: bool = True,
         shard_timeout_s: float = 300.0,
         keep_snapshot_memory: bool = True,
+        config: Optional[Mapping[str, Any]] = None,
     ) -> None:
+        self._config = None if config is None else _flatten_config(config)
+        self._steps: Optional[set] = None  # steps known to exist (lazily listed)
         self._c = _C.CheckpointManager(
             dir, rank=rank, world_size=world_size, job_id=job_id, keep_last=keep_last,
             keep_every=keep_every, max_snapshot_bytes=max_snapshot_bytes,
@@ -136,25 +164,79 @@ class CheckpointManager(_ClosingContext):
         """Same as ``CheckpointManager(dir, **options)``."""
         return cls(dir, **options)
 
-    def save(self, step: int, state: State, metadata: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    def save(self, step: int, state: State, metadata: Optional[Dict[str, str]] = None, *,
+             overwrite: bool = False) -> Dict[str, Any]:
         """Saves ``state`` as checkpoint ``step`` (0 <= step < 10**12); durable
         when it returns. Returns ``{"bytes", "snapshot_s", "write_s",
         "background", "skipped"}``. Waits for a pending ``save_async`` first.
-        On error every earlier checkpoint is untouched."""
-        return self._c.save(step, _registry(state), metadata)
+        On error every earlier checkpoint is untouched. ``FileExistsError``
+        when ``step`` exists (unless ``overwrite``)."""
+        meta = self._prepare(step, metadata, overwrite)
+        stats = self._c.save(step, _registry(state), meta)
+        self._steps.add(step)
+        return stats
 
     def save_async(
-        self, step: int, state: State, metadata: Optional[Dict[str, str]] = None
+        self, step: int, state: State, metadata: Optional[Dict[str, str]] = None, *,
+        overwrite: bool = False,
     ) -> Dict[str, Any]:
         """Copies ``state`` now and writes it on a background thread
         (``background`` True; ``snapshot_s`` is the time the caller was
         blocked). An error of the background write is raised by the next
-        ``save_async`` or ``wait_for_pending``."""
-        return self._c.save_async(step, _registry(state), metadata)
+        ``save_async`` or ``wait_for_pending``. ``FileExistsError`` as
+        ``save``."""
+        meta = self._prepare(step, metadata, overwrite)
+        stats = self._c.save_async(step, _registry(state), meta)
+        if not stats.get("skipped"):
+            self._steps.add(step)
+        return stats
+
+    def _prepare(self, step: int, metadata: Optional[Dict[str, str]],
+                 overwrite: bool) -> Optional[Dict[str, str]]:
+        """The metadata to save (with the config), after refusing an
+        existing step id."""
+        if self._steps is None:
+            self._steps = {info["step"] for info in self._c.list()}
+        if not overwrite and step in self._steps:
+            # Retention may have removed it meanwhile: look again.
+            self._steps = {info["step"] for info in self._c.list()}
+            if step in self._steps:
+                raise FileExistsError(
+                    f"checkpoint step {step} already exists in {self.dir}; pass overwrite=True "
+                    "to replace it"
+                )
+        if self._config is None:
+            return metadata
+        meta = dict(metadata or {})
+        meta["config"] = json.dumps(self._config, sort_keys=True)
+        return meta
+
+    def check_config(self, info: Mapping[str, Any]) -> None:
+        """``ValueError`` naming every field of ``config`` that differs from
+        the one recorded in the checkpoint ``info`` (an entry of
+        ``list()``); nothing when either has none."""
+        recorded = info.get("metadata", {}).get("config")
+        if self._config is None or recorded is None:
+            return
+        saved = json.loads(recorded)
+        diffs = []
+        for key in sorted(set(saved) | set(self._config)):
+            if key not in saved:
+                diffs.append(f"{key}: not in the checkpoint, {self._config[key]!r} in this run")
+            elif key not in self._config:
+                diffs.append(f"{key}: {saved[key]!r} in the checkpoint, not in this run")
+            elif saved[key] != self._config[key]:
+                diffs.append(f"{key}: {saved[key]!r} in the checkpoint, "
+                             f"{self._config[key]!r} in this run")
+        if diffs:
+            raise ValueError(
+                f"checkpoint step {info['step']} in {self.dir} was written with another "
+                f"configuration ({len(diffs)} field(s) differ): " + "; ".join(diffs)
+            )
 
     def wait_for_pending(self, timeout_s: Optional[float] = None) -> None:
         """Waits for a pending ``save_async`` and raises its error, if any
-        (``RuntimeError`` naming the step after ``timeout_s``)."""
+        (``TimeoutError`` naming the step after ``timeout_s``)."""
         self._c.wait_for_pending(timeout_s)
 
     def list(self) -> List[Dict[str, Any]]:
@@ -175,7 +257,15 @@ class CheckpointManager(_ClosingContext):
         checkpoints but none is usable and nothing was loaded, and when
         ``step`` does not exist; ``RuntimeError`` naming the file and key
         when a corrupt checkpoint was partly loaded and no older one could
-        replace it (the state is then unspecified)."""
+        replace it (the state is then unspecified).
+
+        With ``config``: ``ValueError`` naming the fields that differ, before
+        anything is loaded."""
+        if self._config is not None:
+            infos = self._c.list()
+            chosen = [i for i in infos if step is None or i["step"] == step][:1]
+            for info in chosen:
+                self.check_config(info)
         return self._c.restore(_registry(state), step)
 
     def close(self) -> None:
