@@ -33,6 +33,7 @@ in ``omni.state``): see ``omni.checkpoint``.
 
 from __future__ import annotations
 
+import time as _time
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import _C
@@ -154,23 +155,23 @@ from ._util import add_note as _add_note
 class _StepScope:
     """``with tel.step():`` -- begins a step on enter, ends it on exit."""
 
-    __slots__ = ("_c", "_step")
+    __slots__ = ("_tel", "_step")
 
-    def __init__(self, c: _C.Telemetry, step: Optional[int]) -> None:
-        self._c = c
+    def __init__(self, tel: "Telemetry", step: Optional[int]) -> None:
+        self._tel = tel
         self._step = step
 
     def __enter__(self) -> None:
-        self._c.begin_step(self._step)  # misuse raises here
+        self._tel.begin_step(self._step)  # misuse raises here
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc is None:
-            self._c.end_step()
+            self._tel.end_step()
             return False
         # The body raised: still end the step, but never hide the body's error
         # behind an error from ending it.
         try:
-            self._c.end_step()
+            self._tel.end_step()
         except Exception as end_error:  # noqa: BLE001
             _add_note(exc, f"omni: ending the step also failed: {end_error}")
         return False
@@ -248,6 +249,12 @@ class Telemetry(_ClosingContext):
                 if moved is not None:
                     self.rotated.append(moved)
         self._c = _C.Telemetry(**options)
+        clock = options.get("clock")
+        self._now_ns = clock.now_ns if clock is not None else _time.monotonic_ns
+        self._step_start_ns: Optional[int] = None
+        self.worst_step_s = 0.0
+        """The longest step seen by this process (warm-up included): the
+        cost of the next step for ``PreemptionMonitor.decide``."""
 
     # ---- context managers
 
@@ -261,7 +268,7 @@ class Telemetry(_ClosingContext):
         open, telemetry closed) raise on entry; the step is ended on exit, and
         an error ending it raises unless the body is already raising.
         """
-        return _StepScope(self._c, step)
+        return _StepScope(self, step)
 
     def phase(self, phase: Phase) -> _PhaseScope:
         """A phase inside the current step: ``with tel.phase(omni.COMPUTE): ...``.
@@ -304,10 +311,15 @@ class Telemetry(_ClosingContext):
         """Begins step ``step`` (after the previous one) or the next step.
         ``RuntimeError`` while a step is open."""
         self._c.begin_step(step)
+        self._step_start_ns = self._now_ns()
 
     def end_step(self) -> None:
         """Ends the open step. ``RuntimeError`` when none is open."""
         self._c.end_step()
+        if self._step_start_ns is not None:
+            seconds = (self._now_ns() - self._step_start_ns) / 1e9
+            self._step_start_ns = None
+            self.worst_step_s = max(self.worst_step_s, seconds)
 
     def begin_phase(self, phase: Phase) -> None:
         """Begins a phase inside the open step (phases nest)."""

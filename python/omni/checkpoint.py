@@ -152,6 +152,8 @@ class CheckpointManager(_ClosingContext):
     ) -> None:
         self._config = None if config is None else _flatten_config(config)
         self._steps: Optional[set] = None  # steps known to exist (lazily listed)
+        self.save_times_s: List[float] = []  # the last synchronous saves' durations
+        self.last_save_bytes = 0
         self._c = _C.CheckpointManager(
             dir, rank=rank, world_size=world_size, job_id=job_id, keep_last=keep_last,
             keep_every=keep_every, max_snapshot_bytes=max_snapshot_bytes,
@@ -174,6 +176,9 @@ class CheckpointManager(_ClosingContext):
         meta = self._prepare(step, metadata, overwrite)
         stats = self._c.save(step, _registry(state), meta)
         self._steps.add(step)
+        self.save_times_s.append(stats["snapshot_s"] + stats["write_s"])
+        del self.save_times_s[:-20]
+        self.last_save_bytes = stats["bytes"]
         return stats
 
     def save_async(
@@ -291,6 +296,23 @@ class CheckpointManager(_ClosingContext):
         return f"<omni.CheckpointManager {self.dir!r}{' closed' if self.closed else ''}>"
 
 
+def _save_cost(checkpoint: Any, state_bytes: int):
+    """(mean, stddev) seconds of the next save; see PreemptionMonitor.decide."""
+    times = list(getattr(checkpoint, "save_times_s", []) or [])
+    if times:
+        mean = sum(times) / len(times)
+        var = sum((t - mean) ** 2 for t in times) / len(times)
+        return mean, var ** 0.5
+    size = state_bytes or getattr(checkpoint, "last_save_bytes", 0)
+    if not size and checkpoint is not None:
+        infos = checkpoint.list()
+        size = infos[0]["bytes"] if infos else 0
+    if not size:
+        return 1.0, 0.5
+    mean = 0.05 + size / 100e6
+    return mean, 0.5 * mean
+
+
 class BoundaryDecision(NamedTuple):
     """What to do at a step boundary."""
 
@@ -363,6 +385,25 @@ class PreemptionMonitor(_ClosingContext):
         return BoundaryDecision(
             *self._c.at_boundary(next_step_mean_s, next_step_stddev_s, save_mean_s, save_stddev_s)
         )
+
+    def decide(self, telemetry: Any = None, checkpoint: Any = None, *,
+               state_bytes: int = 0) -> BoundaryDecision:
+        """``at_boundary`` with the costs taken from the runtime instead of
+        the caller: the next step costs the longest step ``telemetry`` (an
+        ``omni.Telemetry``) has seen, warm-up included; a save costs the
+        mean and standard deviation of ``checkpoint``'s synchronous saves
+        (an ``omni.CheckpointManager``), or before the first one 0.05 s plus
+        ``state_bytes`` (else the newest checkpoint's size) at a conservative
+        100 MB/s, with a 50% standard deviation (1 s when nothing is known).
+        """
+        step_s = 0.0
+        if telemetry is not None:
+            step_s = telemetry.worst_step_s
+            for row in telemetry.snapshot().get("rows", []):
+                if row["name"] == "step":
+                    step_s = max(step_s, row["max_ms"] / 1e3)
+        save_mean, save_std = _save_cost(checkpoint, state_bytes)
+        return self.at_boundary(step_s, 0.0, save_mean, save_std)
 
     def notice(self, deadline_ns: int) -> None:
         """A scheduler's notice: leave by ``deadline_ns`` (see ``now_ns()``)."""
