@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libtorch-dev
   pybind11-dev python3-dev python3-pytest python3-numpy python3-torch
+  python3-pip python3-venv python3-setuptools python3-wheel
 )
 
 missing=()

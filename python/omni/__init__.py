@@ -33,6 +33,7 @@ in ``omni.state``): see ``omni.checkpoint``.
 
 from __future__ import annotations
 
+import time as _time
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import _C
@@ -61,6 +62,18 @@ from ._C import (
 )
 
 from . import state
+from .files import read_trace
+from .files import rotate as _rotate
+from .train import ResumableBatchSampler, TrainState
+from .elastic import (
+    Communicator,
+    ElasticGroup,
+    Store,
+    as_buffer,
+    default_comm_options,
+    default_elastic_options,
+    open_store,
+)
 from .checkpoint import (
     EXIT_PREEMPTED,
     EXIT_PREEMPTED_NO_SAVE,
@@ -117,6 +130,18 @@ __all__ = [
     "EXIT_PREEMPTED",
     "EXIT_PREEMPTED_NO_SAVE",
     "state",
+    "read_trace",
+    # torch glue (omni.train; torch imported lazily)
+    "TrainState",
+    "ResumableBatchSampler",
+    # elastic data parallelism (omni.elastic)
+    "Store",
+    "open_store",
+    "Communicator",
+    "ElasticGroup",
+    "as_buffer",
+    "default_comm_options",
+    "default_elastic_options",
 ]
 
 Phase = Union[int, str]
@@ -130,23 +155,23 @@ from ._util import add_note as _add_note
 class _StepScope:
     """``with tel.step():`` -- begins a step on enter, ends it on exit."""
 
-    __slots__ = ("_c", "_step")
+    __slots__ = ("_tel", "_step")
 
-    def __init__(self, c: _C.Telemetry, step: Optional[int]) -> None:
-        self._c = c
+    def __init__(self, tel: "Telemetry", step: Optional[int]) -> None:
+        self._tel = tel
         self._step = step
 
     def __enter__(self) -> None:
-        self._c.begin_step(self._step)  # misuse raises here
+        self._tel.begin_step(self._step)  # misuse raises here
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc is None:
-            self._c.end_step()
+            self._tel.end_step()
             return False
         # The body raised: still end the step, but never hide the body's error
         # behind an error from ending it.
         try:
-            self._c.end_step()
+            self._tel.end_step()
         except Exception as end_error:  # noqa: BLE001
             _add_note(exc, f"omni: ending the step also failed: {end_error}")
         return False
@@ -197,6 +222,10 @@ class Telemetry(_ClosingContext):
     - exports: ``step_log`` (JSON Lines path), ``trace`` (Chrome trace /
       Perfetto JSON path), ``forecast_file`` (a JSON file replaced atomically
       with every forecast), ``source`` (writer name in the step log);
+    - ``on_existing``: what happens to a non-empty ``step_log`` or ``trace``
+      file that exists already (a resumed run's previous attempt):
+      ``"rotate"`` (default) moves it to ``<path>.<n>`` (the first free n >=
+      1; ``rotated`` lists the new names), ``"truncate"`` overwrites it;
     - ``ring_capacity`` (completed steps buffered for the worker, a power of
       two), ``clock`` (``None`` for the steady clock, or an ``omni.FakeClock``
       that the telemetry keeps alive).
@@ -211,8 +240,22 @@ class Telemetry(_ClosingContext):
     worker thread; ``flush()`` waits for it.
     """
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, *, on_existing: str = "rotate", **options: Any) -> None:
+        if on_existing not in ("rotate", "truncate"):
+            raise ValueError(f"on_existing must be 'rotate' or 'truncate', got {on_existing!r}")
+        self.rotated: List[str] = []
+        if on_existing == "rotate":
+            for key in ("step_log", "trace"):
+                moved = _rotate(options.get(key))
+                if moved is not None:
+                    self.rotated.append(moved)
         self._c = _C.Telemetry(**options)
+        clock = options.get("clock")
+        self._now_ns = clock.now_ns if clock is not None else _time.monotonic_ns
+        self._step_start_ns: Optional[int] = None
+        self.worst_step_s = 0.0
+        """The longest step seen by this process (warm-up included): the
+        cost of the next step for ``PreemptionMonitor.decide``."""
 
     # ---- context managers
 
@@ -226,7 +269,7 @@ class Telemetry(_ClosingContext):
         open, telemetry closed) raise on entry; the step is ended on exit, and
         an error ending it raises unless the body is already raising.
         """
-        return _StepScope(self._c, step)
+        return _StepScope(self, step)
 
     def phase(self, phase: Phase) -> _PhaseScope:
         """A phase inside the current step: ``with tel.phase(omni.COMPUTE): ...``.
@@ -269,10 +312,15 @@ class Telemetry(_ClosingContext):
         """Begins step ``step`` (after the previous one) or the next step.
         ``RuntimeError`` while a step is open."""
         self._c.begin_step(step)
+        self._step_start_ns = self._now_ns()
 
     def end_step(self) -> None:
         """Ends the open step. ``RuntimeError`` when none is open."""
         self._c.end_step()
+        if self._step_start_ns is not None:
+            seconds = (self._now_ns() - self._step_start_ns) / 1e9
+            self._step_start_ns = None
+            self.worst_step_s = max(self.worst_step_s, seconds)
 
     def begin_phase(self, phase: Phase) -> None:
         """Begins a phase inside the open step (phases nest)."""

@@ -31,6 +31,7 @@ of the C++ core (docs/preemption.md, include/omni/checkpoint.h).
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Union
 
@@ -86,6 +87,21 @@ def _registry(state: State) -> StateRegistry:
 from ._util import ClosingContext as _ClosingContext
 
 
+def _flatten_config(config: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """{"optim": {"lr": 0.1}} -> {"optim.lr": 0.1}, JSON-normalised (tuples
+    become lists) so that a value compares equal to itself after a round trip."""
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping, got {type(config).__name__}")
+    flat: Dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten_config(value, name + "."))
+        else:
+            flat[name] = json.loads(json.dumps(value))
+    return flat
+
+
 class CheckpointManager(_ClosingContext):
     """The checkpoints of one rank under ``dir`` (created if missing).
 
@@ -98,6 +114,15 @@ class CheckpointManager(_ClosingContext):
     ``wait_for_pending`` (``save_async`` while one is being written: wait, or
     skip the new one), ``shard_timeout_s``, ``start_fresh`` (see
     ``restore``).
+
+    ``config``: the run's configuration (a JSON-like mapping, nested dicts
+    allowed). Every save records it (metadata key ``config``); ``restore``
+    compares it with the checkpoint it is about to load and raises
+    ``ValueError`` naming every field that differs, with both values
+    (checkpoints written without one are accepted).
+
+    Step ids are unique: saving a step that already exists in ``dir`` raises
+    ``FileExistsError`` unless ``overwrite=True`` is passed.
 
     Opening takes a writer lock on (dir, rank): ``RuntimeError`` naming the
     directory when another live process holds it. Use from one thread.
@@ -114,6 +139,7 @@ class CheckpointManager(_ClosingContext):
     def __init__(
         self,
         dir: _Path,
+        *,
         rank: int = 0,
         world_size: int = 1,
         job_id: str = "",
@@ -124,10 +150,17 @@ class CheckpointManager(_ClosingContext):
         shard_timeout_s: float = 300.0,
         keep_snapshot_memory: bool = True,
         start_fresh: bool = False,
+        config: Optional[Mapping[str, Any]] = None,
     ) -> None:
+        self._config = None if config is None else _flatten_config(config)
+        self._steps: Optional[set] = None  # steps known to exist (lazily listed)
+        self.save_times_s: List[float] = []  # the last synchronous saves' durations
+        self.last_save_bytes = 0
         self._c = _C.CheckpointManager(
-            dir, rank, world_size, job_id, keep_last, keep_every, max_snapshot_bytes,
-            wait_for_pending, shard_timeout_s, keep_snapshot_memory, start_fresh,
+            dir, rank=rank, world_size=world_size, job_id=job_id, keep_last=keep_last,
+            keep_every=keep_every, max_snapshot_bytes=max_snapshot_bytes,
+            wait_for_pending=wait_for_pending, shard_timeout_s=shard_timeout_s,
+            keep_snapshot_memory=keep_snapshot_memory, start_fresh=start_fresh,
         )
 
     @classmethod
@@ -135,25 +168,82 @@ class CheckpointManager(_ClosingContext):
         """Same as ``CheckpointManager(dir, **options)``."""
         return cls(dir, **options)
 
-    def save(self, step: int, state: State, metadata: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    def save(self, step: int, state: State, metadata: Optional[Dict[str, str]] = None, *,
+             overwrite: bool = False) -> Dict[str, Any]:
         """Saves ``state`` as checkpoint ``step`` (0 <= step < 10**12); durable
         when it returns. Returns ``{"bytes", "snapshot_s", "write_s",
         "background", "skipped"}``. Waits for a pending ``save_async`` first.
-        On error every earlier checkpoint is untouched."""
-        return self._c.save(step, _registry(state), metadata)
+        On error every earlier checkpoint is untouched. ``FileExistsError``
+        when ``step`` exists (unless ``overwrite``)."""
+        meta = self._prepare(step, metadata, overwrite)
+        stats = self._c.save(step, _registry(state), meta)
+        self._steps.add(step)
+        self.save_times_s.append(stats["snapshot_s"] + stats["write_s"])
+        del self.save_times_s[:-20]
+        self.last_save_bytes = stats["bytes"]
+        return stats
 
     def save_async(
-        self, step: int, state: State, metadata: Optional[Dict[str, str]] = None
+        self, step: int, state: State, metadata: Optional[Dict[str, str]] = None, *,
+        overwrite: bool = False,
     ) -> Dict[str, Any]:
         """Copies ``state`` now and writes it on a background thread
         (``background`` True; ``snapshot_s`` is the time the caller was
         blocked). An error of the background write is raised by the next
-        ``save_async`` or ``wait_for_pending``."""
-        return self._c.save_async(step, _registry(state), metadata)
+        ``save_async`` or ``wait_for_pending``. ``FileExistsError`` as
+        ``save``."""
+        meta = self._prepare(step, metadata, overwrite)
+        stats = self._c.save_async(step, _registry(state), meta)
+        if not stats.get("skipped"):
+            self._steps.add(step)
+        return stats
+
+    def _prepare(self, step: int, metadata: Optional[Dict[str, str]],
+                 overwrite: bool) -> Optional[Dict[str, str]]:
+        """The metadata to save (with the config), after refusing an
+        existing step id."""
+        if self._steps is None:
+            self._steps = {info["step"] for info in self._c.list()}
+        if not overwrite and step in self._steps:
+            # Retention may have removed it meanwhile: look again.
+            self._steps = {info["step"] for info in self._c.list()}
+            if step in self._steps:
+                raise FileExistsError(
+                    f"checkpoint step {step} already exists in {self.dir}; pass overwrite=True "
+                    "to replace it"
+                )
+        if self._config is None:
+            return metadata
+        meta = dict(metadata or {})
+        meta["config"] = json.dumps(self._config, sort_keys=True)
+        return meta
+
+    def check_config(self, info: Mapping[str, Any]) -> None:
+        """``ValueError`` naming every field of ``config`` that differs from
+        the one recorded in the checkpoint ``info`` (an entry of
+        ``list()``); nothing when either has none."""
+        recorded = info.get("metadata", {}).get("config")
+        if self._config is None or recorded is None:
+            return
+        saved = json.loads(recorded)
+        diffs = []
+        for key in sorted(set(saved) | set(self._config)):
+            if key not in saved:
+                diffs.append(f"{key}: not in the checkpoint, {self._config[key]!r} in this run")
+            elif key not in self._config:
+                diffs.append(f"{key}: {saved[key]!r} in the checkpoint, not in this run")
+            elif saved[key] != self._config[key]:
+                diffs.append(f"{key}: {saved[key]!r} in the checkpoint, "
+                             f"{self._config[key]!r} in this run")
+        if diffs:
+            raise ValueError(
+                f"checkpoint step {info['step']} in {self.dir} was written with another "
+                f"configuration ({len(diffs)} field(s) differ): " + "; ".join(diffs)
+            )
 
     def wait_for_pending(self, timeout_s: Optional[float] = None) -> None:
         """Waits for a pending ``save_async`` and raises its error, if any
-        (``RuntimeError`` naming the step after ``timeout_s``)."""
+        (``TimeoutError`` naming the step after ``timeout_s``)."""
         self._c.wait_for_pending(timeout_s)
 
     def list(self) -> List[Dict[str, Any]]:
@@ -176,7 +266,15 @@ class CheckpointManager(_ClosingContext):
         returns ``None`` then. Raises ``FileNotFoundError`` when ``step``
         does not exist; ``RuntimeError`` naming the file and key
         when a corrupt checkpoint was partly loaded and no older one could
-        replace it (the state is then unspecified)."""
+        replace it (the state is then unspecified).
+
+        With ``config``: ``ValueError`` naming the fields that differ, before
+        anything is loaded."""
+        if self._config is not None:
+            infos = self._c.list()
+            chosen = [i for i in infos if step is None or i["step"] == step][:1]
+            for info in chosen:
+                self.check_config(info)
         return self._c.restore(_registry(state), step)
 
     def close(self) -> None:
@@ -202,6 +300,23 @@ class CheckpointManager(_ClosingContext):
         return f"<omni.CheckpointManager {self.dir!r}{' closed' if self.closed else ''}>"
 
 
+def _save_cost(checkpoint: Any, state_bytes: int):
+    """(mean, stddev) seconds of the next save; see PreemptionMonitor.decide."""
+    times = list(getattr(checkpoint, "save_times_s", []) or [])
+    if times:
+        mean = sum(times) / len(times)
+        var = sum((t - mean) ** 2 for t in times) / len(times)
+        return mean, var ** 0.5
+    size = state_bytes or getattr(checkpoint, "last_save_bytes", 0)
+    if not size and checkpoint is not None:
+        infos = checkpoint.list()
+        size = infos[0]["bytes"] if infos else 0
+    if not size:
+        return 1.0, 0.5
+    mean = 0.05 + size / 100e6
+    return mean, 0.5 * mean
+
+
 class BoundaryDecision(NamedTuple):
     """What to do at a step boundary."""
 
@@ -220,7 +335,10 @@ class PreemptionMonitor(_ClosingContext):
     ``{"yield_in_s": S}`` polled every ``notice_poll_s``. ``grace_s``: the
     deadline after a signal; with ``apply_environment`` the variable
     ``OMNI_PREEMPT_GRACE_S`` overrides it. Costs are taken as mean + k·stddev.
-    ``clock``: an ``omni.FakeClock`` for tests.
+    ``clock``: an ``omni.FakeClock`` for tests. ``notice_store`` /
+    ``notice_key``: an ``omni.Store`` key polled like the notice file (a job
+    scheduler, or one replica for all, writes the notice there).
+    All options are keyword-only.
 
     Signals: creating the monitor installs C-level handlers for ``signals``
     that replace Python's own while it lives: for those signals no Python
@@ -233,6 +351,7 @@ class PreemptionMonitor(_ClosingContext):
 
     def __init__(
         self,
+        *,
         signals: Optional[Iterable[int]] = None,
         notice_file: Optional[_Path] = None,
         grace_s: float = 30.0,
@@ -240,12 +359,19 @@ class PreemptionMonitor(_ClosingContext):
         apply_environment: bool = True,
         notice_poll_s: float = 0.1,
         clock: Optional[_C.FakeClock] = None,
+        notice_store: Optional[_C.Store] = None,
+        notice_key: str = "",
     ) -> None:
         sigs = None if signals is None else [int(s) for s in signals]
+        store_options: Dict[str, Any] = {}
+        if notice_store is not None:
+            store_options = {"notice_store": notice_store, "notice_key": notice_key}
         if notice_file is not None and os.fspath(notice_file) == "":
             notice_file = None
         self._c = _C.PreemptionMonitor(
-            sigs, notice_file, grace_s, k, apply_environment, notice_poll_s, clock
+            signals=sigs, notice_file=notice_file, grace_s=grace_s, k=k,
+            apply_environment=apply_environment, notice_poll_s=notice_poll_s, clock=clock,
+            **store_options,
         )
 
     def at_boundary(
@@ -263,6 +389,25 @@ class PreemptionMonitor(_ClosingContext):
         return BoundaryDecision(
             *self._c.at_boundary(next_step_mean_s, next_step_stddev_s, save_mean_s, save_stddev_s)
         )
+
+    def decide(self, telemetry: Any = None, checkpoint: Any = None, *,
+               state_bytes: int = 0) -> BoundaryDecision:
+        """``at_boundary`` with the costs taken from the runtime instead of
+        the caller: the next step costs the longest step ``telemetry`` (an
+        ``omni.Telemetry``) has seen, warm-up included; a save costs the
+        mean and standard deviation of ``checkpoint``'s synchronous saves
+        (an ``omni.CheckpointManager``), or before the first one 0.05 s plus
+        ``state_bytes`` (else the newest checkpoint's size) at a conservative
+        100 MB/s, with a 50% standard deviation (1 s when nothing is known).
+        """
+        step_s = 0.0
+        if telemetry is not None:
+            step_s = telemetry.worst_step_s
+            for row in telemetry.snapshot().get("rows", []):
+                if row["name"] == "step":
+                    step_s = max(step_s, row["max_ms"] / 1e3)
+        save_mean, save_std = _save_cost(checkpoint, state_bytes)
+        return self.at_boundary(step_s, 0.0, save_mean, save_std)
 
     def notice(self, deadline_ns: int) -> None:
         """A scheduler's notice: leave by ``deadline_ns`` (see ``now_ns()``)."""

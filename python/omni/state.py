@@ -31,6 +31,8 @@ __all__ = [
     "TorchModuleState",
     "TorchOptimizerState",
     "TorchRngState",
+    "TorchSchedulerState",
+    "TorchTensorsState",
 ]
 
 
@@ -306,3 +308,104 @@ class TorchRngState:
         torch.set_rng_state(torch.from_numpy(cpu))
         for i, state in enumerate(cuda):
             torch.cuda.set_rng_state(torch.from_numpy(state), i)
+
+
+def _tensor_to_json(value: Any) -> Any:
+    """A scheduler state value as JSON (tensors and numpy values as lists)."""
+    if hasattr(value, "detach") and hasattr(value, "tolist"):  # a torch tensor
+        return {"__tensor__": value.detach().cpu().tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, dict):
+        return {str(k): _tensor_to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_tensor_to_json(v) for v in value]
+    return _to_json(value)
+
+
+def _tensor_from_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__tensor__" in value:
+            torch = _torch()
+            return torch.tensor(value["__tensor__"],
+                                dtype=getattr(torch, value["dtype"].replace("torch.", "")))
+        return {k: _tensor_from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tensor_from_json(v) for v in value]
+    return _from_json(value)
+
+
+class TorchSchedulerState:
+    """A ``torch.optim.lr_scheduler`` scheduler's ``state_dict()`` (epoch
+    counters, base and last learning rates ...) as JSON under ``json``,
+    loaded with ``load_state_dict``. Works for any object with
+    ``state_dict()`` / ``load_state_dict()`` whose state is JSON-like (a
+    ``GradScaler`` too). Functions in a LambdaLR are not state: they come
+    from the code, as in torch."""
+
+    def __init__(self, scheduler) -> None:
+        self.scheduler = scheduler
+
+    def save(self, writer) -> None:
+        state = _tensor_to_json(self.scheduler.state_dict())
+        writer.put_bytes("json", json.dumps(state, sort_keys=True).encode("utf-8"))
+
+    def load(self, reader) -> None:
+        state = json.loads(reader.read_bytes("json").decode("utf-8"))
+        if not isinstance(state, dict):
+            raise ValueError("'json': expected a JSON object")
+        self.scheduler.load_state_dict(_tensor_from_json(state))
+
+
+class TorchTensorsState:
+    """Tensors carried from one batch to the next (an RNN's hidden state,
+    an EMA) in a dict ``{name: tensor, or tuple/list of tensors, or None}``.
+    Saved under ``<name>`` (a tensor), ``<name>/<i>`` (a tuple or list) and
+    ``__layout__`` (JSON: the structure and devices); loading *replaces* the
+    dict's entries with new tensors on the devices they were saved from (the
+    CPU when that device is absent). ``None`` entries stay ``None``."""
+
+    def __init__(self, tensors: Optional[Dict[str, Any]] = None) -> None:
+        self.tensors: Dict[str, Any] = tensors if tensors is not None else {}
+
+    def save(self, writer) -> None:
+        layout: Dict[str, Any] = {}
+        for name, value in self.tensors.items():
+            if value is None:
+                layout[name] = None
+            elif isinstance(value, (tuple, list)):
+                layout[name] = {"kind": type(value).__name__,
+                                "devices": [str(t.device) for t in value]}
+                for i, t in enumerate(value):
+                    writer.put_tensor(f"{name}/{i}", _tensor_numpy(t))
+            else:
+                layout[name] = {"kind": "tensor", "devices": [str(value.device)]}
+                writer.put_tensor(name, _tensor_numpy(value))
+        writer.put_bytes("__layout__", json.dumps(layout, sort_keys=True).encode("utf-8"))
+
+    def load(self, reader) -> None:
+        torch = _torch()
+        layout = json.loads(reader.read_bytes("__layout__").decode("utf-8"))
+
+        def read(key: str, device: str):
+            t = torch.from_numpy(reader.read_tensor(key))
+            try:
+                return t.to(device)
+            except (RuntimeError, AssertionError):
+                return t  # that device is not here: keep it on the CPU
+
+        loaded: Dict[str, Any] = {}
+        for name, entry in layout.items():
+            if entry is None:
+                loaded[name] = None
+            elif entry["kind"] == "tensor":
+                loaded[name] = read(name, entry["devices"][0])
+            else:
+                items = [read(f"{name}/{i}", d) for i, d in enumerate(entry["devices"])]
+                loaded[name] = tuple(items) if entry["kind"] == "tuple" else items
+        self.tensors.clear()
+        self.tensors.update(loaded)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.tensors[name]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.tensors[name] = value

@@ -224,3 +224,24 @@ def test_stub_lists_exactly_the_telemetry_options_and_methods():
     assert {a.arg for a in init.args.kwonlyargs} == set(omni.default_telemetry_options())
     methods = {n.name for n in telemetry.body if isinstance(n, ast.FunctionDef)} - {"__init__"}
     assert methods == {n for n in dir(omni._C.Telemetry) if not n.startswith("_")}
+
+
+def test_stub_lists_exactly_the_options_of_every_keyword_constructor():
+    classes = {n.name: n for n in _stub().body if isinstance(n, ast.ClassDef)}
+    for cls, defaults in [("CheckpointManager", omni._C.default_checkpoint_options()),
+                          ("PreemptionMonitor", omni._C.default_preemption_options()),
+                          ("DistributedSampler", omni._C.default_sampler_options()),
+                          ("Communicator", omni._C.default_comm_options()),
+                          ("ElasticGroup", omni._C.default_elastic_options())]:
+        init = next(n for n in classes[cls].body
+                    if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+        assert {a.arg for a in init.args.kwonlyargs} == set(defaults), cls
+
+
+def test_keyword_constructors_refuse_unknown_and_positional_options(tmp_path):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'keep_lst'"):
+        omni._C.CheckpointManager(tmp_path, keep_lst=2)
+    with pytest.raises(TypeError):
+        omni._C.CheckpointManager(tmp_path, 0, 1)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        omni.DistributedSampler(10, seed="1")

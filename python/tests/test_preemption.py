@@ -166,3 +166,21 @@ def test_sigterm_saves_exits_75_and_the_rerun_finishes_with_the_uninterrupted_re
     assert rerun.returncode == 0, rerun.stderr
     assert f"start {saved_step + 1}" in rerun.stdout
     assert (tmp_path / "out.npy").read_bytes() == (tmp_path / "ref.npy").read_bytes()
+
+
+def test_decide_takes_step_and_save_costs_from_the_runtime(tmp_path, clock):
+    tel = omni.Telemetry(clock=clock)  # default warm-up: the statistics are still empty
+    for seconds in (0.5, 2.0, 1.0):
+        with tel.step():
+            clock.advance(seconds)
+    assert tel.worst_step_s == pytest.approx(2.0)
+    with omni.CheckpointManager(tmp_path) as ckpt, omni.PreemptionMonitor(
+            signals=[], clock=clock, apply_environment=False, grace_s=30) as pm:
+        ckpt.save(0, {"p": omni.state.JsonState({"x": 1})})
+        assert len(ckpt.save_times_s) == 1
+        assert pm.decide(tel, ckpt).action == "continue"  # nothing pending
+        pm.notice(clock.now_ns() + int(4e9))  # a step (2 s), a save and the slack fit
+        assert pm.decide(tel, ckpt).action == "continue"
+        pm.notice(clock.now_ns() + int(1.5e9))  # the worst step no longer fits, the save does
+        assert pm.decide(tel, ckpt).action == "save_and_exit"
+    tel.close()

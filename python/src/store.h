@@ -1,0 +1,40 @@
+// omni._C store handle (private to python/src): omni.Store, a rendezvous
+// store opened by URI (omni.open_store) or a prefix view of another one.
+// Shared by elastic.cc (the bindings, the elastic group, communicators) and
+// preemption.cc (a notice key in a store).
+//
+// Thread safety: the handle is used with the GIL held; the omni::Store
+// itself is thread-safe (store.h), and every blocking call releases the GIL.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "omni/store.h"
+
+namespace omni_python {
+
+namespace py = pybind11;
+
+class PyStore {
+ public:
+  // `base` keeps the store a prefix view reads through alive (None for a
+  // store opened by URI).
+  PyStore(std::unique_ptr<omni::Store> store, std::string uri, py::object base)
+      : base_(std::move(base)), store_(std::move(store)), uri_(std::move(uri)) {}
+  PyStore(const PyStore&) = delete;
+  PyStore& operator=(const PyStore&) = delete;
+
+  omni::Store& store() const { return *store_; }
+  const std::string& uri() const { return uri_; }
+
+ private:
+  py::object base_;  // declared first: outlives store_
+  std::unique_ptr<omni::Store> store_;
+  std::string uri_;
+};
+
+}  // namespace omni_python
