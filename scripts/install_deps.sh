@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build ccache git pkg-config
   clang clang-format clang-tidy
-  libabsl-dev nlohmann-json3-dev libxxhash-dev libsodium-dev
+  libabsl-dev nlohmann-json3-dev libxxhash-dev libsodium-dev libcurl4-openssl-dev etcd-server
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libtorch-dev
   pybind11-dev python3-dev python3-pytest python3-numpy python3-torch

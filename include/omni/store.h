@@ -120,6 +120,12 @@ OMNI_EXPORT absl::Status ValidateStoreKey(const std::string& key);
 //                     `insecure` (below), and may apply them before it
 //                     connects (the tcp:// adapter refuses a remote host
 //                     without a secret there).
+//   etcd://host:port[,host:port...]
+//                     an etcd cluster through its v3 JSON gateway (plain
+//                     HTTP, libcurl; every endpoint a member's client URL;
+//                     a request goes to the next endpoint when one does not
+//                     answer). Unimplemented in a build without libcurl
+//                     (omni/config.h: OMNI_HAVE_ETCD).
 //   tcp://, env://    while nothing is registered for them: Unimplemented
 //                     saying to link omni::torch and call
 //                     omni::torch_ext::RegisterTcpStore().

@@ -53,7 +53,9 @@
 #include "absl/time/time.h"
 #include "common/fs.h"
 #include "omni/auth_store.h"
+#include "omni/config.h"
 #include "omni/store.h"
+#include "store/etcd_store.h"
 
 namespace omni {
 namespace {
@@ -466,6 +468,19 @@ absl::StatusOr<std::unique_ptr<Store>> OpenBackend(const std::string& uri,
           "store URI '", absl::CHexEscape(uri), "' does not name an absolute path; ", kExpected));
     }
     return OpenFileStore(rest);
+  }
+  if (scheme == "etcd") {
+#if OMNI_HAVE_ETCD
+    if (!options.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "store URI '", absl::CHexEscape(uri), "' has an unknown option '",
+          absl::CHexEscape(options.front()), "' (etcd:// knows secret_file, insecure)"));
+    }
+    return internal::OpenEtcdStore(uri, rest);
+#else
+    return absl::UnimplementedError(absl::StrCat("store URI '", absl::CHexEscape(uri),
+                                                 "': this build has no etcd backend (libcurl)"));
+#endif
   }
   StoreFactory factory;
   {

@@ -341,7 +341,7 @@ TEST(OpenStore, RejectsBadUrisWithClearErrors) {
   EXPECT_TRUE(Contains(std::string(tcp.status().message()), "tcp")) << tcp.status();
 
   for (const std::string uri :
-       {"etcd://host:2379", "/abs/path", "", "file://relative/dir", "file://", "://x"}) {
+       {"zk://host:2181", "/abs/path", "", "file://relative/dir", "file://", "://x"}) {
     auto s = OpenStore(uri);
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << uri;
     if (!uri.empty()) {
