@@ -19,8 +19,9 @@ This package is a thin facade over the private native module ``omni._C``
 Errors: a failed call raises the exception of the core's status, with the core's
 message: ``ValueError`` for invalid arguments and hook misuse that is an invalid
 argument (phases that do not nest, a non-finite duration), ``FileNotFoundError``
-for a missing file, ``RuntimeError`` for everything else (a step ended twice,
-I/O errors, timeouts). Telemetry keeps working after a misuse error.
+for a missing file, ``TimeoutError`` for a timeout, ``ConnectionError`` for a
+lost peer, ``RuntimeError`` for everything else (a step ended twice, I/O
+errors). Telemetry keeps working after a misuse error.
 
 Durations are float seconds in arguments and options; the snapshot reports
 milliseconds (schema in docs/telemetry.md).
@@ -28,7 +29,11 @@ milliseconds (schema in docs/telemetry.md).
 Checkpoints and preemption (``omni.CheckpointManager``, ``omni.StateRegistry``,
 ``omni.PreemptionMonitor``, ``omni.DistributedSampler``; ready-made state
 objects for Python's, numpy's and torch's RNGs, numpy arrays and torch modules
-in ``omni.state``): see ``omni.checkpoint``.
+in ``omni.state``): see ``omni.checkpoint``. The torch glue
+(``omni.TrainState``, ``omni.ResumableBatchSampler``; torch imported lazily):
+see ``omni.train``. Elastic data parallelism (``omni.open_store``,
+``omni.Communicator``, ``omni.ElasticGroup``): see ``omni.elastic``. The whole
+API: docs/python.md.
 """
 
 from __future__ import annotations
@@ -348,7 +353,7 @@ class Telemetry(_ClosingContext):
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Waits until the worker has processed every completed step (and
-        published a forecast if one is due). ``RuntimeError`` on timeout."""
+        published a forecast if one is due). ``TimeoutError`` on timeout."""
         self._c.flush(timeout_s)
 
     def snapshot(self) -> Dict[str, Any]:

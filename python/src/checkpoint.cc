@@ -89,7 +89,7 @@ class PyCheckpointManager final : public Closeable {
   // Use Open().
   PyCheckpointManager(std::string dir, std::unique_ptr<omni::CheckpointManager> manager)
       : dir_(std::move(dir)), manager_(std::move(manager)) {}
-  ~PyCheckpointManager() override { CloseQuietly(); }
+  ~PyCheckpointManager() override { CloseOnDestruction(); }
   PyCheckpointManager(const PyCheckpointManager&) = delete;
   PyCheckpointManager& operator=(const PyCheckpointManager&) = delete;
 

@@ -158,6 +158,7 @@ bool BufferView::Acquire(py::handle obj, int flags) {
 
 std::vector<int64_t> BufferView::shape() const {
   std::vector<int64_t> shape;
+  shape.reserve(static_cast<size_t>(view_.ndim));
   for (int i = 0; i < view_.ndim; ++i) shape.push_back(view_.shape[i]);
   return shape;
 }

@@ -181,6 +181,15 @@ class Closeable {
   Closeable& operator=(const Closeable&) = delete;
   // Closes without raising; idempotent.
   virtual void CloseQuietly() = 0;
+
+ protected:
+  // For the destructors of subclasses: CloseQuietly(), and nothing escapes.
+  void CloseOnDestruction() noexcept {
+    try {
+      CloseQuietly();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor cannot report it
+    }
+  }
 };
 
 // Closes every live Closeable, newest first (as destructors would run), at

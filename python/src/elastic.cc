@@ -131,7 +131,7 @@ void DefineStore(py::module_& m) {
           py::arg("key"), "Removes `key`; True when it existed.")
       .def(
           "prefix",
-          [](py::object self, const std::string& prefix) {
+          [](const py::object& self, const std::string& prefix) {
             PyStore& s = self.cast<PyStore&>();
             return std::make_unique<PyStore>(omni::MakePrefixStore(s.store(), prefix),
                                              absl::StrCat(s.uri(), "#", prefix), self);
@@ -279,7 +279,7 @@ class PyCommunicator final : public Closeable {
   }
   PyCommunicator(std::unique_ptr<omni::Communicator> comm, absl::Duration timeout)
       : comm_(std::move(comm)), timeout_(timeout) {}
-  ~PyCommunicator() override { CloseQuietly(); }
+  ~PyCommunicator() override { CloseOnDestruction(); }
 
   absl::Duration Timeout(std::optional<double> timeout_s) const {
     return timeout_s ? SecondsArg("timeout_s", *timeout_s) : timeout_;
@@ -443,7 +443,7 @@ class PyElasticGroup final : public Closeable {
         state_(std::move(state)),
         group_(std::move(group)),
         timeout_(timeout) {}
-  ~PyElasticGroup() override { CloseQuietly(); }
+  ~PyElasticGroup() override { CloseOnDestruction(); }
 
   // Start / AtBoundary / Recover load the replicated state through Python
   // state objects: their own exceptions are re-raised as they are.

@@ -96,7 +96,7 @@ class PyPreemptionMonitor final : public Closeable {
         clock_(clock),
         monitor_(std::move(monitor)),
         grace_s_(grace_s) {}
-  ~PyPreemptionMonitor() override { Close(); }
+  ~PyPreemptionMonitor() override { CloseOnDestruction(); }
   PyPreemptionMonitor(const PyPreemptionMonitor&) = delete;
   PyPreemptionMonitor& operator=(const PyPreemptionMonitor&) = delete;
 

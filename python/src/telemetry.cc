@@ -186,7 +186,7 @@ class PyTelemetry final : public Closeable {
       : clock_(std::move(clock)), telemetry_(std::move(telemetry)) {}
 
   ~PyTelemetry() override {
-    CloseQuietly();  // joins the worker, so nothing below waits for it
+    CloseOnDestruction();  // joins the worker, so nothing below waits for it
     telemetry_.reset();
   }
   PyTelemetry(const PyTelemetry&) = delete;

@@ -30,7 +30,7 @@ store = omni.open_store(uri)
 with omni.ElasticGroup(store, state, job_id="pytest-elastic", replica_id=replica_id,
                        min_replicas=1, max_replicas=3, heartbeat_s=0.05, peer_timeout_s=0.5,
                        settle_s=0.2, join_timeout_s=60, collective_timeout_s=10,
-                       init_timeout_s=20) as group:
+                       init_timeout_s=5) as group:
     change = group.start(progress["step"])
     print("start", change["generation"]["description"], "completed", change["completed"],
           flush=True)

@@ -184,3 +184,18 @@ def test_decide_takes_step_and_save_costs_from_the_runtime(tmp_path, clock):
         pm.notice(clock.now_ns() + int(1.5e9))  # the worst step no longer fits, the save does
         assert pm.decide(tel, ckpt).action == "save_and_exit"
     tel.close()
+
+
+def test_a_notice_written_to_a_store_key_is_seen(tmp_path):
+    import time
+
+    store = omni.open_store(f"file://{tmp_path}/store")
+    with omni.PreemptionMonitor(signals=[], apply_environment=False, notice_store=store,
+                                notice_key="job/notice", notice_poll_s=0.01) as pm:
+        assert not pm.pending
+        store.set("job/notice", '{"yield_in_s": 60}')
+        deadline = time.monotonic() + 10
+        while not pm.pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pm.pending, pm.last_notice_error
+        assert pm.at_boundary(0.1).action == "continue"  # 60 s left
