@@ -104,10 +104,12 @@ OMNI_EXPORT absl::StatusOr<WindowNotice> WindowNoticeFromJson(const std::string&
 
 class OMNI_EXPORT WindowChannelWriter {
  public:
-  // Creates (or takes over and re-initialises) the shared-memory channel
-  // `name`: 1..100 characters of [A-Za-z0-9_.-]. Errors: InvalidArgument
-  // naming a bad name or confidence outside (0, 1); the OS error naming the
-  // object when it cannot be created or mapped.
+  // Creates the shared-memory channel `name` (1..100 characters of
+  // [A-Za-z0-9_.-]), replacing one left by a writer that closed or died.
+  // Errors: InvalidArgument naming a bad name or a confidence outside
+  // (0, 1); AlreadyExists naming the channel and the pid of a running writer
+  // that still owns it; the OS error naming the object when it cannot be
+  // created or mapped.
   static absl::StatusOr<std::unique_ptr<WindowChannelWriter>> Create(const std::string& name,
                                                                      double confidence = 0.95);
   // The same record in this process's memory only (no reader elsewhere can

@@ -1,6 +1,7 @@
 #include "omni/window_channel.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -131,7 +132,14 @@ class WriterImpl final : public WindowChannelWriter {
     l_->writer_closed.store(1, std::memory_order_release);
     if (!name_.empty()) {
       ::munmap(l_, sizeof(WindowLayout));
-      ::shm_unlink(ShmName(name_).c_str());
+      // Unlink the name only while it is still this channel (a later writer
+      // may have replaced it after MarkClosed).
+      const std::string shm = ShmName(name_);
+      internal::Fd fd(::shm_open(shm.c_str(), O_RDONLY, 0));
+      struct stat st {};
+      if (fd.valid() && ::fstat(fd.get(), &st) == 0 && st.st_ino == inode_) {
+        ::shm_unlink(shm.c_str());
+      }
     }
   }
   WriterImpl(const WriterImpl&) = delete;
@@ -198,7 +206,8 @@ class WriterImpl final : public WindowChannelWriter {
 
   const std::string& name() const override { return name_; }
 
-  void Init(double confidence) {
+  void Init(double confidence, ino_t inode) {
+    inode_ = inode;
     l_->schema_version.store(internal::kWindowSchemaVersion, std::memory_order_relaxed);
     l_->layout_bytes.store(sizeof(WindowLayout), std::memory_order_relaxed);
     l_->writer_pid.store(::getpid(), std::memory_order_relaxed);
@@ -220,6 +229,7 @@ class WriterImpl final : public WindowChannelWriter {
   }
 
   const std::string name_;
+  ino_t inode_ = 0;  // of the shared-memory object, for the unlink
   std::unique_ptr<WindowLayout> owned_;
   WindowLayout* const l_;
   uint64_t sequence_ = 0;    // training thread
@@ -276,6 +286,28 @@ class ReaderImpl final : public WindowChannelReader {
   uint64_t last_sequence_ = 0;
 };
 
+// The pid of a live writer that still owns the channel `shm`, or 0 (none,
+// closed, dead, or not a channel).
+int64_t LiveWriterPid(const std::string& shm) {
+  internal::Fd fd(::shm_open(shm.c_str(), O_RDONLY, 0));
+  if (!fd.valid()) return 0;
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || st.st_size != static_cast<off_t>(sizeof(WindowLayout))) {
+    return 0;
+  }
+  void* addr = ::mmap(nullptr, sizeof(WindowLayout), PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (addr == MAP_FAILED) return 0;
+  const auto* l = static_cast<const WindowLayout*>(addr);
+  int64_t pid = 0;
+  if (l->magic.load(std::memory_order_acquire) == internal::kWindowMagic &&
+      l->writer_closed.load(std::memory_order_acquire) == 0) {
+    pid = l->writer_pid.load(std::memory_order_relaxed);
+  }
+  ::munmap(addr, sizeof(WindowLayout));
+  if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)) return 0;
+  return pid;
+}
+
 }  // namespace
 
 const char* WindowStateName(WindowState state) {
@@ -298,7 +330,12 @@ absl::StatusOr<std::unique_ptr<WindowChannelWriter>> WindowChannelWriter::Create
         absl::StrCat("window channel confidence must be in (0, 1), got ", confidence));
   }
   const std::string shm = ShmName(name);
-  ::shm_unlink(shm.c_str());  // a channel left by a writer that died
+  if (const int64_t pid = LiveWriterPid(shm); pid > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("window channel '", name, "' (", shm,
+                                                 ") is in use by the running process ", pid,
+                                                 "; choose another window_channel_name"));
+  }
+  ::shm_unlink(shm.c_str());  // a channel left by a writer that died (or closed)
   internal::Fd fd(::shm_open(shm.c_str(), O_CREAT | O_EXCL | O_RDWR, 0644));
   if (!fd.valid()) return internal::ErrnoStatus(errno, absl::StrCat("shm_open ", shm));
   if (::ftruncate(fd.get(), sizeof(WindowLayout)) != 0) {
@@ -313,9 +350,11 @@ absl::StatusOr<std::unique_ptr<WindowChannelWriter>> WindowChannelWriter::Create
     ::shm_unlink(shm.c_str());
     return internal::ErrnoStatus(err, absl::StrCat("mmap ", shm));
   }
+  struct stat st {};
+  ::fstat(fd.get(), &st);
   auto* layout = new (addr) WindowLayout();  // zeroed, magic 0 until Init
   auto w = std::make_unique<WriterImpl>(name, layout, nullptr);
-  w->Init(confidence);
+  w->Init(confidence, st.st_ino);
   return w;
 }
 
@@ -323,7 +362,7 @@ std::unique_ptr<WindowChannelWriter> WindowChannelWriter::CreateInProcess(double
   auto owned = std::make_unique<WindowLayout>();
   WindowLayout* l = owned.get();
   auto w = std::make_unique<WriterImpl>("", l, std::move(owned));
-  w->Init(confidence > 0 && confidence < 1 ? confidence : 0.95);
+  w->Init(confidence > 0 && confidence < 1 ? confidence : 0.95, 0);
   return w;
 }
 

@@ -140,6 +140,27 @@ TEST(WindowChannel, OpeningAMissingChannelIsNotFoundNamingIt) {
   EXPECT_EQ(WindowChannelWriter::Create("").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(WindowChannel, ASecondWriterIsRefusedWhileTheFirstRunsAndWelcomeAfterItCloses) {
+  const std::string name = UniqueChannel();
+  auto first = WindowChannelWriter::Create(name);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = WindowChannelWriter::Create(name);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(second.status().message().find(absl::StrCat(::getpid())), absl::string_view::npos)
+      << second.status();
+  (*first)->MarkClosed();
+  second = WindowChannelWriter::Create(name);
+  ASSERT_TRUE(second.ok()) << second.status();
+  first->reset();  // must not unlink the channel that replaced its own
+  auto reader = WindowChannelReader::Open(name);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  (*second)->OpenWindow(phase::kEval, IdleKind::kEval, 9, 1);
+  auto n = (*reader)->Read();
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n->step, 9);
+  EXPECT_FALSE(n->writer_closed);
+}
+
 // Writes `bytes` as the shared-memory object of channel `name`.
 void WriteRawChannel(const std::string& name, const std::vector<unsigned char>& bytes) {
   const std::string shm = "/omni-window." + name;
