@@ -14,6 +14,9 @@ namespace {
 constexpr double kMinSpreadNs = 50'000;  // 50 µs
 constexpr int kBoundsInForecast = 8;
 constexpr int kClaimSteps = 64;
+// The furthest a fully negative margin pulls a quantile towards the median
+// (as a fraction of their distance).
+constexpr double kMaxPull = 0.5;
 
 // The Student-t quantile with `nu` degrees of freedom matching the normal
 // quantile z: exact for nu = 2, else the Cornish-Fisher expansion to third
@@ -61,8 +64,8 @@ void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, doubl
       {QuantileSorted(v, 0.9) - QuantileSorted(v, 0.1), 0.02 * std::abs(s.median), kMinSpreadNs});
   const double widen = std::max(margin, 0.0) * s.spread;
   // A negative margin (claims held more often than needed) moves the
-  // quantiles towards the median by at most a quarter of their distance.
-  const double narrow = std::clamp(-margin, 0.0, 0.5) / 2;
+  // quantiles towards the median by at most half their distance.
+  const double narrow = std::clamp(-margin, 0.0, kMaxNarrowing) / kMaxNarrowing * kMaxPull;
   const double qlo = QuantileSorted(v, alpha_ / 2), qhi = QuantileSorted(v, 1 - alpha_ / 2);
   const double qtail = QuantileSorted(v, alpha_);
   s.lo = qlo + narrow * (s.median - qlo) - widen;
