@@ -197,9 +197,8 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       const int need = base == StepKind::kNormal ? 3 : 1;
       if (n < need || static_cast<double>(a.size()) < (1 - alpha_ / 2) * n) continue;
     }
-    // One occurrence shows nothing of an event's spread: its noise is
-    // assumed (5% of its length, below), as for a declared event never
-    // measured, and the claim calibrated like any other.
+    // One occurrence shows nothing of an event's spread: wait for a second.
+    if (base != StepKind::kNormal && a.size() < 2) continue;
     StepModel::Slot sl;
     sl.key = key;
     sl.phase = slot_phase_[key];
