@@ -14,6 +14,9 @@ namespace {
 constexpr double kMinSpreadNs = 50'000;  // 50 µs
 constexpr int kBoundsInForecast = 8;
 constexpr int kClaimSteps = 64;
+// The furthest a fully negative margin pulls a quantile towards the median
+// (as a fraction of their distance).
+constexpr double kMaxPull = 0.5;
 
 // The Student-t quantile with `nu` degrees of freedom matching the normal
 // quantile z: exact for nu = 2, else the Cornish-Fisher expansion to third
@@ -61,8 +64,8 @@ void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, doubl
       {QuantileSorted(v, 0.9) - QuantileSorted(v, 0.1), 0.02 * std::abs(s.median), kMinSpreadNs});
   const double widen = std::max(margin, 0.0) * s.spread;
   // A negative margin (claims held more often than needed) moves the
-  // quantiles towards the median by at most a quarter of their distance.
-  const double narrow = std::clamp(-margin, 0.0, 0.5) / 2;
+  // quantiles towards the median by at most half their distance.
+  const double narrow = std::clamp(-margin, 0.0, kMaxNarrowing) / kMaxNarrowing * kMaxPull;
   const double qlo = QuantileSorted(v, alpha_ / 2), qhi = QuantileSorted(v, 1 - alpha_ / 2);
   const double qtail = QuantileSorted(v, alpha_);
   s.lo = qlo + narrow * (s.median - qlo) - widen;
@@ -114,21 +117,40 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
   if (m.dur.n == 0) return m;
   m.ok = true;
 
-  // Normal steps' lengths at quantiles α/4 and 1 − α/4 (see below).
+  // Normal steps' lengths (see below): each predicted by the mean of its
+  // residue class (the normal steps' period), the residuals about it pooled
+  // over all classes at quantiles α/4 and 1 − α/4. An event's training work
+  // follows the same rhythm as a normal step's, so its start is predicted
+  // from the class of its own step and spreads like these residuals.
   SampleSummary normal;
+  const int np_period = std::max(dur_period_[static_cast<int>(StepKind::kNormal)], 1);
+  std::vector<double> class_sum(static_cast<size_t>(np_period), 0.0);
+  std::vector<int> class_n(static_cast<size_t>(np_period), 0);
+  double normal_sum = 0;
+  for (const StepObs& o : hist_) {
+    if (o.kind != StepKind::kNormal) continue;
+    const auto r = static_cast<size_t>(o.step % np_period);
+    class_sum[r] += static_cast<double>(o.duration());
+    ++class_n[r];
+    normal_sum += static_cast<double>(o.duration());
+    ++normal.n;
+  }
+  if (normal.n > 0) normal.mean = normal_sum / normal.n;
+  const auto class_mean = [&](int64_t st) {
+    const auto r = static_cast<size_t>(st % np_period);
+    return class_n[r] >= 3 ? class_sum[r] / class_n[r] : normal.mean;
+  };
   {
-    std::vector<double> nd;
+    std::vector<double> res;
     for (const StepObs& o : hist_) {
-      if (o.kind == StepKind::kNormal) nd.push_back(static_cast<double>(o.duration()));
+      if (o.kind == StepKind::kNormal) {
+        res.push_back(static_cast<double>(o.duration()) - class_mean(o.step));
+      }
     }
-    normal.n = static_cast<int>(nd.size());
-    if (!nd.empty()) {
-      std::sort(nd.begin(), nd.end());
-      double sum = 0;
-      for (const double x : nd) sum += x;
-      normal.mean = sum / static_cast<double>(nd.size());
-      normal.lo = QuantileSorted(nd, alpha_ / 4);
-      normal.hi = QuantileSorted(nd, 1 - alpha_ / 4);
+    if (!res.empty()) {
+      std::sort(res.begin(), res.end());
+      normal.lo = QuantileSorted(res, alpha_ / 4);
+      normal.hi = QuantileSorted(res, 1 - alpha_ / 4);
     }
   }
   std::array<bool, kNumSlots> candidates{};
@@ -139,19 +161,21 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
   for (int key = 0; key < kNumSlots; ++key) {
     if ((m.rule_bits >> key) & 1) candidates[key] = true;
   }
-  std::vector<double> a, b, d;
+  std::vector<double> a, b, d, lead;
   for (int key = 0; key < kNumSlots; ++key) {
     if (!candidates[key]) continue;
     const Occurrences& oc = occ_[key];
     a.clear();
     b.clear();
     d.clear();
+    lead.clear();
     if (oc.rule_valid) {
       // A learned event: it occurs exactly where its rule says.
       if (!oc.rule.OccursAt(step)) continue;
       for (const StepObs& o : hist_) {
         const SlotObs* s = o.Find(key);
         if (s == nullptr || (measured && !usable(o))) continue;
+        lead.push_back(static_cast<double>(s->a) - class_mean(o.step));
         a.push_back(static_cast<double>(s->a));
         b.push_back(static_cast<double>(s->b));
         d.push_back(static_cast<double>(s->b - s->a));
@@ -163,6 +187,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       for (const StepObs* o : same) {
         const SlotObs* s = o->Find(key);
         if (s == nullptr) continue;
+        lead.push_back(static_cast<double>(s->a) - class_mean(o->step));
         a.push_back(static_cast<double>(s->a));
         b.push_back(static_cast<double>(s->b));
         d.push_back(static_cast<double>(s->b - s->a));
@@ -184,22 +209,31 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
     const auto np = static_cast<double>(d.size());
     if (np < 2 / alpha_ && sl.a.mean > 0.5 * normal.mean && normal.n >= 10) {
       // Few occurrences of a slot late in its step (an eval or checkpoint
-      // after the training work): its start varies like a normal step's
-      // length, which is well measured; its length is its own (at least 5%
-      // noise assumed below 5 occurrences). Each at half the error budget.
-      // Not where its own starts disagree (an eval whose forward pass
-      // changed length): then their own spread rules.
+      // after the training work): its start is the normal work of its own
+      // step's residue class plus the event's own lead (the start offsets'
+      // excess over their steps' class means), and varies like a normal
+      // step's residual, which is well measured; its length is its own (at
+      // least 5% noise assumed below 5 occurrences). Each at half the error
+      // budget. Not where the event's own leads disagree (an eval whose
+      // forward pass changed length): then their own spread rules.
+      SampleSummary ls;
+      Summarize(lead, ls, wm, sl.d.median);
+      const bool residue_aware = ls.n > 0;
+      const double a_mean = residue_aware ? class_mean(step) + ls.mean : sl.a.mean;
+      const double lead_var = residue_aware ? ls.var : sl.a.var;
       const double own =
-          np > 1 ? SmallSampleFactor(z_, np) * std::sqrt(sl.a.var * np / (np - 1) * (1 + 1 / np))
+          np > 1 ? SmallSampleFactor(z_, np) * std::sqrt(lead_var * np / (np - 1) * (1 + 1 / np))
                  : 0.0;
-      sl.a.lo = sl.a.mean - std::max(normal.mean - normal.lo, own);
-      sl.a.hi =
-          sl.a.mean + std::max(normal.hi - normal.mean, own) + std::max(wm, 0.0) * sl.a.spread;
+      sl.a.lo = a_mean - std::max(-normal.lo, own);
+      sl.a.hi = a_mean + std::max(normal.hi, own) + std::max(wm, 0.0) * sl.a.spread;
+      sl.a.mean = sl.a.median = a_mean;
       const double sd = std::max(np > 1 ? std::sqrt(sl.d.var * np / (np - 1)) : 0.0,
                                  np < 5 ? 0.05 * sl.d.mean : 0.0);
       const double low = sl.d.mean - SmallSampleFactor(z_, np) * sd * std::sqrt(1 + 1 / np) -
                          std::max(wm, 0.0) * sl.d.spread;
-      sl.b.lo = std::max(sl.b.lo, sl.a.lo + low);
+      // The end offsets of occurrences in other residue classes are no
+      // sample of this one's when the normal steps have a rhythm.
+      sl.b.lo = np_period > 1 ? sl.a.lo + low : std::max(sl.b.lo, sl.a.lo + low);
     }
     m.slots.push_back(std::move(sl));
   }

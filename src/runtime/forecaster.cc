@@ -214,11 +214,18 @@ void Forecaster::Impl::ScoreClaims(const StepRecord& rec, const PhaseCatalog& ca
       idle[n++] = iv;
     }
   });
+  // A window's loss is the fraction of its time that was not idle: the
+  // calibrated quantity is then the one replay measures (time-weighted
+  // precision), not the all-or-nothing cover of each window.
   for (const Claim& c : claims_) {
-    if (c.step != rec.step) continue;
-    bool held = false;
-    for (int i = 0; i < n && !held; ++i) held = idle[i].start_ns <= c.a && idle[i].end_ns >= c.b;
-    window_cal_[static_cast<int>(c.kind)].Update(!held);
+    if (c.step != rec.step || c.b <= c.a) continue;
+    int64_t idle_ns = 0;
+    for (int i = 0; i < n; ++i) {
+      idle_ns +=
+          std::max<int64_t>(std::min(idle[i].end_ns, c.b) - std::max(idle[i].start_ns, c.a), 0);
+    }
+    window_cal_[static_cast<int>(c.kind)].UpdateLoss(1.0 - static_cast<double>(idle_ns) /
+                                                               static_cast<double>(c.b - c.a));
   }
   claims_.erase(std::remove_if(claims_.begin(), claims_.end(),
                                [&](const Claim& c) { return c.step <= rec.step; }),

@@ -18,16 +18,13 @@ double QuantileInPlace(std::vector<double>& v, double level) {
   return QuantileSorted(v, level);
 }
 
-namespace {
-// Hits can narrow claims below the plain quantiles by at most this many
-// spreads, so that one good spell cannot bank credit for a later shift.
-constexpr double kMaxNarrowing = 0.5;
-}  // namespace
-
-void MarginCalibrator::Update(bool miss) {
+// Hits can narrow claims below the plain quantiles by at most
+// kMaxNarrowing spreads, so that one good spell cannot bank unbounded credit
+// for a later shift.
+void MarginCalibrator::UpdateLoss(double loss) {
   ++claims_;
-  if (miss) ++misses_;
-  margin_ = std::max(margin_ + gain_ * ((miss ? 1.0 : 0.0) - target_), -kMaxNarrowing);
+  if (loss > 0) ++misses_;
+  margin_ = std::max(margin_ + gain_ * (std::clamp(loss, 0.0, 1.0) - target_), -kMaxNarrowing);
 }
 
 }  // namespace omni

@@ -21,12 +21,21 @@ double QuantileSorted(const std::vector<double>& sorted, double level);
 // miss rate converges to `target` whatever the distribution (Gibbs & Candès,
 // "Adaptive conformal inference under distribution shift", 2021). The margin
 // may go negative (narrowing claims that hold more often than needed), down
-// to −0.5 spreads.
+// to −kMaxNarrowing spreads. UpdateLoss(loss) does the same with a loss in
+// [0, 1] (the fraction of a window's time that was not idle): the long-run
+// mean loss then converges to `target` (conformal risk control), which is
+// what a time-weighted precision measures.
+// How far hits can narrow claims (in spreads; see Summarize in
+// forecast_windows.cc for how a negative margin narrows).
+inline constexpr double kMaxNarrowing = 1.5;
+
 class MarginCalibrator {
  public:
   MarginCalibrator() : MarginCalibrator(0.05, 0.5) {}
   MarginCalibrator(double target_miss_rate, double gain) : target_(target_miss_rate), gain_(gain) {}
-  void Update(bool miss);
+  void Update(bool miss) { UpdateLoss(miss ? 1.0 : 0.0); }
+  // REQUIRES: 0 ≤ loss ≤ 1. A claim counts as missed when loss > 0.
+  void UpdateLoss(double loss);
   double margin() const { return margin_; }
   long claims() const { return claims_; }
   long misses() const { return misses_; }

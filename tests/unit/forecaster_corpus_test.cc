@@ -66,20 +66,23 @@ TEST(ForecasterCorpus, NextStepBoundsCoverTheClaimedRateWhereStepsAreForeseeable
 }
 
 TEST(ForecasterCorpus, StallEveryThirdStepIsForecastWhereItHappens) {
-  // Measured: precision 0.997, recall 0.793 (the stall's own 8% noise caps
+  // Measured: precision 0.996, recall 0.803 (the stall's own 8% noise caps
   // its guaranteed part near 0.85), slack 1.056.
   const EvaluationReport r = Eval("stall_every3.jsonl");
-  EXPECT_GE(Kind(r, IdleKind::kDataStall).precision(), 0.99);
-  EXPECT_GE(Kind(r, IdleKind::kDataStall).recall(), 0.75);
+  EXPECT_GE(Kind(r, IdleKind::kDataStall).precision(), r.claimed_confidence);
+  EXPECT_GE(Kind(r, IdleKind::kDataStall).recall(), 0.8);
   EXPECT_LE(r.next_step.slack_median, 1.15);
 }
 
 TEST(ForecasterCorpus, DeclaredEvalsAndCheckpointsAreForecastFromTheirFirstOccurrence) {
-  // Measured: eval recall 0.591, checkpoint 0.493, precision 0.978 (the
-  // eval's and the checkpoint's own ~5% noise and small samples cap recall).
+  // Measured: eval recall 0.616, checkpoint 0.493, precision 0.977 (the
+  // eval's and the checkpoint's own ~5% noise and small samples cap recall;
+  // an event is claimed from its second occurrence on; step 139 runs both,
+  // never seen together, and is not claimed).
   const EvaluationReport r = Eval("periodic_declared.jsonl");
-  EXPECT_GE(Kind(r, IdleKind::kEval).recall(), 0.55);
+  EXPECT_GE(Kind(r, IdleKind::kEval).recall(), 0.58);
   EXPECT_GE(Kind(r, IdleKind::kCheckpoint).recall(), 0.45);
+  EXPECT_GE(Kind(r, IdleKind::kEval).precision(), r.claimed_confidence);
   EXPECT_GE(Kind(r, IdleKind::kCheckpoint).precision(), r.claimed_confidence);
   EXPECT_LE(r.next_step.slack_median, 1.15);
 }

@@ -95,5 +95,33 @@ TEST(Calibration, MissRateConvergesToTheTargetWhateverTheDistribution) {
   EXPECT_GT(cal.margin(), 1.0);
 }
 
+TEST(Calibration, MeanLossConvergesToTheTargetAndHitsNarrowClaims) {
+  // A window [0, w) claimed idle where the real idle lasts X ~ lognormal
+  // (median 1): the loss is the fraction of the window not idle. Too wide
+  // (w = 3: a mean loss of ~0.6) the margin grows until the mean loss is the
+  // target; too narrow (w = 0.5: almost never a loss) it goes negative and
+  // the window widens to the target.
+  for (const double base : {3.0, 0.5}) {
+    MarginCalibrator cal(0.05, 0.2);
+    std::mt19937_64 rng(7);
+    std::lognormal_distribution<double> x(0, 0.25);
+    double loss_sum = 0;
+    long n = 0;
+    for (int i = 0; i < 40000; ++i) {
+      const double w = std::max(base - 0.3 * cal.margin(), 1e-3);
+      const double loss = std::max(w - x(rng), 0.0) / w;
+      cal.UpdateLoss(std::min(loss, 1.0));
+      if (i >= 4000) {
+        ++n;
+        loss_sum += std::min(loss, 1.0);
+      }
+    }
+    EXPECT_NEAR(loss_sum / static_cast<double>(n), 0.05, 0.01) << base;
+    if (base < 1) {
+      EXPECT_LT(cal.margin(), 0) << base;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace omni

@@ -26,20 +26,22 @@ const EvaluationReport::Score& Kind(const EvaluationReport& r, IdleKind k) {
   return r.by_kind[static_cast<int>(k)];
 }
 
-// Measured (stride 1, live scoring, confidence 0.9545): precision 0.998,
-// recall 0.455; checkpoint 1.000 / 0.694; pipeline_bubble 0.998 / 0.454.
+// Measured (stride 1, live scoring, confidence 0.9545): precision 0.988,
+// recall 0.558; checkpoint 1.000 / 0.705; pipeline_bubble 0.987 / 0.570 (the
+// calibrator narrows the bubble windows until their time-weighted precision
+// nears its target, 1 − 0.75·α ≈ 0.966).
 TEST(TraceEval, PipelineWithCheckpointsForecastsBubblesAndCheckpoints) {
   const EvaluationReport r = EvaluateTrace("pipeline_ckpt.jsonl", 1);
   EXPECT_GT(r.forecasts, 1000);
-  EXPECT_GE(r.total.precision(), 0.99);
-  EXPECT_GE(r.total.recall(), 0.42);
-  EXPECT_GE(Kind(r, IdleKind::kCheckpoint).precision(), 0.99);
-  EXPECT_GE(Kind(r, IdleKind::kCheckpoint).recall(), 0.65);
-  EXPECT_GE(Kind(r, IdleKind::kPipelineBubble).precision(), 0.99);
-  EXPECT_GE(Kind(r, IdleKind::kPipelineBubble).recall(), 0.42);
+  EXPECT_GE(r.total.precision(), 0.9545);
+  EXPECT_GE(r.total.recall(), 0.53);
+  EXPECT_GE(Kind(r, IdleKind::kCheckpoint).precision(), 0.9545);
+  EXPECT_GE(Kind(r, IdleKind::kCheckpoint).recall(), 0.68);
+  EXPECT_GE(Kind(r, IdleKind::kPipelineBubble).precision(), 0.9545);
+  EXPECT_GE(Kind(r, IdleKind::kPipelineBubble).recall(), 0.54);
 }
 
-// Measured: precision 1.000, recall 0.474; eval 1.000 / 0.494 (the eval's
+// Measured: precision 1.000, recall 0.466; eval 1.000 / 0.485 (the eval's
 // own forward pass varies by ~5%, and its first two occurrences are not
 // forecast). Horizon scoring: precision 1.000.
 TEST(TraceEval, SteadyTextTrainingForecastsItsEvalWindows) {
