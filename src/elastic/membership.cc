@@ -12,7 +12,8 @@
 //   hb/<id>             heartbeat: "<session>:<counter>", rewritten every
 //                       heartbeat; only changes are meaningful
 //   join/seq            counter of join requests ("tickets")
-//   join/<t>            ticket t: JSON {id, host, rack, switch}
+//   join/<t>            ticket t: JSON {id, host, rack, switch, session};
+//                       {withdrawn, id, session} once its holder left
 //   gen/latest          a hint: the newest generation number written
 //   gen/<N>             generation N: JSON {number, kind, at_step, members,
 //                       joined, left}; written once, by compare-and-set
@@ -237,6 +238,7 @@ std::string SessionOf(const std::string& heartbeat) {
 // What a heartbeat observer knows of one replica.
 struct Observed {
   std::string value;
+  bool read = false;     // `value` was read from the store (not just watching)
   int64_t since_ns = 0;  // when `value` was first seen (or watching began)
   int changes = 0;       // changes seen since watching began
 };
@@ -528,10 +530,13 @@ class MembershipImpl final : public Membership {
     }
     // Withdraw this replica's join ticket, so that a member that has not
     // read it yet does not admit us again while our heartbeat still looks
-    // alive (a record without an id is skipped).
+    // alive; the record names this process, so that a reader drops any
+    // older ticket of it too.
     if (my_ticket_ > 0) {
       const std::string key = absl::StrCat("join/", my_ticket_);
-      Retry(key, [&] { return store_.Set(key, R"({"withdrawn":true})"); }).IgnoreError();
+      const std::string withdrawn =
+          Json{{"withdrawn", true}, {"id", o_.self.id}, {"session", session_}}.dump();
+      Retry(key, [&] { return store_.Set(key, withdrawn); }).IgnoreError();
     }
     return absl::OkStatus();
   }
@@ -760,12 +765,32 @@ class MembershipImpl final : public Membership {
                          "' (key 'incarnation'): the store lost its "
                          "state under the running job")));
       }
+      if (j.is_object() && j.contains("withdrawn")) {
+        // Its holder left: none of its tickets counts any more.
+        if (absl::StatusOr<ReplicaInfo> gone = InfoFromJson(j); gone.ok()) {
+          DropTickets(gone->id, gone->session);
+        }
+        next_ticket_ = t + 1;
+        continue;
+      }
       absl::StatusOr<ReplicaInfo> info = InfoFromJson(j);
       if (info.ok()) {
-        tickets_.erase(std::remove_if(tickets_.begin(), tickets_.end(),
-                                      [&](const ReplicaInfo& r) { return r.id == info->id; }),
-                       tickets_.end());
-        tickets_.push_back(*std::move(info));
+        DropTickets(info->id, "");
+        // Read only now, but its holder (this very process) is already a
+        // member: it was admitted with this ticket, which is used up, and
+        // must not admit it again once it is dropped (killed). Unless a
+        // newer generation has left it out since: then the ticket may be
+        // the one it rejoins with.
+        bool used_up = false;
+        if (!info->session.empty()) {
+          const Generation cur = current();
+          if (ContainsSession(cur.members, info->id, info->session)) {
+            absl::StatusOr<std::optional<Generation>> newer = LatestFrom(cur.number);
+            if (!newer.ok()) return newer.status();
+            used_up = !newer->has_value();
+          }
+        }
+        if (!used_up) tickets_.push_back(*std::move(info));
       }
       next_ticket_ = t + 1;
     }
@@ -784,9 +809,22 @@ class MembershipImpl final : public Membership {
         seen_[r.id].since_ns = now;
         continue;
       }
+      // A ticket counts for the process that wrote it: the heartbeat of its
+      // id must be seen changing, under the ticket's session.
+      const std::string beating = SessionOf(it->second.value);
+      if (!r.session.empty() && beating != r.session) continue;
       if (it->second.changes > 0 && !IsDeadLocked(r.id, now)) out.push_back(r);
     }
     return out;
+  }
+
+  // Forgets the tickets of `id` (only those of `session` when given).
+  void DropTickets(const std::string& id, const std::string& session) {
+    tickets_.erase(std::remove_if(tickets_.begin(), tickets_.end(),
+                                  [&](const ReplicaInfo& r) {
+                                    return r.id == id && (session.empty() || r.session == session);
+                                  }),
+                   tickets_.end());
   }
 
   void Beat() {
@@ -851,9 +889,13 @@ class MembershipImpl final : public Membership {
         for (const auto& [id, v] : values) {
           Observed& o = seen_[id];
           const std::string value = v.value_or("");
-          if (o.since_ns == 0) {
-            o.since_ns = now;
+          if (!o.read) {
+            // The first read is no change: a dead replica's last heartbeat
+            // must not look like a fresh one to an observer that just began
+            // watching it (a newcomer reading the old tickets).
+            o.read = true;
             o.value = value;
+            if (o.since_ns == 0) o.since_ns = now;
           } else if (value != o.value) {
             o.value = value;
             o.since_ns = now;

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -445,6 +446,57 @@ TEST(Membership, AReplicaLeftOutOfANewGenerationRejoins) {
   EXPECT_EQ(admitted->number, 3);
   EXPECT_EQ(Ids(*admitted), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(rejoined->number, 3);
+}
+
+// A replica killed (heartbeats stop, no goodbye) is dropped by the
+// survivors' Recover; a replica that joins afterwards finds the dead one's
+// old join ticket and heartbeat key in the store. Neither the survivor nor
+// the newcomer may take them for a live candidate: the dead replica must not
+// appear in any later generation (it would stall the others until their
+// communicator's init timeout, then need another recover).
+TEST(Membership, AKilledReplicaIsNeverReadmittedByALaterGeneration) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 1, 3));
+  auto b = MustCreate(*store, Opts("b", 1, 3));
+  JoinAll({a.get(), b.get()});
+  ASSERT_EQ(a->current().size(), 2);
+  b.reset();  // SIGKILL: its heartbeats stop
+  absl::StatusOr<Generation> recovered = a->Recover(5);
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(Ids(*recovered), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(recovered->left, (std::vector<std::string>{"b"}));
+
+  auto c = MustCreate(*store, Opts("c", 1, 3));
+  absl::StatusOr<Generation> joined;
+  std::thread joiner([&] { joined = c->Join(); });
+  std::vector<Generation> seen;
+  int64_t step = 5;
+  for (; step < 400 && seen.empty(); ++step) {
+    absl::StatusOr<std::optional<Generation>> n = a->AtBoundary(step);
+    ASSERT_TRUE(n.ok()) << n.status();
+    if (n->has_value()) seen.push_back(**n);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  joiner.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(Ids(seen[0]), (std::vector<std::string>{"a", "c"}));
+  // Both members go on through boundaries for several peer timeouts; every
+  // member proposes joins for the tickets it reads (the newcomer reads the
+  // whole history of tickets).
+  for (const int64_t end = step + 80; step < end; ++step) {
+    for (Membership* m : {a.get(), c.get()}) {
+      absl::StatusOr<std::optional<Generation>> n = m->AtBoundary(step);
+      ASSERT_TRUE(n.ok()) << n.status();
+      if (n->has_value()) seen.push_back(**n);
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  for (const Generation& g : seen) {
+    EXPECT_FALSE(absl::c_linear_search(Ids(g), "b")) << g.ToString();
+  }
+  EXPECT_EQ(a->current().number, recovered->number + 1) << a->current().ToString();
 }
 
 TEST(Membership, AnUnreachableStoreFailsCreateWithinItsRetryBound) {
