@@ -70,20 +70,20 @@ absl::StatusOr<std::vector<Span>> LiveForecast(const StepLog& log, const PlotOpt
   fo.pipeline = log.header.pipeline;
   auto forecaster = Forecaster::Create(fo);
   if (!forecaster.ok()) return forecaster.status();
-  auto stats = StepStats::Create(o.stats, log.header.phases);
-  if (!stats.ok()) return stats.status();
   std::vector<Span> out;
   forecasts = 0;
   scored = {0, 0, IdleKind::kNone};
+  // The same replay as omni eval: the forecaster learns each step as it
+  // ends and forecasts from the past only.
   for (size_t i = 0; i < log.steps.size(); ++i) {
     const StepRecord& rec = log.steps[i];
-    if (auto st = stats->Add(rec); !st.ok()) return st;
-    if (stats->warming_up() || i + 1 >= log.steps.size()) continue;
+    if (auto st = forecaster->Observe(rec, log.header.phases); !st.ok()) return st;
+    if (i + 1 >= log.steps.size()) continue;
     const int64_t now = rec.end_ns;
     const int64_t until = log.steps[i + 1].end_ns;
     if (until <= t0 || now >= t1) continue;
-    auto f = forecaster->Predict(*stats, now);
-    if (!f.ok()) continue;  // e.g. no normal step yet
+    auto f = forecaster->Predict(now);
+    if (!f.ok()) continue;  // too few steps in the current regime
     if (forecasts++ == 0) scored.a = now;
     scored.b = until;
     for (const IdleWindow& w : f->windows) {
@@ -93,8 +93,9 @@ absl::StatusOr<std::vector<Span>> LiveForecast(const StepLog& log, const PlotOpt
       if (s.b > s.a) out.push_back(s);
     }
   }
-  if (stats->warming_up()) {
-    return absl::FailedPreconditionError("the log never becomes stationary: no forecast to plot");
+  if (forecasts == 0) {
+    return absl::FailedPreconditionError(
+        "no forecast in the plotted range: the log never has enough steps of one regime");
   }
   return out;
 }
