@@ -306,6 +306,7 @@ int Run(const TrainFlags& flags) {
   options.stats.window = flags.window;
   options.step_log_path = flags.log_path;
   options.trace_path = flags.trace_path;
+  options.window_channel_name = flags.window_channel;
   if (flags.eval_every > 0) {
     options.forecast.eval.every_steps = flags.eval_every;
     options.forecast.eval.offset = flags.eval_every - 1;
