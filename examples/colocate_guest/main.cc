@@ -20,6 +20,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -41,6 +42,7 @@ struct Flags {
   std::string channel, ckpt_dir, notice_file, log;
   int64_t steps = 1000, seed = 1, hidden = 128, batch = 64;
   double guard_ms = 2;
+  double unit_ms = 10;   // the step's cost bound until one was measured
   double attach_s = 30;  // wait this long for the host's channel to appear
 };
 
@@ -50,32 +52,25 @@ int Fail(const absl::Status& st) {
 }
 
 bool Parse(int argc, char** argv, Flags& f) {
+  const std::map<std::string, std::string*> text = {{"--channel", &f.channel},
+                                                    {"--ckpt-dir", &f.ckpt_dir},
+                                                    {"--notice-file", &f.notice_file},
+                                                    {"--log", &f.log}};
+  const std::map<std::string, int64_t*> ints = {
+      {"--steps", &f.steps}, {"--seed", &f.seed}, {"--hidden", &f.hidden}, {"--batch", &f.batch}};
+  const std::map<std::string, double*> reals = {
+      {"--guard-ms", &f.guard_ms}, {"--unit-ms", &f.unit_ms}, {"--attach-s", &f.attach_s}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    double d = 0;
-    const bool num = absl::SimpleAtod(v, &d);
-    if (k == "--channel")
-      f.channel = v;
-    else if (k == "--ckpt-dir")
-      f.ckpt_dir = v;
-    else if (k == "--notice-file")
-      f.notice_file = v;
-    else if (k == "--log")
-      f.log = v;
-    else if (k == "--steps" && num)
-      f.steps = static_cast<int64_t>(d);
-    else if (k == "--seed" && num)
-      f.seed = static_cast<int64_t>(d);
-    else if (k == "--hidden" && num)
-      f.hidden = static_cast<int64_t>(d);
-    else if (k == "--batch" && num)
-      f.batch = static_cast<int64_t>(d);
-    else if (k == "--guard-ms" && num)
-      f.guard_ms = d;
-    else if (k == "--attach-s" && num)
-      f.attach_s = d;
-    else
+    if (auto t = text.find(k); t != text.end()) {
+      *t->second = v;
+    } else if (auto n = ints.find(k); n != ints.end()) {
+      if (!absl::SimpleAtoi(v, n->second)) return false;
+    } else if (auto r = reals.find(k); r != reals.end()) {
+      if (!absl::SimpleAtod(v, r->second)) return false;
+    } else {
       return false;
+    }
   }
   return argc % 2 == 1 && !f.ckpt_dir.empty() && f.steps > 0;
 }
@@ -168,6 +163,7 @@ int Run(const Flags& flags) {
   omni::colocate::GuestLoopOptions lo;
   lo.max_units = flags.steps - progress.step;
   lo.wait_poll = absl::Milliseconds(5);
+  lo.initial_unit_ns = static_cast<int64_t>(1e6 * flags.unit_ms);
   omni::colocate::GuestLoopResult r;
   if (source) {
     r = omni::colocate::RunGuestLoop(**gate, *source, step, stop, lo);
@@ -221,7 +217,8 @@ int main(int argc, char** argv) {
   if (!Parse(argc, argv, flags)) {
     std::fprintf(stderr,
                  "usage: colocate_guest --ckpt-dir DIR [--channel NAME] [--steps N] [--seed S]\n"
-                 "  [--hidden H] [--batch B] [--guard-ms G] [--notice-file F] [--log PATH]\n"
+                 "  [--hidden H] [--batch B] [--guard-ms G] [--unit-ms U] [--notice-file F]\n"
+                 "  [--log PATH]"
                  "  [--attach-s S]\n");
     return 2;
   }
