@@ -42,7 +42,7 @@ FINAL_RE = re.compile(r"final step=(\d+) params_xxh3=([0-9a-f]{16}) loss=(-?[\d.
 SAVED_RE = re.compile(r"saved step=(\d+) params_xxh3=([0-9a-f]{16})")
 GATE_RE = re.compile(r"units=(\d+) waits=(\d+) yields=(\d+) yield_p99_ms=([\d.]+) "
                      r"yield_max_ms=([\d.]+) deadline_misses=(\d+)")
-CRITICAL = ["--seed", "1", "--batch", "8", "--eval-every", "25", "--quiet", "--max-replicas", "2",
+CRITICAL = ["--seed", "1", "--batch", "8", "--eval-every", "10", "--quiet", "--max-replicas", "2",
             "--heartbeat-ms", "50", "--peer-timeout-ms", "600"]
 GUEST = ["--hidden", "64", "--batch", "32", "--seed", "7", "--guard-ms", "2", "--unit-ms", "5"]
 WARMUP_STEPS = 10  # excluded from step-time means (the runtime's own warm-up)
