@@ -139,19 +139,19 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
       continue;
     }
 
-    static constexpr absl::string_view kValued[] = {"steps",        "seed",
-                                                    "batch",        "lr",
-                                                    "threads",      "log",
-                                                    "trace",        "forecast",
-                                                    "eval-every",   "stall-scale",
-                                                    "window",       "ckpt-dir",
-                                                    "ckpt-every",   "keep",
-                                                    "loss-log",     "notice-file",
-                                                    "store",        "replica-id",
-                                                    "min-replicas", "max-replicas",
-                                                    "heartbeat-ms", "peer-timeout-ms",
-                                                    "params-out",   "device",
-                                                    "dropout",      "notice-key",
+    static constexpr absl::string_view kValued[] = {"steps",         "seed",
+                                                    "batch",         "lr",
+                                                    "threads",       "log",
+                                                    "trace",         "forecast",
+                                                    "eval-every",    "stall-scale",
+                                                    "window",        "ckpt-dir",
+                                                    "ckpt-every",    "keep",
+                                                    "loss-log",      "notice-file",
+                                                    "store",         "replica-id",
+                                                    "min-replicas",  "max-replicas",
+                                                    "heartbeat-ms",  "peer-timeout-ms",
+                                                    "params-out",    "device",
+                                                    "dropout",       "notice-key",
                                                     "window-channel"};
     bool known = false;
     for (absl::string_view k : kValued) known = known || k == name;
