@@ -1,5 +1,6 @@
 // colocate_guest: a best-effort LibTorch trainer that runs in a critical
-// (host) job's idle windows on the same machine. Copy it and replace Step().
+// (host) job's idle windows on the same machine. Copy it and replace the
+// model and the `step` lambda.
 //
 //   colocate_guest --channel job-42 --steps 2000 --ckpt-dir /tmp/guest
 //

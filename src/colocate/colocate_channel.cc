@@ -73,8 +73,8 @@ void ChannelWindowSource::Apply(const WindowNotice& n) {
     if (remaining > promised + 1'000'000) ++version_;
     return;
   }
-  if (window_.open) CloseOpen(n.opened_ns);     // replaced by a newer window unseen closing
-  if (window_.window_id >= n.sequence) return;  // an old notice (never happens)
+  if (n.sequence < window_.window_id) return;  // older than the window we hold
+  if (window_.open) CloseOpen(n.opened_ns);    // replaced by a newer one, its close unseen
   window_ = OpenWindow{true, n.sequence, n.opened_ns, remaining, n.read_at_ns, n.confidence};
   ++stats_.opens;
   ++version_;
