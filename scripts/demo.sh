@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make demo: train the example multimodal model for a few hundred steps with
-# telemetry and forecasting on, then show what the runtime measured.
+# telemetry and forecasting on, then show what the runtime measured; then
+# co-location: a best-effort guest in the idle windows of a 2-replica job.
 set -euo pipefail
 BUILD="${1:-build}"
 OUT="$BUILD/demo"
@@ -17,8 +18,13 @@ echo
 echo "== the last 60 steps as a picture: real idle time against forecast windows (omni plot) =="
 "$BUILD/bin/omni" plot "$OUT/steps.jsonl" --from-step 240 --out "$OUT/timeline.svg"
 echo
+echo "== co-location: the critical job (2 elastic replicas) and a best-effort guest in its idle windows =="
+/usr/bin/python3 scripts/colocate_demo.py "$BUILD"
+echo
 echo "Files written:"
 echo "  step log (JSON Lines):      $OUT/steps.jsonl"
 echo "  timeline (ui.perfetto.dev): $OUT/trace.json"
 echo "  latest forecast (JSON):     $OUT/forecast.json"
 echo "  idle timeline (SVG):        $OUT/timeline.svg"
+echo "  co-location timeline (SVG): $OUT/colocation/timeline.svg"
+echo "  co-location trace:          $OUT/colocation/trace.json"

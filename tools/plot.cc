@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
 #include "svg.h"
 
 namespace omni::cli {
@@ -140,6 +141,28 @@ double NiceStep(double span_s, int target) {
 
 }  // namespace
 
+absl::StatusOr<GuestTrack> ReadGuestTrack(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read guest file ", path));
+  GuestTrack g;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": not a JSON object"));
+    }
+    if (j.contains("start_ns") && j.contains("end_ns") && j["start_ns"].is_number_integer() &&
+        j["end_ns"].is_number_integer()) {
+      g.units.emplace_back(j["start_ns"].get<int64_t>(), j["end_ns"].get<int64_t>());
+    } else if (j.contains("t_ns") && j["t_ns"].is_number_integer() && j.contains("mark") &&
+               j["mark"].is_string()) {
+      g.marks.emplace_back(j["t_ns"].get<int64_t>(), j["mark"].get<std::string>());
+    }
+  }
+  return g;
+}
+
 absl::StatusOr<std::string> PlotTimeline(const StepLog& log, const PlotOptions& o) {
   if (log.steps.empty()) return absl::InvalidArgumentError("step log has no steps");
   size_t first = 0, last = log.steps.size() - 1;
@@ -182,7 +205,9 @@ absl::StatusOr<std::string> PlotTimeline(const StepLog& log, const PlotOptions& 
   for (int k = 1; k < kNumIdleKinds; ++k) lanes += shown[static_cast<size_t>(k)] ? 1 : 0;
   const double plot_w = std::max(200.0, o.width_px - left - right);
   const double lanes_top = top + strip_h + 10;
-  const double axis_y = lanes_top + std::max(1, lanes) * lane_h + 6;
+  const bool guest_lane = !o.guest.units.empty();
+  const double guest_y = lanes_top + std::max(1, lanes) * lane_h;
+  const double axis_y = guest_y + (guest_lane ? lane_h : 0) + 6;
   const double height = axis_y + 70;
   const double span_s = static_cast<double>(t1 - t0) / 1e9;
   const auto x_of = [&](int64_t t) {
@@ -252,6 +277,30 @@ absl::StatusOr<std::string> PlotTimeline(const StepLog& log, const PlotOptions& 
              "middle", "#777");
   }
 
+  // The guest's units, and the marks across every lane.
+  if (guest_lane) {
+    int64_t busy = 0;
+    for (const auto& [a, b] : o.guest.units)
+      busy += std::max<int64_t>(0, std::min(b, t1) - std::max(a, t0));
+    svg.Rect(left, guest_y, plot_w, lane_h - 6, "#fafafa", 1.0, "#e0e0e0");
+    svg.Text(left - 8, guest_y + 20, o.guest.label.empty() ? "guest" : o.guest.label, 12, "end",
+             "#111");
+    svg.Text(left - 8, guest_y + 34,
+             absl::StrFormat("%.3f s of work", static_cast<double>(busy) / 1e9), 9, "end", "#555");
+    for (const auto& [a, b] : o.guest.units) {
+      if (b <= t0 || a >= t1) continue;
+      const double x = x_of(std::max(a, t0));
+      svg.Rect(x, guest_y + 10, std::max(0.5, x_of(std::min(b, t1)) - x), 22, "#2ca02c", 1.0,
+               "none", absl::StrFormat("guest unit: %.3f ms", static_cast<double>(b - a) / 1e6));
+    }
+  }
+  int shown_marks = 0;  // labels staggered so that close marks stay readable
+  for (const auto& [t, label] : o.guest.marks) {
+    if (t < t0 || t > t1) continue;
+    svg.Line(x_of(t), top, x_of(t), axis_y, "#d62728", 1.2);
+    svg.Text(x_of(t) + 3, axis_y - 4 - 11.0 * (shown_marks++ % 3), label, 10, "start", "#d62728");
+  }
+
   // Time axis, seconds from the first step shown.
   svg.Line(left, axis_y, left + plot_w, axis_y, "#444");
   const double tick = NiceStep(span_s, 10);
@@ -277,8 +326,8 @@ absl::StatusOr<std::string> PlotTimeline(const StepLog& log, const PlotOptions& 
 int PlotCommand(int argc, char** argv) {
   const char* usage =
       "usage: omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N] [--k K] "
-      "[--horizon-s S] [--window N] [--width PX]\n";
-  std::string log_path, out;
+      "[--horizon-s S] [--window N] [--width PX] [--guest G.jsonl [--guest-label L]]\n";
+  std::string log_path, out, guest_path;
   PlotOptions o;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -297,6 +346,14 @@ int PlotCommand(int argc, char** argv) {
     const std::string v = argv[++i];
     if (a == "--out") {
       out = v;
+      continue;
+    }
+    if (a == "--guest") {
+      guest_path = v;
+      continue;
+    }
+    if (a == "--guest-label") {
+      o.guest.label = v;
       continue;
     }
     char* end = nullptr;
@@ -339,6 +396,16 @@ int PlotCommand(int argc, char** argv) {
     return 1;
   }
   o.title = absl::StrCat("omni plot ", log_path);
+  if (!guest_path.empty()) {
+    const std::string label = o.guest.label;
+    auto guest = ReadGuestTrack(guest_path);
+    if (!guest.ok()) {
+      std::fprintf(stderr, "omni: %s\n", std::string(guest.status().message()).c_str());
+      return 1;
+    }
+    o.guest = *std::move(guest);
+    o.guest.label = label;
+  }
   auto svg = PlotTimeline(*log, o);
   if (!svg.ok()) {
     std::fprintf(stderr, "omni: %s\n", std::string(svg.status().message()).c_str());

@@ -60,6 +60,10 @@ with Omni telemetry. The same command gives bit-identical parameters.
   --text-only       text-only training: no images, no heavy-tailed decoding
   --stall-scale X   multiplies the per-sample decode cost (default 1; 0 = no decode cost)
   --window N        rolling statistics window in steps (default 200)
+  --window-channel NAME
+                    publish live window notices ("idle now" / "busy again") on the
+                    shared-memory channel NAME for guests on this host
+                    (omni/window_channel.h, docs/colocation.md)
   --quiet           print only the final line
   --help            print this help
 
@@ -138,19 +142,20 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
       continue;
     }
 
-    static constexpr absl::string_view kValued[] = {"steps",        "seed",
-                                                    "batch",        "lr",
-                                                    "threads",      "log",
-                                                    "trace",        "forecast",
-                                                    "eval-every",   "stall-scale",
-                                                    "window",       "ckpt-dir",
-                                                    "ckpt-every",   "keep",
-                                                    "loss-log",     "notice-file",
-                                                    "store",        "replica-id",
-                                                    "min-replicas", "max-replicas",
-                                                    "heartbeat-ms", "peer-timeout-ms",
-                                                    "params-out",   "device",
-                                                    "dropout",      "notice-key"};
+    static constexpr absl::string_view kValued[] = {"steps",         "seed",
+                                                    "batch",         "lr",
+                                                    "threads",       "log",
+                                                    "trace",         "forecast",
+                                                    "eval-every",    "stall-scale",
+                                                    "window",        "ckpt-dir",
+                                                    "ckpt-every",    "keep",
+                                                    "loss-log",      "notice-file",
+                                                    "store",         "replica-id",
+                                                    "min-replicas",  "max-replicas",
+                                                    "heartbeat-ms",  "peer-timeout-ms",
+                                                    "params-out",    "device",
+                                                    "dropout",       "notice-key",
+                                                    "window-channel"};
     bool known = false;
     for (absl::string_view k : kValued) known = known || k == name;
     if (!known) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
@@ -222,6 +227,9 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
     } else if (name == "notice-key") {
       if (value.empty()) return BadValue(name, value, "a non-empty store key");
       f.notice_key = std::string(value);
+    } else if (name == "window-channel") {
+      if (value.empty()) return BadValue(name, value, "a non-empty channel name");
+      f.window_channel = std::string(value);
     } else if (name == "replica-id") {
       if (value.empty()) return BadValue(name, value, "a non-empty id");
       f.replica_id = std::string(value);

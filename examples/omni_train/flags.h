@@ -19,6 +19,7 @@ struct TrainFlags {
   std::string log_path;        // --log: JSON Lines step log
   std::string trace_path;      // --trace: Perfetto / Chrome trace
   std::string forecast_path;   // --forecast: forecast file sink
+  std::string window_channel;  // --window-channel: live window notices channel
   int64_t eval_every = 50;     // 0 disables eval
   bool text_only = false;
   double stall_scale = 1.0;

@@ -140,6 +140,7 @@ absl::StatusOr<omni::RuntimeOptions> Options(const TrainFlags& flags, Multimodal
   o.telemetry.stats.window = flags.window;
   if (!flags.log_path.empty()) o.telemetry.step_log_path = flags.log_path;
   if (!flags.trace_path.empty()) o.telemetry.trace_path = flags.trace_path;
+  o.telemetry.window_channel_name = flags.window_channel;
   o.forecast_path = flags.forecast_path;
   if (flags.eval_every > 0) {
     o.telemetry.forecast.eval.every_steps = flags.eval_every;

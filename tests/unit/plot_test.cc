@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <regex>
 #include <string>
 
@@ -96,6 +97,48 @@ TEST(SvgWriter, EscapesTextAndAttributes) {
   cli::SvgWriter w(10, 10);
   w.Text(1, 2, "x<y");
   EXPECT_NE(w.Finish().find(">x&lt;y</text>"), std::string::npos);
+}
+
+TEST(PlotTimeline, DrawsTheGuestsUnitsInTheirOwnLaneAndItsMarksAcrossTheLanes) {
+  const StepLog log = SyntheticLog();
+  const std::string path = ::testing::TempDir() + "/plot_guest.jsonl";
+  {
+    std::ofstream f(path);
+    // Two units inside the run, one after it (not drawn), a mark, a line of
+    // another shape (skipped).
+    f << "{\"step\":0,\"start_ns\":2000000000,\"end_ns\":2005000000}\n"
+      << "{\"step\":1,\"start_ns\":2005000000,\"end_ns\":2010000000}\n"
+      << "{\"step\":2,\"start_ns\":99000000000,\"end_ns\":99005000000}\n"
+      << "{\"t_ns\":3000000000,\"mark\":\"r1 killed\"}\n"
+      << "{\"other\":1}\n";
+  }
+  auto track = cli::ReadGuestTrack(path);
+  ASSERT_TRUE(track.ok()) << track.status();
+  EXPECT_EQ(track->units.size(), 3u);
+  ASSERT_EQ(track->marks.size(), 1u);
+  cli::PlotOptions o;
+  o.stats.warmup.max_steps = 0;
+  o.stats.warmup.min_steps = 0;
+  o.guest = *track;
+  o.guest.label = "guest steps";
+  auto svg = cli::PlotTimeline(log, o);
+  ASSERT_TRUE(svg.ok()) << svg.status();
+  EXPECT_EQ(Count(*svg, "<title>guest unit"), 2);
+  EXPECT_EQ(Count(*svg, ">guest steps</text>"), 1);
+  EXPECT_EQ(Count(*svg, ">r1 killed</text>"), 1);
+  EXPECT_EQ(Count(*svg, "0.010 s of work"), 1);
+}
+
+TEST(PlotTimeline, AMalformedGuestFileIsRefusedNamingFileAndLine) {
+  const std::string path = ::testing::TempDir() + "/plot_guest_bad.jsonl";
+  {
+    std::ofstream f(path);
+    f << "{\"start_ns\":1,\"end_ns\":2}\n{not json\n";
+  }
+  auto track = cli::ReadGuestTrack(path);
+  ASSERT_EQ(track.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(track.status().message().find(path + ":2"), std::string::npos) << track.status();
+  EXPECT_EQ(cli::ReadGuestTrack(path + ".missing").status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

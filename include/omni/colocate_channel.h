@@ -1,0 +1,100 @@
+// The guest's view of a host on the same machine: a WindowSource over the
+// host's live window notices (omni/window_channel.h).
+//
+// A watcher thread polls the host's shared-memory channel every `poll` and
+// keeps the window that is open now: its id (the sequence number of the
+// notice that opened it), when it opened, and the remaining duration at the
+// host's stated confidence, refreshed at every poll (the conditional
+// quantile given the time the window has already lasted, computed by
+// WindowChannelReader). When the host's notice says busy again — or a new
+// window replaces an unclosed one, or the host's writer shut down — the
+// watcher calls GuestGate::HostClosed with the host's close time at once, so
+// that a unit still running counts as a yield (and as a deadline miss when
+// it ends after the close) without waiting for the guest's next boundary.
+//
+//   auto gate = omni::colocate::GuestGate::Create({}).value();
+//   auto src = omni::colocate::ChannelWindowSource::Open("job-42", gate.get()).value();
+//   RunGuestLoop(*gate, *src, unit, stop, {});
+//
+// Times are CLOCK_MONOTONIC nanoseconds (the writer's and Clock::Real()),
+// comparable on one host. A window that opened and closed between two polls
+// is not seen: the guest does not use it.
+//
+// Thread safety: Current and WaitForChange may be called from any thread;
+// the watcher thread is started by Open and joined by the destructor.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "omni/colocate_gate.h"
+#include "omni/colocate_guest.h"
+#include "omni/export.h"
+#include "omni/window_channel.h"
+
+namespace omni::colocate {
+
+struct ChannelSourceOptions {
+  // How often the watcher reads the channel: bounds how late a close reaches
+  // the gate (plus the guest's current unit for a cooperative yield).
+  absl::Duration poll = absl::Microseconds(500);
+};
+
+struct ChannelSourceStats {
+  int64_t opens = 0;        // windows seen open
+  int64_t closes = 0;       // closes passed to the gate
+  int64_t read_errors = 0;  // reads that found the writer mid-write (retried)
+  bool writer_closed = false;
+};
+
+class OMNI_EXPORT ChannelWindowSource final : public WindowSource {
+ public:
+  // Opens the host's channel `name` and starts the watcher. `gate` (optional,
+  // not owned, must outlive the source) receives HostClosed. Errors: those of
+  // WindowChannelReader::Open (NotFound naming the channel when no host
+  // created it; InvalidArgument for a bad name; FailedPrecondition for a
+  // corrupt channel or another version); InvalidArgument for poll <= 0.
+  static absl::StatusOr<std::unique_ptr<ChannelWindowSource>> Open(
+      const std::string& name, GuestGate* gate, const ChannelSourceOptions& options = {});
+
+  ~ChannelWindowSource() override;  // stops and joins the watcher
+  ChannelWindowSource(const ChannelWindowSource&) = delete;
+  ChannelWindowSource& operator=(const ChannelWindowSource&) = delete;
+
+  // The window open now, with the remaining duration as of the last poll.
+  OpenWindow Current() override;
+  // True when a window opened or closed, or an open window's remaining
+  // duration grew (a long phase proved longer than the typical one), since
+  // the last Current(); waits at most `timeout`.
+  bool WaitForChange(absl::Duration timeout) override;
+  ChannelSourceStats Stats();
+
+  // Use Open.
+  ChannelWindowSource(std::unique_ptr<WindowChannelReader> reader, GuestGate* gate,
+                      const ChannelSourceOptions& options);
+
+ private:
+  void Watch();
+  void Apply(const WindowNotice& n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseOpen(int64_t closed_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  std::unique_ptr<WindowChannelReader> reader_;  // watcher thread only
+  GuestGate* gate_;
+  ChannelSourceOptions options_;
+  absl::Notification stop_;
+  absl::Mutex mu_;
+  OpenWindow window_ ABSL_GUARDED_BY(mu_);
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t seen_ ABSL_GUARDED_BY(mu_) = 0;
+  ChannelSourceStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread watcher_;
+};
+
+}  // namespace omni::colocate

@@ -1,0 +1,101 @@
+#include "omni/colocate_channel.h"
+
+#include <utility>
+
+#include "absl/status/status.h"
+
+namespace omni::colocate {
+
+absl::StatusOr<std::unique_ptr<ChannelWindowSource>> ChannelWindowSource::Open(
+    const std::string& name, GuestGate* gate, const ChannelSourceOptions& options) {
+  if (options.poll <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ChannelSourceOptions.poll must be positive");
+  }
+  absl::StatusOr<std::unique_ptr<WindowChannelReader>> reader = WindowChannelReader::Open(name);
+  if (!reader.ok()) return reader.status();
+  return std::make_unique<ChannelWindowSource>(*std::move(reader), gate, options);
+}
+
+ChannelWindowSource::ChannelWindowSource(std::unique_ptr<WindowChannelReader> reader,
+                                         GuestGate* gate, const ChannelSourceOptions& options)
+    : reader_(std::move(reader)), gate_(gate), options_(options) {
+  watcher_ = std::thread([this] { Watch(); });
+}
+
+ChannelWindowSource::~ChannelWindowSource() {
+  stop_.Notify();
+  watcher_.join();
+}
+
+void ChannelWindowSource::Watch() {
+  do {
+    absl::StatusOr<WindowNotice> n = reader_->Read();
+    absl::MutexLock l(&mu_);
+    if (n.ok()) {
+      Apply(*n);
+    } else {
+      ++stats_.read_errors;
+    }
+  } while (!stop_.WaitForNotificationWithTimeout(options_.poll));
+}
+
+void ChannelWindowSource::CloseOpen(int64_t closed_ns) {
+  if (!window_.open) return;
+  if (gate_ != nullptr) gate_->HostClosed(window_.window_id, closed_ns);
+  window_.open = false;
+  ++stats_.closes;
+  ++version_;
+}
+
+void ChannelWindowSource::Apply(const WindowNotice& n) {
+  if (n.writer_closed) {
+    if (!stats_.writer_closed) {
+      stats_.writer_closed = true;
+      CloseOpen(n.closed_ns > 0 ? n.closed_ns : n.read_at_ns);
+      ++version_;
+    }
+    return;
+  }
+  if (n.state == WindowState::kClosed) {
+    // The close of the window we hold, or of a later one we never saw open.
+    if (window_.open && n.sequence > window_.window_id) CloseOpen(n.closed_ns);
+    return;
+  }
+  if (n.state != WindowState::kOpen) return;
+  const int64_t remaining = n.remaining_ns > 0 ? n.remaining_ns : 0;
+  if (window_.open && window_.window_id == n.sequence) {
+    // The same window: refresh its remainder. Wake a waiting guest only when
+    // it grew beyond what the last statement still promised.
+    const int64_t promised = window_.remaining_ns - (n.read_at_ns - window_.as_of_ns);
+    window_.remaining_ns = remaining;
+    window_.as_of_ns = n.read_at_ns;
+    window_.confidence = n.confidence;
+    if (remaining > promised + 1'000'000) ++version_;
+    return;
+  }
+  if (n.sequence < window_.window_id) return;  // older than the window we hold
+  if (window_.open) CloseOpen(n.opened_ns);    // replaced by a newer one, its close unseen
+  window_ = OpenWindow{true, n.sequence, n.opened_ns, remaining, n.read_at_ns, n.confidence};
+  ++stats_.opens;
+  ++version_;
+}
+
+OpenWindow ChannelWindowSource::Current() {
+  absl::MutexLock l(&mu_);
+  seen_ = version_;
+  return window_;
+}
+
+bool ChannelWindowSource::WaitForChange(absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  const uint64_t seen = seen_;
+  auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return version_ != seen; };
+  return mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
+}
+
+ChannelSourceStats ChannelWindowSource::Stats() {
+  absl::MutexLock l(&mu_);
+  return stats_;
+}
+
+}  // namespace omni::colocate

@@ -1,0 +1,160 @@
+// ChannelWindowSource on a real shared-memory channel: the host's writer runs
+// on another thread, as the telemetry hooks of another process would.
+#include "omni/colocate_channel.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace omni::colocate {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr absl::Duration kBound = absl::Seconds(5);  // bounded waits, never reached when it works
+
+std::string UniqueChannel() {
+  static std::atomic<int> n{0};
+  return absl::StrCat("omni-coloc-test-", ::getpid(), "-", n.fetch_add(1));
+}
+
+// A host whose data stalls have lasted 200 ms each.
+std::unique_ptr<WindowChannelWriter> Host(const std::string& name) {
+  auto w = WindowChannelWriter::Create(name, 0.95);
+  EXPECT_TRUE(w.ok()) << w.status();
+  std::array<DurationQuantiles, kMaxPhases> q{};
+  q[phase::kDataWait] = QuantilesOf(std::vector<double>(64, 200.0 * kMs));
+  (*w)->PublishPhases(PhaseCatalog(), q);
+  return *std::move(w);
+}
+
+int64_t Now() { return Clock::Real()->NowNanos(); }
+
+// Waits until `done` holds, at most kBound.
+template <typename F>
+bool WaitUntil(ChannelWindowSource& src, F done) {
+  const absl::Time until = absl::Now() + kBound;
+  while (!done(src.Current())) {
+    if (absl::Now() > until) return false;
+    src.WaitForChange(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+TEST(ChannelWindowSource, OpenNamesAChannelNoHostCreated) {
+  const std::string name = UniqueChannel();
+  auto src = ChannelWindowSource::Open(name, nullptr);
+  ASSERT_EQ(src.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(src.status().message().find(name), std::string::npos) << src.status();
+}
+
+TEST(ChannelWindowSource, RefusesANonPositivePoll) {
+  auto host = Host(UniqueChannel());
+  ChannelSourceOptions o;
+  o.poll = absl::ZeroDuration();
+  EXPECT_EQ(ChannelWindowSource::Open(host->name(), nullptr, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChannelWindowSource, AHostsOpenWindowIsOpenWithTheRemainderAtTheStatedConfidence) {
+  auto host = Host(UniqueChannel());
+  auto gate = GuestGate::Create({});
+  ASSERT_TRUE(gate.ok());
+  auto src = ChannelWindowSource::Open(host->name(), gate->get());
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_FALSE((*src)->Current().open) << "no idle phase entered yet";
+
+  const int64_t opened = Now();
+  std::thread writer([&] { host->OpenWindow(phase::kDataWait, IdleKind::kDataStall, 7, opened); });
+  writer.join();
+  ASSERT_TRUE(WaitUntil(**src, [](const OpenWindow& w) { return w.open; }));
+  const OpenWindow w = (*src)->Current();
+  EXPECT_EQ(w.opened_at_ns, opened);
+  EXPECT_DOUBLE_EQ(w.confidence, 0.95);
+  EXPECT_GT(w.remaining_ns, 0);
+  EXPECT_LE(w.remaining_ns, 200 * kMs - (w.as_of_ns - opened)) << "never past the longest stall";
+  // A 10 ms unit fits a window that promises close to 200 ms more.
+  EXPECT_TRUE((*gate)->BeforeUnit(w, 10 * kMs).start());
+  (*gate)->UnitDone(Now());
+  // One far longer than any stall does not.
+  EXPECT_EQ((*gate)->BeforeUnit((*src)->Current(), 500 * kMs).verdict, GateVerdict::kWaitTooShort);
+  EXPECT_EQ((*src)->Stats().opens, 1);
+}
+
+TEST(ChannelWindowSource, TheHostsCloseReachesTheGateWhileAUnitRuns) {
+  auto host = Host(UniqueChannel());
+  auto gate = GuestGate::Create({});
+  ASSERT_TRUE(gate.ok());
+  auto src = ChannelWindowSource::Open(host->name(), gate->get());
+  ASSERT_TRUE(src.ok()) << src.status();
+  host->OpenWindow(phase::kDataWait, IdleKind::kDataStall, 1, Now());
+  ASSERT_TRUE(WaitUntil(**src, [](const OpenWindow& w) { return w.open; }));
+  ASSERT_TRUE((*gate)->BeforeUnit((*src)->Current(), kMs).start());
+
+  // Busy again while the unit runs: the watcher, not the guest's next
+  // boundary, tells the gate.
+  int64_t closed = 0;
+  std::thread writer([&] {
+    closed = Now();
+    host->CloseWindow(closed);
+  });
+  writer.join();
+  const absl::Time until = absl::Now() + kBound;
+  while ((*src)->Stats().closes == 0 && absl::Now() < until) {
+    (*src)->WaitForChange(absl::Milliseconds(10));
+  }
+  ASSERT_EQ((*src)->Stats().closes, 1);
+  (*gate)->UnitDone(Now());  // ended after the close
+  EXPECT_EQ((*gate)->Stats().deadline_misses, 1);
+  EXPECT_GT((*gate)->Stats().overrun_ns, 0);
+
+  const GateDecision d = (*gate)->BeforeUnit((*src)->Current(), kMs);
+  EXPECT_EQ(d.verdict, GateVerdict::kWaitNoWindow);
+  const GateStats s = (*gate)->Stats();
+  EXPECT_EQ(s.yields, 1);
+  EXPECT_GT(s.yield_max_ns, 0);
+  EXPECT_LE(s.yield_max_ns, Now() - closed) << "measured from the host's close";
+}
+
+TEST(ChannelWindowSource, EachNewWindowHasAHigherIdAndAnUnseenCloseIsInferred) {
+  auto host = Host(UniqueChannel());
+  auto gate = GuestGate::Create({});
+  ASSERT_TRUE(gate.ok());
+  ChannelSourceOptions o;
+  o.poll = absl::Milliseconds(50);  // slow enough to miss a close between two opens
+  auto src = ChannelWindowSource::Open(host->name(), gate->get(), o);
+  ASSERT_TRUE(src.ok()) << src.status();
+  host->OpenWindow(phase::kDataWait, IdleKind::kDataStall, 1, Now());
+  ASSERT_TRUE(WaitUntil(**src, [](const OpenWindow& w) { return w.open; }));
+  const uint64_t first = (*src)->Current().window_id;
+  host->CloseWindow(Now());
+  host->OpenWindow(phase::kDataWait, IdleKind::kDataStall, 2, Now());
+  ASSERT_TRUE(WaitUntil(**src, [&](const OpenWindow& w) { return w.window_id != first; }));
+  EXPECT_GT((*src)->Current().window_id, first);
+  EXPECT_TRUE((*src)->Current().open);
+  EXPECT_EQ((*src)->Stats().opens, 2);
+  EXPECT_EQ((*src)->Stats().closes, 1) << "the first window's close, seen or not";
+}
+
+TEST(ChannelWindowSource, AHostThatShutsDownClosesItsOpenWindow) {
+  auto host = Host(UniqueChannel());
+  const std::string name = host->name();
+  auto gate = GuestGate::Create({});
+  ASSERT_TRUE(gate.ok());
+  auto src = ChannelWindowSource::Open(name, gate->get());
+  ASSERT_TRUE(src.ok()) << src.status();
+  host->OpenWindow(phase::kDataWait, IdleKind::kDataStall, 1, Now());
+  ASSERT_TRUE(WaitUntil(**src, [](const OpenWindow& w) { return w.open; }));
+  host.reset();  // the host process exits
+  ASSERT_TRUE(WaitUntil(**src, [](const OpenWindow& w) { return !w.open; }));
+  EXPECT_TRUE((*src)->Stats().writer_closed);
+  EXPECT_EQ((*gate)->BeforeUnit((*src)->Current(), kMs).verdict, GateVerdict::kWaitNoWindow);
+}
+
+}  // namespace
+}  // namespace omni::colocate
