@@ -3,12 +3,13 @@
 // Configured by the environment (torchrun, Slurm or OMNI_* variables):
 //   OMNI_CKPT_DIR=/ckpt OMNI_CKPT_EVERY=100 OMNI_STEP_LOG=steps.jsonl minimal 5000
 //   OMNI_STORE=file:///shared/store OMNI_REPLICA_ID=r0 minimal   # one replica of many
-// SIGTERM saves at the next step boundary and exits 75; run it again to resume.
+// SIGTERM saves at a step boundary and exits 75 (resumable: run it again).
 #include <torch/torch.h>
 
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 
 #include "omni/hash.h"
 #include "omni/runtime.h"
@@ -21,29 +22,20 @@ namespace {
 
 constexpr int64_t kSamples = 4096, kFeatures = 16, kBatch = 64;
 
-struct Net : torch::nn::Module {
-  Net()
-      : fc1(register_module("fc1", torch::nn::Linear(kFeatures, 64))),
-        fc2(register_module("fc2", torch::nn::Linear(64, 1))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
-  torch::nn::Linear fc1, fc2;
-};
-
 int Fail(const absl::Status& st) {
   std::fprintf(stderr, "minimal: %s\n", st.ToString().c_str());
   return 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Train(int argc, char** argv) {
   const int64_t steps = argc > 1 ? std::strtoll(argv[1], nullptr, 10) : 2000;
   torch::set_num_threads(1);
   torch::manual_seed(0);  // the same data and initial model in every process
   const torch::Tensor x = torch::randn({kSamples, kFeatures});
   const torch::Tensor y = torch::sin(x.sum(1, /*keepdim=*/true));
-  Net net;
-  torch::optim::Adam optimizer(net.parameters(), torch::optim::AdamOptions(1e-3));
+  torch::nn::Sequential net(torch::nn::Linear(kFeatures, 64), torch::nn::ReLU(),
+                            torch::nn::Linear(64, 1));
+  torch::optim::Adam optimizer(net->parameters(), torch::optim::AdamOptions(1e-3));
 
   // ---- the runtime: options from the launcher's environment, then ours
   if (auto st = omni::torch_ext::RegisterTcpStore(); !st.ok()) return Fail(st);
@@ -54,7 +46,7 @@ int main(int argc, char** argv) {
   options->total_steps = steps;
   options->sampler.dataset_size = kSamples;
   options->sampler.global_batch = kBatch;
-  options->elastic.membership.model_digest = omni::torch_ext::ModelDigest(net);
+  options->elastic.membership.model_digest = omni::torch_ext::ModelDigest(*net);
   absl::StatusOr<std::unique_ptr<omni::Runtime>> created = omni::Runtime::Create(*options);
   if (!created.ok()) return Fail(created.status());
   omni::Runtime& rt = **created;
@@ -64,7 +56,7 @@ int main(int argc, char** argv) {
   float loss_value = 0;
   omni::BytesState loss_state("value", &loss_value, sizeof(loss_value));
   omni::torch_ext::TrainState state;
-  state.AddModule("model", net).AddOptimizer("optim", optimizer).Add("loss", &loss_state);
+  state.AddModule("model", *net).AddOptimizer("optim", optimizer).Add("loss", &loss_state);
   if (auto st = state.RegisterWith(rt); !st.ok()) return Fail(st);
   absl::StatusOr<int64_t> start = rt.Start();  // restores, joins the group
   if (!start.ok()) return Fail(start.status());
@@ -85,7 +77,7 @@ int main(int argc, char** argv) {
       omni::PhaseScope p(tel, omni::phase::kCompute);
       optimizer.zero_grad();
       // Mean over the global batch: each replica weighs its share.
-      torch::Tensor loss = torch::mse_loss(net.forward(bx), by) *
+      torch::Tensor loss = torch::mse_loss(net->forward(bx), by) *
                            (static_cast<double>(bx.size(0)) / static_cast<double>(kBatch));
       loss.backward();
       local = loss.item<float>();
@@ -93,7 +85,7 @@ int main(int argc, char** argv) {
     absl::Status reduced;
     {
       omni::PhaseScope p(tel, omni::phase::kComm);
-      reduced = omni::torch_ext::AllReduceGradients(rt, net.parameters());
+      reduced = omni::torch_ext::AllReduceGradients(rt, net->parameters());
       if (reduced.ok())
         reduced = rt.AllReduce(&local, 1, omni::DataType::kFloat32, omni::ReduceOp::kSum);
     }
@@ -107,9 +99,19 @@ int main(int argc, char** argv) {
     if (d->kind == omni::Decision::kSaveAndExit) return d->exit_code;
   }
   if (auto st = rt.Finish(); !st.ok()) return Fail(st);
-  const absl::StatusOr<uint64_t> digest = omni::torch_ext::ParamsXxh3(net);
+  const absl::StatusOr<uint64_t> digest = omni::torch_ext::ParamsXxh3(*net);
   if (!digest.ok()) return Fail(digest.status());
   std::printf("final step=%" PRId64 " params_xxh3=%s loss=%.6f\n", rt.step(),
               omni::HexDigest(*digest).c_str(), static_cast<double>(loss_value));
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Train(argc, argv);
+  } catch (const std::exception& e) {  // LibTorch reports errors as exceptions
+    return Fail(absl::InternalError(e.what()));
+  }
 }

@@ -64,9 +64,9 @@ absl::Status AllReduceGradients(Runtime& rt, const std::vector<torch::Tensor>& p
     return st;
   };
   for (size_t i = 0; i < params.size(); ++i) {
-    torch::Tensor p = params[i];
+    const torch::Tensor& p = params[i];
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    const torch::Tensor g = p.grad();
+    const torch::Tensor& g = p.grad();
     absl::StatusOr<DataType> type = CommType(g.scalar_type(), i);
     if (!type.ok()) return type.status();
     const size_t bytes = g.nbytes();
