@@ -150,6 +150,7 @@ absl::StatusOr<omni::RuntimeOptions> Options(const TrainFlags& flags, Multimodal
   if (flags.ckpt_every > 0) o.ckpt_every = flags.ckpt_every;
   o.keep_last = flags.keep;
   o.async_ckpt = flags.async_ckpt;
+  o.start_fresh = flags.start_fresh;
   if (!flags.notice_file.empty()) o.preemption.notice_file = flags.notice_file;
   if (!flags.notice_key.empty()) o.notice_key = flags.notice_key;
   if (!flags.store.empty()) o.store_uri = flags.store;

@@ -93,6 +93,9 @@ struct OMNI_EXPORT RuntimeOptions {
   int64_t ckpt_every = 0;  // periodic checkpoint every N steps; 0 = only on preemption
   int keep_last = 3;
   bool async_ckpt = false;  // periodic checkpoints written in the background
+  // A ckpt_dir that holds checkpoints of which none is valid makes Start()
+  // fail naming each (a job never silently starts over); true starts fresh.
+  bool start_fresh = false;
   std::map<std::string, std::string> ckpt_metadata;
   // ---- preemption. handle_preemption = false: no monitor (signals keep
   // their default action); this replica still stops where the others agree.

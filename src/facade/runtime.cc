@@ -115,6 +115,12 @@ class RuntimeImpl final : public Runtime {
   // Job-wide stop: one agreed boundary for the replicas of a generation.
   absl::StatusOr<BoundaryDecision> AgreeOnStop(int64_t step, const BoundaryDecision& local);
   absl::StatusOr<Decision> Stop(int64_t step, const BoundaryDecision& d, bool saved_here);
+  // An error of the elastic group at a boundary. When the store failed (lost
+  // its state, holds a malformed record, unreachable: IsStoreFailure) nothing
+  // committed may be lost: the completed steps are saved (with a ckpt_dir)
+  // and the job stops, resumable once it has a store again. Any other error
+  // is returned as it is.
+  absl::StatusOr<Decision> OnGroupError(int64_t step, const absl::Status& st);
 
   RuntimeOptions o_;
   // Declaration order is destruction order reversed: the group and the
@@ -203,6 +209,7 @@ absl::Status RuntimeImpl::Init() {
     CheckpointOptions co;
     co.dir = o_.ckpt_dir;
     co.keep_last = o_.keep_last;
+    co.start_fresh = o_.start_fresh;
     co.job_id = o_.job_id;
     if (store_ == nullptr) {  // ranks of a static job share the directory
       co.rank = o_.rank;
@@ -296,27 +303,37 @@ absl::Status RuntimeImpl::Save(bool background) {
   return absl::OkStatus();
 }
 
-// Today's rule, as omni_train had it. The next step is costed at the worst
-// duration this process has seen for its kind (a data stall or an eval must
-// not make the job miss its deadline; an eval step not seen yet costs more
-// than any deadline); in a group the agreed stop comes one boundary after
-// the first local decision, so two steps are looked ahead. The save is the
-// telemetry's checkpoint phase (mean, stddev; PreemptionMonitor adds k·σ);
-// until one was measured, 50 ms for the fsyncs and renames plus the state at
-// a conservative 100 MB/s, with a 50% standard deviation.
-// TODO(merge): take the next-step bound from Telemetry::NextStepBounds (the
-// forecaster's per-kind bounds) once it lands; this is the one place to change.
+// The next step is costed at the upper end of the forecaster's bound for it
+// (calibrated online: the stated confidence is what replay measures); while
+// the model has no bound (warm-up, a new regime, a step not yet forecast),
+// at the worst duration this process has seen for its kind. An eval step
+// not seen yet costs more than any deadline: its length is unknown. In a
+// group the agreed stop comes one boundary after the first local decision,
+// so two steps are looked ahead. The save is the forecaster's save bound;
+// before one, the telemetry's checkpoint phase (mean, stddev;
+// PreemptionMonitor adds k·σ); until a save was measured, 50 ms for the
+// fsyncs and renames plus the state at a conservative 100 MB/s, with a 50%
+// standard deviation.
 std::pair<Cost, Cost> RuntimeImpl::PreemptionCosts(int64_t next_step) {
+  constexpr int kLookAhead = 8;  // the worker may be a few steps behind
+  const absl::StatusOr<std::vector<StepBound>> bounds = tel_->NextStepBounds(kLookAhead);
   const auto step_cost = [&](int64_t s) {
-    if (!IsEvalStep(s)) return worst_step_s_;
-    return worst_eval_step_s_ > 0 ? worst_eval_step_s_ : std::numeric_limits<double>::infinity();
+    if (IsEvalStep(s) && worst_eval_step_s_ == 0) return std::numeric_limits<double>::infinity();
+    if (bounds.ok()) {
+      for (const StepBound& b : *bounds) {
+        if (b.step == s) return static_cast<double>(b.hi_ns) / 1e9;
+      }
+    }
+    return IsEvalStep(s) ? worst_eval_step_s_ : worst_step_s_;
   };
   Cost step{step_cost(next_step), 0};
   if (group_) step.mean_s += step_cost(next_step + 1);
   Cost save;
-  for (const auto& row : tel_->Snapshot().rows) {
-    if (row.name == "checkpoint") {
-      save = {row.summary.mean / 1e9, row.summary.stddev / 1e9};
+  if (absl::StatusOr<StepBound> sb = tel_->SaveBound(); sb.ok() && sb->hi_ns > 0) {
+    save = {static_cast<double>(sb->hi_ns) / 1e9, 0};
+  } else {
+    for (const auto& row : tel_->Snapshot().rows) {
+      if (row.name == "checkpoint") save = {row.summary.mean / 1e9, row.summary.stddev / 1e9};
     }
   }
   if (save.mean_s == 0) {
@@ -355,7 +372,7 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
     Log(absl::StrFormat("elastic: step %d failed: %s t_mono_ns=%d", step, failure_.ToString(),
                         Clock::Real()->NowNanos()));
     absl::StatusOr<GroupChange> change = group_->Recover(failure_, step_);
-    if (!change.ok()) return change.status();
+    if (!change.ok()) return OnGroupError(step, change.status());
     LogChange(*change, "recovered");
     recovered_ = true;
     AdoptGeneration();
@@ -391,7 +408,7 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
   // ---- a new generation here?
   if (group_) {
     absl::StatusOr<std::optional<GroupChange>> change = group_->AtBoundary(step_);
-    if (!change.ok()) return change.status();
+    if (!change.ok()) return OnGroupError(step, change.status());
     if (change->has_value() && (*change)->generation.rank < 0 && leaving_) {
       left_group_ = true;  // the others go on in this generation, without us
       Log(absl::StrFormat("elastic: left the group: %s t_mono_ns=%d",
@@ -440,7 +457,7 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
     // stop (a signal to one replica, a notice key that all of them read, or
     // a leave refused): each reads the agreement at every boundary.
     absl::StatusOr<BoundaryDecision> agreed = AgreeOnStop(step, d);
-    if (!agreed.ok()) return agreed.status();
+    if (!agreed.ok()) return OnGroupError(step, agreed.status());
     d = *std::move(agreed);
   }
   if (d.action == BoundaryAction::kContinue) return out;
@@ -476,6 +493,15 @@ absl::StatusOr<Decision> RuntimeImpl::Stop(int64_t step, const BoundaryDecision&
         out.exit_code));
   }
   return out;
+}
+
+absl::StatusOr<Decision> RuntimeImpl::OnGroupError(int64_t step, const absl::Status& st) {
+  if (!IsStoreFailure(st) || !ckpt_) return st;
+  Log(absl::StrCat("elastic: store failure: ", st.ToString()));
+  BoundaryDecision d;
+  d.action = BoundaryAction::kSaveAndExit;
+  d.reason = absl::StrCat("the store failed: ", st.message());
+  return Stop(step, d, /*saved_here=*/false);
 }
 
 absl::Status RuntimeImpl::Finish() {
