@@ -74,6 +74,8 @@ class Telemetry:
         publish_interval_s: float = ...,
         step_log: Optional[_Path] = ...,
         trace: Optional[_Path] = ...,
+        keep_previous_outputs: bool = ...,
+        window_channel: str = ...,
         source: str = ...,
         ring_capacity: int = ...,
         forecast_file: Optional[_Path] = ...,

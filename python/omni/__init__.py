@@ -68,7 +68,8 @@ from ._C import (
 
 from . import state
 from .files import read_trace
-from .files import rotate as _rotate
+from .files import moved_to as _moved_to
+from .files import previous_output as _previous_output
 from .train import ResumableBatchSampler, TrainState
 from .elastic import (
     Communicator,
@@ -227,10 +228,14 @@ class Telemetry(_ClosingContext):
     - exports: ``step_log`` (JSON Lines path), ``trace`` (Chrome trace /
       Perfetto JSON path), ``forecast_file`` (a JSON file replaced atomically
       with every forecast), ``source`` (writer name in the step log);
+    - ``window_channel``: a name; live "idle now" / "busy again" notices are
+      published in shared memory under it for same-host readers
+      (``omni::WindowChannelReader``, docs/telemetry.md);
     - ``on_existing``: what happens to a non-empty ``step_log`` or ``trace``
       file that exists already (a resumed run's previous attempt):
       ``"rotate"`` (default) moves it to ``<path>.<n>`` (the first free n >=
-      1; ``rotated`` lists the new names), ``"truncate"`` overwrites it;
+      1; ``rotated`` lists the new names; the C++ option
+      ``keep_previous_outputs``), ``"truncate"`` overwrites it;
     - ``ring_capacity`` (completed steps buffered for the worker, a power of
       two), ``clock`` (``None`` for the steady clock, or an ``omni.FakeClock``
       that the telemetry keeps alive).
@@ -248,13 +253,11 @@ class Telemetry(_ClosingContext):
     def __init__(self, *, on_existing: str = "rotate", **options: Any) -> None:
         if on_existing not in ("rotate", "truncate"):
             raise ValueError(f"on_existing must be 'rotate' or 'truncate', got {on_existing!r}")
-        self.rotated: List[str] = []
-        if on_existing == "rotate":
-            for key in ("step_log", "trace"):
-                moved = _rotate(options.get(key))
-                if moved is not None:
-                    self.rotated.append(moved)
-        self._c = _C.Telemetry(**options)
+        rotate = on_existing == "rotate"
+        previous = [_previous_output(options.get(k)) for k in ("step_log", "trace")] if rotate else []
+        # The C++ telemetry moves an existing file aside (keep_previous_outputs).
+        self._c = _C.Telemetry(keep_previous_outputs=rotate, **options)
+        self.rotated: List[str] = [_moved_to(p) for p in previous if p is not None]
         clock = options.get("clock")
         self._now_ns = clock.now_ns if clock is not None else _time.monotonic_ns
         self._step_start_ns: Optional[int] = None

@@ -1,5 +1,5 @@
-"""Telemetry files across attempts: rotation of a step log or trace that a
-resumed run would otherwise truncate, and a trace reader that accepts a
+"""Telemetry files across attempts: where a resumed run's telemetry moved
+the previous step log and trace (the C++ side moves them), and a trace reader that accepts a
 trace cut short by SIGKILL.
 
 A trace is written in the Chrome JSON Array Format, one event per line
@@ -15,30 +15,30 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Union
 
-__all__ = ["rotate", "read_trace"]
+__all__ = ["read_trace"]
 
 _Path = Union[str, "os.PathLike[str]"]
 
 
-def rotate(path: Optional[_Path]) -> Optional[str]:
-    """Moves a non-empty file at ``path`` aside to ``<path>.<n>``, the first
-    free n >= 1 (so .1 is the first attempt's, .2 the second's ...), and
-    returns the new name; ``None`` when there was nothing to move. An empty
-    file is left to be overwritten."""
+def previous_output(path: Optional[_Path]) -> Optional[str]:
+    """``path`` as a string when a file exists there that the telemetry will
+    move aside (keep_previous_outputs); ``None`` otherwise."""
     if path is None:
         return None
     try:
         path = os.fspath(path)
     except TypeError:
         return None  # not a path: the telemetry names the option
-    if not isinstance(path, str) or not path or not os.path.isfile(path) or os.path.getsize(path) == 0:
-        return None
+    return path if isinstance(path, str) and path and os.path.isfile(path) else None
+
+
+def moved_to(path: str) -> str:
+    """Where the telemetry moved the earlier ``path``: the highest
+    ``<path>.<n>`` (it takes the first free n >= 1)."""
     n = 1
-    while os.path.exists(f"{path}.{n}"):
+    while os.path.exists(f"{path}.{n + 1}"):
         n += 1
-    target = f"{path}.{n}"
-    os.rename(path, target)
-    return target
+    return f"{path}.{n}"
 
 
 def read_trace(path: _Path) -> List[Dict[str, Any]]:
