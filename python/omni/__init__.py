@@ -253,7 +253,8 @@ class Telemetry(_ClosingContext):
     def __init__(self, *, on_existing: str = "rotate", **options: Any) -> None:
         if on_existing not in ("rotate", "truncate"):
             raise ValueError(f"on_existing must be 'rotate' or 'truncate', got {on_existing!r}")
-        rotate = on_existing == "rotate"
+        # keep_previous_outputs (the C++ option behind on_existing) wins when given.
+        rotate = bool(options.pop("keep_previous_outputs", on_existing == "rotate"))
         previous = [_previous_output(options.get(k)) for k in ("step_log", "trace")] if rotate else []
         # The C++ telemetry moves an existing file aside (keep_previous_outputs).
         self._c = _C.Telemetry(keep_previous_outputs=rotate, **options)

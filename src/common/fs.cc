@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -97,7 +98,11 @@ absl::Status WriteFileAtomic(const std::string& path, std::string_view contents,
 }
 
 absl::Status CheckWritableDir(const std::string& path) {
-  const std::string probe = absl::StrCat(path, ".probe.", ::getpid());
+  // Unique per call: threads of one process may probe the same directory at
+  // once (replicas as threads opening one FileStore).
+  static std::atomic<uint64_t> probes{0};
+  const std::string probe = absl::StrCat(path, ".probe.", ::getpid(), ".",
+                                         probes.fetch_add(1, std::memory_order_relaxed));
   Fd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (fd.get() < 0) return ErrnoStatus(errno, absl::StrCat("cannot write ", path));
   ::unlink(probe.c_str());

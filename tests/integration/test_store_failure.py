@@ -51,7 +51,7 @@ def assert_saved_and_resumable(proc, err, timeout=60):
     text = err.read_text()
     assert rc == 75, f"exit {rc}\n{text}"
     assert "store failure" in text, text
-    m = re.search(r"saved step (\d+) to (\S+) after the store failure", text)
+    m = re.search(r"saved step (\d+) to (\S+) in [0-9.]+ ms; exiting 75", text)
     assert m, text
     step = int(m.group(1))
     assert step >= 10, text
