@@ -122,6 +122,22 @@ struct IdleInterval {
 template <typename Fn>
 void ForEachIdleInterval(const StepRecord& rec, const PhaseCatalog& catalog, Fn&& out);
 
+// A window of a step as the live window notices see it (omni/window_channel.h):
+// a maximal interval in which the innermost open phase is one idle `phase`
+// (uncovered step time is no window), and its ordinal among that phase's
+// windows in the step (0 = the first; an eval phase nesting a forward pass has
+// window 0 before it and window 1 after it).
+struct PhaseWindow {
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  PhaseId phase = 0;
+  int ordinal = 0;
+};
+
+// The phase windows of a valid record, in time order. Calls `out` for each.
+template <typename Fn>
+void ForEachPhaseWindow(const StepRecord& rec, const PhaseCatalog& catalog, Fn&& out);
+
 }  // namespace omni
 
 #include "omni/internal/phase_inl.h"  // IWYU pragma: export

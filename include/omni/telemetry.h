@@ -62,6 +62,13 @@ struct TelemetryOptions {
   // confidence of the remaining durations they state.
   std::string window_channel_name;
   double window_confidence = 0.95;
+  // The fewest measured windows of a (phase, window ordinal) before notices
+  // of it state a remaining duration (fewer: -1, no claim). At
+  // MinWindowSamples(window_confidence) (20 at 0.95) the stated confidence
+  // holds for a new window without further assumptions; the default uses
+  // rare windows (an eval every N steps) sooner, at a weaker guarantee while
+  // few are measured. At least 1.
+  int window_min_samples = 3;
 };
 
 struct TelemetryCounters {

@@ -4,12 +4,18 @@
 //
 // When the training thread enters an idle phase (IdleKind != kNone) the
 // telemetry hooks write a window-open notice (phase, kind, step, the time it
-// opened); when the innermost open phase is no longer that idle phase they
-// write a closed notice. The worker thread writes, in a second record, each
-// phase's name and the empirical quantiles of its duration from the rolling
-// statistics. A reader combines the two: the remaining duration of an open
+// opened, and which of the phase's windows in the step it is); when the
+// innermost open phase is no longer that idle phase they write a closed
+// notice. So an idle phase that nests busy work (eval around a forward pass)
+// has several windows per step: window 0 before the busy work, window 1
+// after it, and so on. The worker thread writes, in a second record, each
+// phase's name and, for each window ordinal, the empirical quantiles of the
+// window's duration (learned from the step records, ForEachPhaseWindow in
+// omni/phase.h). A reader combines the two: the remaining duration of an open
 // window given the time already elapsed, at a stated confidence, is the
-// conditional quantile of the phase's duration (see RemainingGivenElapsed).
+// conditional quantile of that (phase, ordinal)'s window duration (see
+// RemainingGivenElapsed); no claim (-1) while fewer than
+// TelemetryOptions::window_min_samples windows of it were measured.
 //
 //   // In the training process (Telemetry owns the writer):
 //   TelemetryOptions o;  o.window_channel_name = "job-42";
@@ -46,8 +52,11 @@
 
 namespace omni {
 
-// Quantiles of a phase's duration at probabilities i / (kDurationQuantiles-1).
+// Quantiles of a window's duration at probabilities i / (kDurationQuantiles-1).
 inline constexpr int kDurationQuantiles = 129;
+// Windows of one phase in a step with their own quantiles; later windows of
+// the phase in a step get no claim.
+inline constexpr int kMaxWindowOrdinals = 4;
 
 struct DurationQuantiles {
   int64_t samples = 0;                          // 0 = nothing measured yet
@@ -76,6 +85,15 @@ enum class WindowState : uint8_t {
 };
 OMNI_EXPORT const char* WindowStateName(WindowState state);  // "none", "open", "closed"
 
+// The fewest measured windows from which a claim at `confidence` holds for a
+// new window without further assumptions: ceil(1 / (1 - confidence)), so that
+// the 1 - confidence tail holds at least one measured window (20 at 0.95).
+OMNI_EXPORT int64_t MinWindowSamples(double confidence);
+
+// Per phase (index = PhaseId) and window ordinal, the window durations' quantiles.
+using WindowQuantileTable =
+    std::array<std::array<DurationQuantiles, kMaxWindowOrdinals>, kMaxPhases>;
+
 struct WindowNotice {
   uint64_t sequence = 0;  // notices written so far (each open and each close)
   WindowState state = WindowState::kNone;
@@ -83,6 +101,7 @@ struct WindowNotice {
   std::string phase_name;  // "" until the worker published the phase names
   IdleKind kind = IdleKind::kNone;
   int64_t step = -1;
+  int ordinal = 0;        // which window of the phase in the step (0 = first)
   int64_t opened_ns = 0;  // writer's clock (CLOCK_MONOTONIC: comparable on one host)
   int64_t closed_ns = 0;  // 0 while open
   // Filled by the reader at `read_at_ns` (its clock) from the phase's
@@ -92,7 +111,7 @@ struct WindowNotice {
   double confidence = 0;             // the writer's stated confidence
   int64_t remaining_ns = -1;         // at `confidence` (RemainingGivenElapsed)
   int64_t remaining_median_ns = -1;  // at confidence 0.5
-  int64_t phase_samples = 0;         // durations the quantiles come from
+  int64_t phase_samples = 0;         // window durations the quantiles come from
   bool writer_closed = false;        // the writer has shut down; no more notices
 };
 
@@ -117,14 +136,22 @@ class OMNI_EXPORT WindowChannelWriter {
   static std::unique_ptr<WindowChannelWriter> CreateInProcess(double confidence = 0.95);
   virtual ~WindowChannelWriter() = default;  // marks the channel closed, unlinks it
 
-  // Training thread: allocation-, lock- and I/O-free.
-  virtual void OpenWindow(PhaseId phase, IdleKind kind, int64_t step, int64_t now_ns) = 0;
+  // Training thread: allocation-, lock- and I/O-free. `ordinal`: which
+  // window of `phase` in the step this is (0 = first).
+  virtual void OpenWindow(PhaseId phase, IdleKind kind, int64_t step, int ordinal,
+                          int64_t now_ns) = 0;
+  void OpenWindow(PhaseId phase, IdleKind kind, int64_t step, int64_t now_ns) {
+    OpenWindow(phase, kind, step, 0, now_ns);
+  }
   virtual void CloseWindow(int64_t now_ns) = 0;
 
-  // Worker thread: each phase's name and duration quantiles (index = PhaseId;
-  // at most kMaxPhases). May allocate.
-  virtual void PublishPhases(const PhaseCatalog& catalog,
-                             const std::array<DurationQuantiles, kMaxPhases>& quantiles) = 0;
+  // Worker thread: each phase's name and, per window ordinal, the window
+  // duration quantiles. May allocate.
+  virtual void PublishWindowQuantiles(const PhaseCatalog& catalog,
+                                      const WindowQuantileTable& quantiles) = 0;
+  // The same with one table per phase for every ordinal.
+  void PublishPhases(const PhaseCatalog& catalog,
+                     const std::array<DurationQuantiles, kMaxPhases>& quantiles);
 
   // Tells readers that no notice will follow (WindowNotice::writer_closed).
   // Any thread; idempotent. The destructor does it too.

@@ -32,7 +32,10 @@ class TelemetryImpl final : public Telemetry {
         ring_(static_cast<size_t>(options.ring_capacity)),
         mask_(static_cast<uint64_t>(options.ring_capacity) - 1),
         stats_(std::move(stats)),
-        forecaster_(std::move(forecaster)) {
+        forecaster_(std::move(forecaster)),
+        window_durations_(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals,
+                          RollingWindow(options.stats.window)) {
+    window_count_step_.fill(-1);
     const PhaseCatalog builtin;
     for (int p = 0; p < builtin.size(); ++p) {
       idle_kind_[p].store(builtin.idle_kind(static_cast<PhaseId>(p)), std::memory_order_relaxed);
@@ -389,7 +392,13 @@ class TelemetryImpl final : public Telemetry {
       window_open_ = false;
     }
     if (!window_open_ && kind != IdleKind::kNone) {
-      window_->OpenWindow(inner, kind, cur_->step, now);
+      // Which window of this phase in the step (as ForEachPhaseWindow counts
+      // them on the worker): a per-phase counter stamped with its step.
+      if (window_count_step_[inner] != cur_->step) {
+        window_count_step_[inner] = cur_->step;
+        window_count_[inner] = 0;
+      }
+      window_->OpenWindow(inner, kind, cur_->step, window_count_[inner]++, now);
       window_open_ = true;
       window_phase_ = inner;
     }
@@ -452,8 +461,11 @@ class TelemetryImpl final : public Telemetry {
       if (!st.ok()) {
         ++rejected_;
         last_error_ = st;
-      } else if (options_.forecast_enabled) {
-        forecaster_.Observe(rec, catalog_).IgnoreError();  // same checks as stats_.Add
+      } else {
+        if (options_.forecast_enabled) {
+          forecaster_.Observe(rec, catalog_).IgnoreError();  // same checks as stats_.Add
+        }
+        if (!warmup) LearnWindows(rec);
       }
       if (log_) RecordExportError(log_->Append(rec, catalog_, warmup));
       if (trace_) RecordExportError(trace_->Append(rec, catalog_, warmup));
@@ -500,17 +512,41 @@ class TelemetryImpl final : public Telemetry {
     }
   }
 
-  // Window notices (worker side): each idle phase's duration quantiles into
-  // the channel's phase table, and each new notice to the sinks.
+  // The durations of the windows the hooks announce: one per contiguous
+  // stretch in which an idle phase is innermost, keyed by (phase, ordinal in
+  // the step), so the remainder of a window reopened after nested busy work
+  // comes from windows like it, not from the whole phase. A record whose
+  // spans were truncated is not learned from (its windows are not all there).
+  void LearnWindows(const StepRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (rec.spans_truncated) return;
+    ForEachPhaseWindow(rec, catalog_, [&](const PhaseWindow& w) {
+      if (w.ordinal >= kMaxWindowOrdinals) return;
+      WindowDurations(w.phase, w.ordinal).Add(static_cast<double>(w.end_ns - w.start_ns));
+    });
+  }
+
+  RollingWindow& WindowDurations(PhaseId phase, int ordinal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return window_durations_[static_cast<size_t>(phase) * kMaxWindowOrdinals +
+                             static_cast<size_t>(ordinal)];
+  }
+
+  // Window notices (worker side): each idle phase's window duration
+  // quantiles (per ordinal; none below window_min_samples) into the channel's
+  // phase table, and each new notice to the sinks.
   void PublishPhaseQuantiles() {
     absl::MutexLock l(&mu_);
+    const int64_t min_samples = options_.window_min_samples;
     for (int p = 0; p < catalog_.size(); ++p) {
       const auto id = static_cast<PhaseId>(p);
-      quantiles_[id] = catalog_.idle_kind(id) == IdleKind::kNone
-                           ? DurationQuantiles{}
-                           : QuantilesOf(stats_.phase_total(id).Values());
+      for (int k = 0; k < kMaxWindowOrdinals; ++k) {
+        const RollingWindow& d = WindowDurations(id, k);
+        quantiles_[id][static_cast<size_t>(k)] =
+            catalog_.idle_kind(id) == IdleKind::kNone || d.size() < min_samples
+                ? DurationQuantiles{}
+                : QuantilesOf(d.Values());
+      }
     }
-    window_->PublishPhases(catalog_, quantiles_);
+    window_->PublishWindowQuantiles(catalog_, quantiles_);
   }
 
   void PublishWindowToSinks() {
@@ -547,11 +583,13 @@ class TelemetryImpl final : public Telemetry {
   uint64_t cached_tail_ = 0;
   bool window_open_ = false;
   PhaseId window_phase_ = 0;
+  std::array<int, kMaxPhases> window_count_{};           // windows of each phase in the step
+  std::array<int64_t, kMaxPhases> window_count_step_{};  // the step window_count_ counts
   // Written by RegisterPhase before num_phases_ is released; read by the hooks.
   std::array<std::atomic<IdleKind>, kMaxPhases> idle_kind_{};
   // Created in Start(); the hooks write notices, the worker the phase table.
   std::unique_ptr<WindowChannelWriter> window_;
-  std::array<DurationQuantiles, kMaxPhases> quantiles_ ABSL_GUARDED_BY(mu_);
+  WindowQuantileTable quantiles_ ABSL_GUARDED_BY(mu_);
   uint64_t last_window_sequence_ = 0;  // worker
 
   // Shared, lock-free.
@@ -566,6 +604,8 @@ class TelemetryImpl final : public Telemetry {
   PhaseCatalog catalog_ ABSL_GUARDED_BY(mu_);
   StepStats stats_ ABSL_GUARDED_BY(mu_);
   Forecaster forecaster_ ABSL_GUARDED_BY(mu_);  // learns on the worker
+  // Window durations per (phase, ordinal): WindowDurations.
+  std::vector<RollingWindow> window_durations_ ABSL_GUARDED_BY(mu_);
   // Lock order: sinks_mu_ before mu_.
   absl::Mutex sinks_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::vector<std::unique_ptr<ForecastSink>> sinks_ ABSL_GUARDED_BY(sinks_mu_);
@@ -609,6 +649,10 @@ absl::StatusOr<std::unique_ptr<Telemetry>> Telemetry::Create(const TelemetryOpti
   if (!(options.window_confidence > 0 && options.window_confidence < 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("window_confidence must be in (0, 1), got ", options.window_confidence));
+  }
+  if (options.window_min_samples < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window_min_samples must be at least 1, got ", options.window_min_samples));
   }
   if (options.worker_poll <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("worker_poll must be positive");

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <thread>
 #include <utility>
@@ -55,11 +56,13 @@ bool TryReadNotice(const internal::NoticeRecord& r, WindowNotice& n) {
   const uint32_t state = r.state.load(std::memory_order_relaxed);
   const uint32_t phase = r.phase.load(std::memory_order_relaxed);
   const uint32_t kind = r.kind.load(std::memory_order_relaxed);
+  const uint32_t ordinal = r.ordinal.load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (r.seq.load(std::memory_order_relaxed) != s1) return false;
   n.state = state <= 2 ? static_cast<WindowState>(state) : WindowState::kNone;
   n.phase = static_cast<PhaseId>(phase < kMaxPhases ? phase : 0);
   n.kind = kind < kNumIdleKinds ? static_cast<IdleKind>(kind) : IdleKind::kNone;
+  n.ordinal = static_cast<int>(std::min<uint32_t>(ordinal, 1u << 30));
   return true;
 }
 
@@ -69,7 +72,8 @@ struct PhaseCopy {
   double confidence = 0;
 };
 
-bool TryReadPhase(const internal::PhasesRecord& r, PhaseId phase, PhaseCopy& out) {
+// The quantiles of `phase`'s window number `ordinal` (none past kMaxWindowOrdinals).
+bool TryReadPhase(const internal::PhasesRecord& r, PhaseId phase, int ordinal, PhaseCopy& out) {
   const uint64_t s1 = r.seq.load(std::memory_order_acquire);
   if ((s1 & 1) != 0) return false;
   const internal::PhaseRecord& p = r.phases[phase];
@@ -77,9 +81,12 @@ bool TryReadPhase(const internal::PhasesRecord& r, PhaseId phase, PhaseCopy& out
     const uint64_t w = p.name[i].load(std::memory_order_relaxed);
     std::memcpy(out.name + 8 * i, &w, 8);
   }
-  out.q.samples = p.samples.load(std::memory_order_relaxed);
-  for (int i = 0; i < kDurationQuantiles; ++i) {
-    out.q.ns[i] = p.quantile_ns[i].load(std::memory_order_relaxed);
+  out.q = DurationQuantiles{};
+  if (ordinal >= 0 && ordinal < kMaxWindowOrdinals) {
+    out.q.samples = p.samples[ordinal].load(std::memory_order_relaxed);
+    for (int i = 0; i < kDurationQuantiles; ++i) {
+      out.q.ns[i] = p.quantile_ns[ordinal][i].load(std::memory_order_relaxed);
+    }
   }
   out.confidence = r.confidence.load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
@@ -100,7 +107,7 @@ absl::StatusOr<WindowNotice> ReadLayout(const WindowLayout& l, int64_t now_ns,
   }
   PhaseCopy p;
   tries = 0;
-  while (!TryReadPhase(l.phases, n.phase, p)) {
+  while (!TryReadPhase(l.phases, n.phase, n.ordinal, p)) {
     if (++tries >= kMaxRetries) {
       return absl::UnavailableError(absl::StrCat(
           what, ": the writer stayed in the middle of a phase-table update (did it die?)"));
@@ -145,7 +152,8 @@ class WriterImpl final : public WindowChannelWriter {
   WriterImpl(const WriterImpl&) = delete;
   WriterImpl& operator=(const WriterImpl&) = delete;
 
-  void OpenWindow(PhaseId phase, IdleKind kind, int64_t step, int64_t now_ns) override {
+  void OpenWindow(PhaseId phase, IdleKind kind, int64_t step, int ordinal,
+                  int64_t now_ns) override {
     internal::NoticeRecord& r = l_->notice;
     BeginWrite(r.seq, notice_seq_);
     r.sequence.store(++sequence_, std::memory_order_relaxed);
@@ -155,6 +163,7 @@ class WriterImpl final : public WindowChannelWriter {
     r.state.store(static_cast<uint32_t>(WindowState::kOpen), std::memory_order_relaxed);
     r.phase.store(phase, std::memory_order_relaxed);
     r.kind.store(static_cast<uint32_t>(kind), std::memory_order_relaxed);
+    r.ordinal.store(static_cast<uint32_t>(std::max(0, ordinal)), std::memory_order_relaxed);
     EndWrite(r.seq, notice_seq_);
   }
 
@@ -167,8 +176,8 @@ class WriterImpl final : public WindowChannelWriter {
     EndWrite(r.seq, notice_seq_);
   }
 
-  void PublishPhases(const PhaseCatalog& catalog,
-                     const std::array<DurationQuantiles, kMaxPhases>& quantiles) override {
+  void PublishWindowQuantiles(const PhaseCatalog& catalog,
+                              const WindowQuantileTable& quantiles) override {
     internal::PhasesRecord& r = l_->phases;
     BeginWrite(r.seq, phases_seq_);
     r.num_phases.store(static_cast<uint32_t>(catalog.size()), std::memory_order_relaxed);
@@ -184,10 +193,12 @@ class WriterImpl final : public WindowChannelWriter {
       }
       p.kind.store(static_cast<uint32_t>(catalog.idle_kind(static_cast<PhaseId>(id))),
                    std::memory_order_relaxed);
-      const DurationQuantiles& q = quantiles[static_cast<size_t>(id)];
-      p.samples.store(q.samples, std::memory_order_relaxed);
-      for (int i = 0; i < kDurationQuantiles; ++i) {
-        p.quantile_ns[i].store(q.ns[static_cast<size_t>(i)], std::memory_order_relaxed);
+      for (int k = 0; k < kMaxWindowOrdinals; ++k) {
+        const DurationQuantiles& q = quantiles[static_cast<size_t>(id)][static_cast<size_t>(k)];
+        p.samples[k].store(q.samples, std::memory_order_relaxed);
+        for (int i = 0; i < kDurationQuantiles; ++i) {
+          p.quantile_ns[k][i].store(q.ns[static_cast<size_t>(i)], std::memory_order_relaxed);
+        }
       }
     }
     EndWrite(r.seq, phases_seq_);
@@ -309,6 +320,18 @@ int64_t LiveWriterPid(const std::string& shm) {
 }
 
 }  // namespace
+
+void WindowChannelWriter::PublishPhases(
+    const PhaseCatalog& catalog, const std::array<DurationQuantiles, kMaxPhases>& quantiles) {
+  auto table = std::make_unique<WindowQuantileTable>();  // 130 KiB: not on the stack
+  for (size_t p = 0; p < quantiles.size(); ++p) (*table)[p].fill(quantiles[p]);
+  PublishWindowQuantiles(catalog, *table);
+}
+
+int64_t MinWindowSamples(double confidence) {
+  const double c = std::clamp(confidence, 0.0, 0.999999);
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(1.0 / (1.0 - c) - 1e-9)));
+}
 
 const char* WindowStateName(WindowState state) {
   switch (state) {

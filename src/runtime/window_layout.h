@@ -14,7 +14,7 @@
 namespace omni::internal {
 
 inline constexpr uint64_t kWindowMagic = 0x314e57494e4d4f00ULL;  // "\0OMNIWN1"
-inline constexpr uint32_t kWindowSchemaVersion = 1;
+inline constexpr uint32_t kWindowSchemaVersion = 2;
 inline constexpr size_t kPhaseNameWords = 6;  // 47 characters + NUL
 
 // Seqlock: `seq` is odd while the record is being written.
@@ -26,14 +26,15 @@ struct alignas(64) NoticeRecord {
   std::atomic<int64_t> closed_ns;
   std::atomic<uint32_t> state;  // WindowState
   std::atomic<uint32_t> phase;
-  std::atomic<uint32_t> kind;  // IdleKind
+  std::atomic<uint32_t> kind;     // IdleKind
+  std::atomic<uint32_t> ordinal;  // which window of the phase in the step
 };
 
 struct PhaseRecord {
   std::atomic<uint64_t> name[kPhaseNameWords];  // NUL-padded bytes
   std::atomic<uint32_t> kind;
-  std::atomic<int64_t> samples;
-  std::atomic<double> quantile_ns[kDurationQuantiles];
+  std::atomic<int64_t> samples[kMaxWindowOrdinals];  // 0: no claim for that ordinal
+  std::atomic<double> quantile_ns[kMaxWindowOrdinals][kDurationQuantiles];
 };
 
 struct alignas(64) PhasesRecord {
@@ -59,8 +60,8 @@ static_assert(offsetof(WindowLayout, schema_version) == 8);
 static_assert(offsetof(WindowLayout, writer_pid) == 24);
 static_assert(offsetof(WindowLayout, notice) == 64);
 static_assert(offsetof(WindowLayout, phases) == 128);
-static_assert(offsetof(PhasesRecord, phases) == 24 && sizeof(PhaseRecord) == 1096);
-static_assert(sizeof(WindowLayout) == 35264);
+static_assert(offsetof(PhasesRecord, phases) == 24 && sizeof(PhaseRecord) == 4216);
+static_assert(sizeof(WindowLayout) == 135104);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<double>::is_always_lock_free);
 static_assert(std::atomic<int64_t>::is_always_lock_free);

@@ -58,6 +58,7 @@ std::string WindowNoticeToJson(const WindowNotice& n) {
   j["phase"] = n.phase_name;
   j["kind"] = IdleKindName(n.kind);
   j["step"] = n.step;
+  j["ordinal"] = n.ordinal;
   j["opened_ns"] = n.opened_ns;
   j["closed_ns"] = n.closed_ns;
   j["read_at_ns"] = n.read_at_ns;
@@ -116,6 +117,15 @@ absl::StatusOr<WindowNotice> WindowNoticeFromJson(const std::string& text) {
     if (auto st = integer(key, *out); !st.ok()) return st;
   }
   n.sequence = static_cast<uint64_t>(seq);
+  if (j.contains("ordinal")) {  // added after the first notices of version 1
+    int64_t ordinal = 0;
+    if (auto st = integer("ordinal", ordinal); !st.ok()) return st;
+    if (ordinal < 0 || ordinal > (1 << 30)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("window notice: field 'ordinal' out of range: ", ordinal));
+    }
+    n.ordinal = static_cast<int>(ordinal);
+  }
   auto conf = need("confidence", json::value_t::number_float);
   if (!conf.ok()) return conf.status();
   n.confidence = (*conf)->get<double>();

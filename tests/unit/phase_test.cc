@@ -108,5 +108,32 @@ TEST(ForEachIdleInterval, InnermostPhaseDecidesAndUncoveredTimeIsHostSide) {
   EXPECT_EQ(got[4].end_ns, base + 100 * kMs);
 }
 
+TEST(ForEachPhaseWindow, CountsEachStretchAnIdlePhaseIsInnermostAsTheHooksDo) {
+  PhaseCatalog c;
+  // eval 10-90 with compute 20-50 nested, a nested eval 60-70 (the window stays
+  // open), then eval 90-95 right after the first (a new window), data_wait 97-99;
+  // uncovered time is no window.
+  auto r = MakeStep(1, 0, 100,
+                    {{phase::kEval, 10, 90},
+                     {phase::kCompute, 20, 50, 1},
+                     {phase::kEval, 60, 70, 1},
+                     {phase::kEval, 90, 95},
+                     {phase::kDataWait, 97, 99}});
+  std::vector<PhaseWindow> got;
+  ForEachPhaseWindow(r, c, [&](const PhaseWindow& w) { got.push_back(w); });
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[0].phase, phase::kEval);
+  EXPECT_EQ(got[0].ordinal, 0);
+  EXPECT_EQ(got[0].start_ns, 10 * kMs);
+  EXPECT_EQ(got[0].end_ns, 20 * kMs);
+  EXPECT_EQ(got[1].ordinal, 1);
+  EXPECT_EQ(got[1].start_ns, 50 * kMs);
+  EXPECT_EQ(got[1].end_ns, 90 * kMs);
+  EXPECT_EQ(got[2].ordinal, 2);
+  EXPECT_EQ(got[2].start_ns, 90 * kMs);
+  EXPECT_EQ(got[2].end_ns, 95 * kMs);
+  EXPECT_EQ(got[3].phase, phase::kDataWait);
+  EXPECT_EQ(got[3].ordinal, 0);
+}
 }  // namespace
 }  // namespace omni

@@ -102,6 +102,7 @@ TEST(WindowNoticeJson, RoundTripsAndRefusesANewerVersion) {
   n.phase_name = "data_wait";
   n.kind = IdleKind::kDataStall;
   n.step = 12;
+  n.ordinal = 1;
   n.opened_ns = 1000;
   n.read_at_ns = 1500;
   n.elapsed_ns = 500;
@@ -116,6 +117,7 @@ TEST(WindowNoticeJson, RoundTripsAndRefusesANewerVersion) {
   EXPECT_EQ(back->phase_name, "data_wait");
   EXPECT_EQ(back->kind, IdleKind::kDataStall);
   EXPECT_EQ(back->remaining_ns, 42);
+  EXPECT_EQ(back->ordinal, 1);
   EXPECT_DOUBLE_EQ(back->confidence, 0.95);
 
   std::string newer = WindowNoticeToJson(n);
@@ -127,6 +129,16 @@ TEST(WindowNoticeJson, RoundTripsAndRefusesANewerVersion) {
   st = WindowNoticeFromJson(bad);
   EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.status().message().find("'step'"), absl::string_view::npos);
+  std::string no_ordinal = WindowNoticeToJson(n);  // as written before the field existed
+  no_ordinal.erase(no_ordinal.find("\"ordinal\":1,"), 12);
+  back = WindowNoticeFromJson(no_ordinal);
+  ASSERT_TRUE(back.ok()) << back.status() << " " << no_ordinal;
+  EXPECT_EQ(back->ordinal, 0);
+  std::string negative = WindowNoticeToJson(n);
+  negative.replace(negative.find("\"ordinal\":1"), 11, "\"ordinal\":-3");
+  st = WindowNoticeFromJson(negative);
+  EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.status().message().find("'ordinal'"), absl::string_view::npos);
 }
 
 // ------------------------------------------------------------ the channel
@@ -184,12 +196,13 @@ TEST(WindowChannel, ACorruptOrOtherVersionChannelIsRefusedWithAClearError) {
     ASSERT_TRUE(w.ok()) << w.status();
     const int fd = ::shm_open(("/omni-window." + name).c_str(), O_RDWR, 0);
     ASSERT_GE(fd, 0);
-    const uint32_t v2 = 2;
-    ASSERT_EQ(::pwrite(fd, &v2, sizeof(v2), 8), static_cast<ssize_t>(sizeof(v2)));
+    const uint32_t other = 99;
+    ASSERT_EQ(::pwrite(fd, &other, sizeof(other), 8), static_cast<ssize_t>(sizeof(other)));
     ::close(fd);
     r = WindowChannelReader::Open(name);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_NE(r.status().message().find("schema version 2"), absl::string_view::npos) << r.status();
+    EXPECT_NE(r.status().message().find("schema version 99"), absl::string_view::npos)
+        << r.status();
     // Garbage where the magic should be.
     const int fd2 = ::shm_open(("/omni-window." + name).c_str(), O_RDWR, 0);
     const uint64_t junk = 0x1234;
@@ -293,6 +306,56 @@ TEST(WindowChannel, BusyWorkNestedInAnIdlePhaseClosesTheWindowUntilItEnds) {
   ASSERT_TRUE(t.RecordPhase(phase::kDataWait, 0.002).ok());
   EXPECT_EQ(t.LatestWindow().sequence, 6u);
   ASSERT_TRUE(t.EndStep().ok());
+}
+
+// omni_train's eval phase: host-side setup, a nested forward pass (busy),
+// then host-side scoring. The window reopens after the forward pass; what it
+// states as remaining must hold for the scoring alone, not for the whole eval
+// phase restarted at the reopen.
+TEST(WindowChannel, AWindowReopenedAfterNestedBusyWorkStatesOnlyWhatIsLeftOfTheIdlePhase) {
+  FakeClock clock;
+  auto tel = Telemetry::Create(FastOptions(), &clock);
+  ASSERT_TRUE(tel.ok()) << tel.status();
+  Telemetry& t = **tel;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> setup_us(3'000, 8'000);
+  std::uniform_int_distribution<int> forward_us(30'000, 60'000);
+  std::uniform_int_distribution<int> scoring_us(10'000, 20'000);
+  const auto us = [](int n) { return std::chrono::microseconds(n); };
+  int measured = 0, first_held = 0, reopen_held = 0, reopen_claims = 0;
+  for (int step = 0; step < 600; ++step) {
+    const int setup = setup_us(rng), forward = forward_us(rng), scoring = scoring_us(rng);
+    const bool measure = step >= 300;
+    ASSERT_TRUE(t.BeginStep(step).ok());
+    ASSERT_TRUE(t.BeginPhase(phase::kEval).ok());
+    const WindowNotice first = t.LatestWindow();
+    clock.Advance(us(setup));
+    ASSERT_TRUE(t.BeginPhase(phase::kCompute).ok());
+    clock.Advance(us(forward));
+    ASSERT_TRUE(t.EndPhase(phase::kCompute).ok());
+    const WindowNotice reopened = t.LatestWindow();
+    clock.Advance(us(scoring));
+    ASSERT_TRUE(t.EndPhase(phase::kEval).ok());
+    ASSERT_TRUE(t.EndStep().ok());
+    if (step == 299) {
+      ASSERT_TRUE(t.Flush().ok());
+    }
+    if (!measure) continue;
+    ASSERT_EQ(first.state, WindowState::kOpen);
+    ASSERT_EQ(reopened.state, WindowState::kOpen);
+    ASSERT_EQ(reopened.elapsed_ns, 0);
+    ++measured;
+    if (first.remaining_ns <= int64_t{setup} * 1000) ++first_held;
+    if (reopened.remaining_ns <= int64_t{scoring} * 1000) ++reopen_held;
+    if (reopened.remaining_ns > 0) ++reopen_claims;
+  }
+  const double c = t.LatestWindow().confidence;
+  // Allowing for sampling noise over 300 windows (σ ≈ 1.3 %).
+  EXPECT_GE(reopen_held, (c - 0.04) * measured)
+      << "the remainder after the nested forward pass outlasted the real scoring time";
+  EXPECT_GE(first_held, (c - 0.04) * measured);
+  EXPECT_GE(reopen_claims, 0.9 * measured) << "the reopened window should still state a remainder";
+  ASSERT_TRUE(t.Close().ok());
 }
 
 TEST(WindowChannel, ConcurrentReadsNeverSeeATornNotice) {
@@ -463,6 +526,45 @@ TEST(WindowChannel, TelemetryRefusesABadConfidenceOrChannelName) {
   auto t = Telemetry::Create(o);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(t.status().message().find("no spaces"), absl::string_view::npos);
+  o = FastOptions();
+  o.window_min_samples = 0;
+  t = Telemetry::Create(o);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("window_min_samples"), absl::string_view::npos);
+}
+
+TEST(WindowChannel, AWindowOrdinalMeasuredFewerThanMinSamplesTimesMakesNoClaim) {
+  FakeClock clock;
+  TelemetryOptions o = FastOptions();
+  o.window_min_samples = 5;
+  auto tel = Telemetry::Create(o, &clock);
+  ASSERT_TRUE(tel.ok()) << tel.status();
+  Telemetry& t = **tel;
+  // Eval's window 0 (10 ms) in every step; its window 1 (10 ms, after a
+  // nested compute) in even steps only.
+  for (int step = 0; step < 12; ++step) {
+    ASSERT_TRUE(t.BeginStep(step).ok());
+    ASSERT_TRUE(t.BeginPhase(phase::kEval).ok());
+    const WindowNotice first = t.LatestWindow();
+    EXPECT_EQ(first.ordinal, 0);
+    // Window 0 was measured `step` times so far.
+    EXPECT_EQ(first.remaining_ns, step >= 5 ? 10'000'000 : -1) << "step " << step;
+    clock.Advance(milliseconds(10));
+    if (step % 2 == 0) {
+      ASSERT_TRUE(t.BeginPhase(phase::kCompute).ok());
+      clock.Advance(milliseconds(10));
+      ASSERT_TRUE(t.EndPhase(phase::kCompute).ok());
+      const WindowNotice second = t.LatestWindow();
+      EXPECT_EQ(second.ordinal, 1);
+      // Window 1 was measured step/2 times so far.
+      EXPECT_EQ(second.remaining_ns, step / 2 >= 5 ? 10'000'000 : -1) << "step " << step;
+      clock.Advance(milliseconds(10));
+    }
+    ASSERT_TRUE(t.EndPhase(phase::kEval).ok());
+    ASSERT_TRUE(t.EndStep().ok());
+    ASSERT_TRUE(t.Flush().ok());
+  }
+  ASSERT_TRUE(t.Close().ok());
 }
 
 }  // namespace
