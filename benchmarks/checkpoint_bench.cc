@@ -5,6 +5,9 @@
 //   restore_vs_raw       raw read time / omni Restore time (one pass: read into the
 //                        tensors, every checksum verified), both from the disk (page
 //                        cache dropped with POSIX_FADV_DONTNEED)
+//   save_vs_direct       omni Save throughput / the best streaming O_DIRECT write+fsync
+//                        of the same bytes (block sizes and queue depths probed once,
+//                        the fastest kept; null with the reason without O_DIRECT)
 //   save_vs_torch_save   torch::save time / omni Save time (>= 1: never slower)
 //   save_peak_extra_mib  peak RSS during the process's first Save beyond the state itself
 //   async_stall_vs_memcpy  training-thread stall of SaveAsync / memcpy of the same bytes
@@ -24,6 +27,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +35,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "omni/checkpoint.h"
@@ -83,6 +88,82 @@ double RawWrite(const std::string& path, const std::vector<torch::Tensor>& ts) {
   ::fsync(fd);
   ::close(fd);
   return Now() - t0;
+}
+
+// The same bytes streamed with O_DIRECT (no page cache): the tensors are
+// copied into `depth` aligned `block`-byte buffers, one writer thread per
+// buffer, each writing every depth-th block at its offset (depth 1 is a plain
+// sequential stream), then fsync. A final partial block is padded to the
+// alignment and the file cut back to `bytes`. Returns the time, or -errno.
+struct DirectConfig {
+  size_t block = 0;
+  int depth = 1;
+};
+
+constexpr size_t kDirectAlign = 4096;
+
+// Copies [off, off + len) of the tensors' concatenated bytes into dst.
+void CopyRange(const std::vector<torch::Tensor>& ts, size_t off, size_t len, char* dst) {
+  for (const auto& t : ts) {
+    if (len == 0) return;
+    const size_t n = t.nbytes();
+    if (off >= n) {
+      off -= n;
+      continue;
+    }
+    const size_t take = std::min(len, n - off);
+    std::memcpy(dst, static_cast<const char*>(t.data_ptr()) + off, take);
+    dst += take;
+    len -= take;
+    off = 0;
+  }
+}
+
+double DirectWrite(const std::string& path, const std::vector<torch::Tensor>& ts, size_t bytes,
+                   const DirectConfig& cfg) {
+  struct Buffer {
+    void* p = nullptr;
+    ~Buffer() { std::free(p); }  // NOLINT(cppcoreguidelines-no-malloc): posix_memalign's
+  };
+  std::vector<Buffer> bufs(static_cast<size_t>(cfg.depth));
+  for (auto& b : bufs) {
+    if (::posix_memalign(&b.p, kDirectAlign, cfg.block) != 0) return -ENOMEM;
+    std::memset(b.p, 0, cfg.block);  // faulted in outside the timing
+  }
+  const double t0 = Now();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+  if (fd < 0) return -errno;
+  const size_t blocks = (bytes + cfg.block - 1) / cfg.block;
+  std::vector<int> errs(bufs.size(), 0);
+  const auto writer = [&](size_t k) {
+    char* buf = static_cast<char*>(bufs[k].p);
+    for (size_t i = k; i < blocks && errs[k] == 0; i += bufs.size()) {
+      const size_t off = i * cfg.block;
+      const size_t len = std::min(cfg.block, bytes - off);
+      CopyRange(ts, off, len, buf);
+      const size_t padded = (len + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+      std::memset(buf + len, 0, padded - len);
+      size_t done = 0;
+      while (done < padded) {
+        const ssize_t n = ::pwrite(fd, buf + done, padded - done, static_cast<off_t>(off + done));
+        if (n <= 0) {
+          errs[k] = n < 0 ? errno : EIO;
+          break;
+        }
+        done += static_cast<size_t>(n);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t k = 1; k < bufs.size(); ++k) threads.emplace_back(writer, k);
+  writer(0);
+  for (auto& th : threads) th.join();
+  int err = 0;
+  for (const int e : errs) err = err != 0 ? err : e;
+  if (err == 0 && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) err = errno;
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  ::close(fd);
+  return err != 0 ? -err : Now() - t0;
 }
 
 // Drops the clean pages of every file under `root` from the page cache, so
@@ -173,6 +254,7 @@ int main(int argc, char** argv) {
     }
     std::filesystem::remove(dir + "/raw.bin", ec);
     std::filesystem::remove(dir + "/torch.pt", ec);
+    std::filesystem::remove(dir + "/direct.bin", ec);
     ::sync();
   };
 
@@ -216,9 +298,38 @@ int main(int argc, char** argv) {
     clean();
   }
 
+  // The best streaming O_DIRECT write: a few block sizes and queue depths,
+  // one probe each, the fastest kept for the pairs. A file system without
+  // O_DIRECT (tmpfs: EINVAL) gets no figure, with the reason.
+  DirectConfig direct;
+  std::string direct_reason;
+  {
+    const DirectConfig configs[] = {
+        {1 << 20, 1}, {8 << 20, 1}, {32 << 20, 1}, {8 << 20, 4}, {32 << 20, 4}};
+    double best = 0;
+    for (const auto& c : configs) {
+      const double d = DirectWrite(dir + "/direct.bin", params, bytes, c);
+      clean();
+      if (d < 0) {
+        direct_reason = std::string("O_DIRECT write of ") + std::to_string(c.block >> 20) +
+                        " MiB blocks failed: " + std::strerror(static_cast<int>(-d));
+        direct = {};
+        break;
+      }
+      std::printf("O_DIRECT probe: %zu MiB blocks, queue depth %d: %.3f s\n", c.block >> 20,
+                  c.depth, d);
+      if (best == 0 || d < best) {
+        best = d;
+        direct = c;
+      }
+    }
+  }
+  const bool have_direct = direct.block != 0;
+
   const int read_pairs_per_trial = 2;
   std::vector<double> raw_w, raw_r, save, restore, tsave, stall, memcpy_s;
   std::vector<double> save_ratio, torch_ratio, restore_ratio, stall_ratio;
+  std::vector<double> direct_w, direct_ratio;
   int64_t step = 3;
   for (int t = 0; t < trials; ++t) {
     const bool baseline_first = t % 2 == 0;
@@ -235,6 +346,30 @@ int main(int argc, char** argv) {
       }
       return Now() - t0;
     };
+    // First pair: the best O_DIRECT stream with an omni Save, in alternating
+    // order, right after a clean (a buffered save that follows other 1 GiB
+    // writes without one ran 2-4x slower while O_DIRECT did not, which would
+    // bias this pair); then a clean again, so the older pairs keep their
+    // conditions.
+    double dw = 0;
+    double sv3 = 0;
+    for (int k = 0; have_direct && k < 2; ++k) {
+      if ((k == 0) == baseline_first) {
+        dw = DirectWrite(dir + "/direct.bin", params, bytes, direct);
+      } else {
+        sv3 = omni_save();
+      }
+    }
+    if (sv3 < 0) return 1;
+    if (dw < 0) {
+      std::fprintf(stderr, "O_DIRECT write: %s\n", std::strerror(static_cast<int>(-dw)));
+      return 1;
+    }
+    if (have_direct) {
+      direct_w.push_back(dw);
+      direct_ratio.push_back(dw / sv3);
+      clean();
+    }
     double w = 0;
     double sv = 0;
     double ts = 0;
@@ -305,9 +440,9 @@ int main(int argc, char** argv) {
     stall_ratio.push_back(st / m);
     std::printf(
         "trial %d: raw write %.3f s, save %.3f s; raw read / restore %.3f / %.3f s, %.3f / %.3f "
-        "s; async stall %.3f s, memcpy %.3f s\n",
+        "s; async stall %.3f s, memcpy %.3f s; first pair: O_DIRECT write %.3f s, save %.3f s\n",
         t, w, sv, raw_r[raw_r.size() - 2], restore[restore.size() - 2], raw_r.back(),
-        restore.back(), st, m);
+        restore.back(), st, m, dw, sv3);
     clean();
   }
   const double gib = static_cast<double>(bytes) / (1 << 30);
@@ -315,6 +450,27 @@ int main(int argc, char** argv) {
   const Spread rr = Summarize(restore_ratio);
   const Spread ar = Summarize(stall_ratio);
   const Spread tr = Summarize(torch_ratio);
+  // save_vs_direct: omni save throughput / O_DIRECT throughput, i.e. the
+  // O_DIRECT time over the paired Save's time; null without O_DIRECT.
+  std::string direct_json;
+  if (have_direct) {
+    const Spread dr = Summarize(direct_ratio);
+    std::printf(
+        "O_DIRECT stream (%zu MiB blocks, queue depth %d) +fsync %.2f GiB/s; save_vs_direct %.3f "
+        "[%.3f, %.3f] over %zu pairs\n",
+        direct.block >> 20, direct.depth, gib / Median(direct_w), dr.median, dr.min, dr.max,
+        direct_ratio.size());
+    char buf[256];
+    std::snprintf(
+        buf, sizeof(buf),
+        ",\"save_vs_direct\":%.3f,\"save_vs_direct_min\":%.3f,\"save_vs_direct_max\":%."
+        "3f,\"direct_block_mib\":%zu,\"direct_queue_depth\":%d,\"direct_write_gibps\":%.3f",
+        dr.median, dr.min, dr.max, direct.block >> 20, direct.depth, gib / Median(direct_w));
+    direct_json = buf;
+  } else {
+    std::printf("save_vs_direct: none (%s)\n", direct_reason.c_str());
+    direct_json = ",\"save_vs_direct\":null,\"save_vs_direct_reason\":\"" + direct_reason + "\"";
+  }
   std::printf("state %.2f GiB in %zu tensors, %d trials; throughputs are medians of the times\n",
               gib, params.size(), trials);
   std::printf("raw write+fsync %.2f GiB/s, omni save %.2f GiB/s, torch::save+fsync %.2f GiB/s\n",
@@ -336,10 +492,10 @@ int main(int argc, char** argv) {
       "3f,\"async_first_stall_s\":%.3f,\"ratio_method\":\"median_of_pairs\",\"trials\":%d,"
       "\"restore_pairs\":%zu,\"save_vs_raw_min\":%.3f,\"save_vs_raw_max\":%.3f,"
       "\"restore_vs_raw_min\":%.3f,\"restore_vs_raw_max\":%.3f,\"async_stall_vs_memcpy_min\":%.3f,"
-      "\"async_stall_vs_memcpy_max\":%.3f,\"async_stall_s\":%.3f,\"memcpy_s\":%.3f}\n",
+      "\"async_stall_vs_memcpy_max\":%.3f,\"async_stall_s\":%.3f,\"memcpy_s\":%.3f%s}\n",
       gib, sr.median, rr.median, tr.median, static_cast<double>(peak_extra_kb) / 1024.0, ar.median,
       first_stall, trials, restore_ratio.size(), sr.min, sr.max, rr.min, rr.max, ar.min, ar.max,
-      Median(stall), Median(memcpy_s));
+      Median(stall), Median(memcpy_s), direct_json.c_str());
   mgr->reset();  // joins the writer before the files go
   std::filesystem::remove_all(dir, ec);
   return 0;
