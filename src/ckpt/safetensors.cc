@@ -52,23 +52,6 @@ absl::Status DataLoss(const std::string& path, std::string_view what) {
 
 // ---------------------------------------------------------------- I/O helpers
 
-absl::Status PwriteAll(int fd, const void* data, size_t n, uint64_t offset,
-                       const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, std::min(n, size_t{1} << 30), static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, absl::StrCat("write ", path));
-    }
-    if (w == 0) return ErrnoStatus(EIO, absl::StrCat("write ", path));
-    p += w;
-    n -= static_cast<size_t>(w);
-    offset += static_cast<uint64_t>(w);
-  }
-  return absl::OkStatus();
-}
-
 absl::Status PreadAll(int fd, void* data, size_t n, uint64_t offset, const std::string& path) {
   char* p = static_cast<char*>(data);
   while (n > 0) {

@@ -32,10 +32,9 @@ namespace omni::ckpt {
 // An owned file descriptor, closed on destruction.
 using internal::Fd;
 
-// Full positional writes / reads, retrying short transfers and EINTR.
-// Errors name `path`; a read past the end of the file is DataLoss.
-absl::Status PwriteAll(int fd, const void* data, size_t n, uint64_t offset,
-                       const std::string& path);
+// A full positional read, retrying short transfers and EINTR (writes go
+// through the file-system seam, common/fs.h). Errors name `path`; a read
+// past the end of the file is DataLoss.
 absl::Status PreadAll(int fd, void* data, size_t n, uint64_t offset, const std::string& path);
 // fsync of a directory (so that entries created or renamed in it are
 // durable).
