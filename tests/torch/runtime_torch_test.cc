@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "../unit/temp_dir.h"
 #include "omni/config.h"
 #include "omni/elastic.h"
 #include "omni/runtime.h"
@@ -25,18 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "omni_rt_torch_XXXXXX").string();
-    path_ = mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
-};
+using test_util::TempDir;
 
 struct Net : torch::nn::Module {
   Net() {

@@ -16,6 +16,7 @@
 #include "fault_fs.h"
 #include "omni/checkpoint.h"
 #include "omni/state.h"
+#include "temp_dir.h"
 
 namespace omni {
 namespace {
@@ -23,21 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::FaultFileSystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "omni_fault_test_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test_util::TempDir;
 
 std::string StepDir(const std::string& root, int64_t step) {
   char buf[32];

@@ -23,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "omni/checkpoint.h"
 #include "omni/state.h"
+#include "temp_dir.h"
 
 namespace omni {
 namespace {
@@ -34,22 +35,7 @@ namespace fs = std::filesystem;
   return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "omni_hostile_test_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
-};
+using test_util::TempDir;
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "omni/hash.h"
 #include "omni/version.h"
+#include "temp_dir.h"
 
 namespace omni {
 namespace {
@@ -44,23 +45,7 @@ using nlohmann::json;
 
 std::string Msg(const absl::Status& st) { return std::string(st.message()); }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "omni_ckpt_test_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
-};
+using test_util::TempDir;
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

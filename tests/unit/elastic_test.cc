@@ -17,24 +17,14 @@
 #include "omni/config.h"
 #include "omni/state.h"
 #include "omni/store.h"
+#include "temp_dir.h"
 
 namespace omni {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "omni_elastic_XXXXXX").string();
-    path_ = mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test_util::TempDir;
 
 // A replica's replicated state: some weights and a step counter.
 struct Replica {

@@ -20,24 +20,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "omni/store.h"
+#include "temp_dir.h"
 
 namespace omni {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "omni_members_XXXXXX").string();
-    path_ = mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test_util::TempDir;
 
 MembershipOptions Opts(const std::string& id, int min_replicas = 1, int max_replicas = 8) {
   MembershipOptions o;

@@ -18,6 +18,7 @@
 
 #include "absl/time/clock.h"
 #include "omni/store.h"
+#include "temp_dir.h"
 
 namespace omni {
 namespace {
@@ -25,18 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 constexpr int64_t kSec = 1'000'000'000;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "omni_preempt_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
-};
+using test_util::TempDir;
 
 // Writes like a well-behaved agent: temp file + rename.
 void WriteNotice(const std::string& path, const std::string& text) {

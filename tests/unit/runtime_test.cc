@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "omni/config.h"
 #include "omni/state.h"
+#include "temp_dir.h"
 
 namespace omni {
 namespace {
@@ -27,18 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "omni_runtime_XXXXXX").string();
-    path_ = mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
-};
+using test_util::TempDir;
 
 EnvLookup Env(std::map<std::string, std::string> vars) {
   return [vars = std::move(vars)](const char* name) -> std::optional<std::string> {

@@ -14,24 +14,14 @@
 
 #include "omni/preemption.h"
 #include "omni/store.h"
+#include "temp_dir.h"
 
 namespace omni {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "omni_stop_XXXXXX").string();
-    path_ = mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test_util::TempDir;
 
 // The collective at the start of each step: nobody starts step k+1 before
 // every rank has left boundary k.

@@ -13,24 +13,14 @@
 #include "omni/clock.h"
 #include "omni/step_log.h"
 #include "omni/telemetry.h"
+#include "temp_dir.h"
 
 namespace omni {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "omni_tel_out_XXXXXX").string();
-    path_ = mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
-};
+using test_util::TempDir;
 
 std::string Read(const std::string& path) {
   std::ifstream in(path);

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "omni/step_log.h"
+#include "temp_dir.h"
 
 namespace omni {
 namespace {
@@ -18,18 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "omni_test_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
-};
+using test_util::TempDir;
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);
