@@ -167,16 +167,21 @@ absl::StatusOr<std::unique_ptr<Store>> OpenBackend(const std::string& uri,
                                                    const std::vector<std::string>& options) {
   constexpr char kExpected[] = "expected file:///abs/dir or tcp://host:port";
   if (scheme == "file") {
-    if (!options.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "store URI '", absl::CHexEscape(uri), "' has an unknown option '",
-          absl::CHexEscape(options.front()), "' (file:// knows secret_file, insecure)"));
+    bool durable = false;
+    for (const std::string& option : options) {
+      if (option == "durable=1" || option == "durable=true") {
+        durable = true;
+      } else if (option != "durable=0" && option != "durable=false") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "store URI '", absl::CHexEscape(uri), "' has an unknown option '",
+            absl::CHexEscape(option), "' (file:// knows durable, secret_file, insecure)"));
+      }
     }
     if (rest.empty() || rest[0] != '/') {
       return absl::InvalidArgumentError(absl::StrCat(
           "store URI '", absl::CHexEscape(uri), "' does not name an absolute path; ", kExpected));
     }
-    return internal::OpenFileStore(rest);
+    return internal::OpenFileStore(rest, durable);
   }
   if (scheme == "etcd") {
 #if OMNI_HAVE_ETCD
