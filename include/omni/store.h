@@ -84,6 +84,19 @@ class OMNI_EXPORT Store {
   // (0.1 ms .. 2 ms backoff).
   virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout);
 
+  // Optional (a capability): a key that lives only while its writer does.
+  // Stores `value` under `key` attached to a lease of `ttl` and renews that
+  // lease; when no call for `key` renews it for `ttl` (its writer died or
+  // froze), the store deletes the key by itself. The lease belongs to this
+  // Store object; call it again within `ttl` to keep the key. A backend may
+  // round `ttl` up (etcd: whole seconds, at least its minimum of about 2 s).
+  // The default, for stores whose has_leases() is false, is Set: the key
+  // stays until deleted. Errors as Set's.
+  virtual absl::Status SetWithLease(const std::string& key, const std::string& value,
+                                    absl::Duration ttl);
+  // True when SetWithLease's keys expire by themselves (etcd://).
+  virtual bool has_leases() const { return false; }
+
   // Who besides this host can reach the store's records (a capability
   // query; the default: nobody). OpenStore uses it to refuse a store that
   // other hosts reach when the job has no secret.

@@ -85,6 +85,12 @@ class PrefixStore final : public Store {
     if (absl::Status st = ValidateKey(key); !st.ok()) return st;
     return base_.Get(Full(key), timeout);
   }
+  absl::Status SetWithLease(const std::string& key, const std::string& value,
+                            absl::Duration ttl) override {
+    if (absl::Status st = ValidateKey(key); !st.ok()) return st;
+    return base_.SetWithLease(Full(key), value, ttl);
+  }
+  bool has_leases() const override { return base_.has_leases(); }
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
     std::vector<std::string> full;
     full.reserve(keys.size());
@@ -110,6 +116,11 @@ absl::StatusOr<std::string> Store::Get(const std::string& key, absl::Duration ti
 
 absl::Status Store::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
   return internal::PollWait(*this, keys, timeout, "store");
+}
+
+absl::Status Store::SetWithLease(const std::string& key, const std::string& value,
+                                 absl::Duration /*ttl*/) {
+  return Set(key, value);
 }
 
 std::unique_ptr<Store> MakePrefixStore(Store& base, std::string prefix) {
