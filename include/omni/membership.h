@@ -13,7 +13,11 @@
 // ("hb/<id>") every `heartbeat`. Observers remember, on their own monotonic
 // clock, when they last saw each counter change; a replica whose counter has
 // not changed for `peer_timeout` is dead. Wall clocks are never compared, not
-// even between processes of one host.
+// even between processes of one host. On a store with leases
+// (Store::has_leases(), etcd://) the heartbeat key is written with
+// SetWithLease(peer_timeout), so a dead replica's key also vanishes when its
+// lease expires; a heartbeat key seen before and now gone counts as silent
+// for peer_timeout already.
 //
 // Ranks: members are ordered by (switch, rack, host, id), so that replicas
 // under one switch, and within it one rack, get contiguous ranks.

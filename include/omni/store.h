@@ -84,6 +84,19 @@ class OMNI_EXPORT Store {
   // (0.1 ms .. 2 ms backoff).
   virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout);
 
+  // Optional (a capability): a key that lives only while its writer does.
+  // Stores `value` under `key` attached to a lease of `ttl` and renews that
+  // lease; when no call for `key` renews it for `ttl` (its writer died or
+  // froze), the store deletes the key by itself. The lease belongs to this
+  // Store object; call it again within `ttl` to keep the key. A backend may
+  // round `ttl` up (etcd: whole seconds, at least its minimum of about 2 s).
+  // The default, for stores whose has_leases() is false, is Set: the key
+  // stays until deleted. Errors as Set's.
+  virtual absl::Status SetWithLease(const std::string& key, const std::string& value,
+                                    absl::Duration ttl);
+  // True when SetWithLease's keys expire by themselves (etcd://).
+  virtual bool has_leases() const { return false; }
+
   // Who besides this host can reach the store's records (a capability
   // query; the default: nobody). OpenStore uses it to refuse a store that
   // other hosts reach when the job has no secret.
@@ -111,9 +124,18 @@ OMNI_EXPORT std::unique_ptr<Store> MakePrefixStore(Store& base, std::string pref
 OMNI_EXPORT absl::Status ValidateStoreKey(const std::string& key);
 
 // Opens a store by URI:
-//   file:///abs/dir   a FileStore in `dir` (created if missing);
+//   file:///abs/dir[?durable=1]
+//                     a FileStore in `dir` (created if missing);
 //                     PermissionDenied (or the OS error) naming the
 //                     directory when it cannot be created or written.
+//                     Every write replaces the key's file atomically, so
+//                     after any failure or crash a key holds its previous
+//                     value or its new one, never a mix. Without durable=1
+//                     writes are not fsynced: a crash of the whole host may
+//                     lose the last writes (the job's processes die with it);
+//                     with durable=1 each write is fsynced (file, then
+//                     directory) before it returns. Values are at most
+//                     64 MiB (InvalidArgument naming the key).
 //   <scheme>://...    the factory registered for `scheme` (below), called
 //                     with the whole URI; its error as it returns it. A
 //                     factory must accept the options `secret_file` and
@@ -143,7 +165,8 @@ OMNI_EXPORT absl::Status ValidateStoreKey(const std::string& key);
 // opened with a warning on stderr. A bad secret (missing or unreadable file,
 // shorter than kMinJobSecretBytes) is InvalidArgument naming its source.
 // Options are the URI's query (`?a=1&b=2`). A file:// URI takes no other
-// option (InvalidArgument naming it), so its path cannot contain '?'.
+// option than durable (InvalidArgument naming it), so its path cannot
+// contain '?'.
 OMNI_EXPORT absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& uri);
 
 // Makes OpenStore hand URIs "<scheme>://..." to `factory` (called with the

@@ -10,7 +10,8 @@
 //                       letting newcomers fork it
 //   model               the model digest (set once)
 //   hb/<id>             heartbeat: "<session>:<counter>", rewritten every
-//                       heartbeat; only changes are meaningful
+//                       heartbeat; only changes are meaningful (leased for
+//                       peer_timeout where the store has leases: etcd)
 //   join/seq            counter of join requests ("tickets")
 //   join/<t>            ticket t: JSON {id, host, rack, switch, session};
 //                       {withdrawn, id, session} once its holder left
@@ -829,7 +830,11 @@ class MembershipImpl final : public Membership {
 
   void Beat() {
     const std::string key = "hb/" + o_.self.id;
-    absl::Status st = store_.Set(key, absl::StrCat(session_, ":", ++beats_));
+    // On a store with leases (etcd) the heartbeat key is leased for
+    // peer_timeout: it vanishes by itself once this process stops beating.
+    const std::string beat = absl::StrCat(session_, ":", ++beats_);
+    absl::Status st = store_.has_leases() ? store_.SetWithLease(key, beat, o_.peer_timeout)
+                                          : store_.Set(key, beat);
     absl::Status lost;
     if (st.ok() && !incarnation_.empty()) {
       // The incarnation is still the one this replica joined: the store has
@@ -881,6 +886,7 @@ class MembershipImpl final : public Membership {
         absl::StatusOr<std::optional<std::string>> v = store_.TryGet("hb/" + id);
         if (v.ok()) values[id] = *v;  // a failed read is no news
       }
+      const bool leases = store_.has_leases();
       std::vector<std::string> newly_dead;
       std::function<void(const std::string&)> callback;
       {
@@ -896,6 +902,11 @@ class MembershipImpl final : public Membership {
             o.read = true;
             o.value = value;
             if (o.since_ns == 0) o.since_ns = now;
+          } else if (leases && value.empty() && !o.value.empty()) {
+            // Its leased heartbeat key vanished: the lease expired (it has
+            // been silent for at least peer_timeout) or it was deleted.
+            o.value = value;
+            o.since_ns = std::min(o.since_ns, now - absl::ToInt64Nanoseconds(o_.peer_timeout));
           } else if (value != o.value) {
             o.value = value;
             o.since_ns = now;

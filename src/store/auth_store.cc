@@ -66,6 +66,14 @@ class AuthStore final : public Store {
     return base_.Set(key, Seal(key, value));
   }
 
+  absl::Status SetWithLease(const std::string& key, const std::string& value,
+                            absl::Duration ttl) override {
+    if (absl::Status st = ValidateStoreKey(key); !st.ok()) return st;
+    return base_.SetWithLease(key, Seal(key, value), ttl);
+  }
+
+  bool has_leases() const override { return base_.has_leases(); }
+
   absl::StatusOr<std::optional<std::string>> TryGet(const std::string& key) override {
     absl::StatusOr<std::optional<std::string>> raw = base_.TryGet(key);
     if (!raw.ok() || !raw->has_value()) return raw;

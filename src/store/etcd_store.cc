@@ -12,6 +12,14 @@
 //   Add            range, then a txn comparing the mod_revision read (or
 //                  create_revision == 0): retried while another writer
 //                  was first.
+//   SetWithLease   lease/keepalive of the key's lease (lease/grant when it
+//                  has none or it expired), then kv/put with that lease:
+//                  etcd deletes the key when the lease is not renewed for
+//                  its TTL (Membership's heartbeats, so a dead member's
+//                  heartbeat key vanishes).
+// Generation records are proposed with CompareAndSet(key, "", record): a txn
+// on create_revision == 0, so of two proposals for one number exactly one is
+// stored, by etcd's revision order.
 // A request that cannot reach an endpoint (refused, timed out) goes to the
 // next one; the endpoint that answered last is tried first next time. etcd
 // replicates every write through raft, so any member answers the same.
@@ -21,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -78,7 +87,7 @@ class EtcdStore final : public Store {
 
   absl::Status Set(const std::string& key, const std::string& value) override {
     if (absl::Status st = ValidateStoreKey(key); !st.ok()) return st;
-    return Post("put", key, Json{{"key", B64(key)}, {"value", B64(value)}}).status();
+    return Post("kv/put", key, Json{{"key", B64(key)}, {"value", B64(value)}}).status();
   }
 
   absl::StatusOr<std::optional<std::string>> TryGet(const std::string& key) override {
@@ -91,7 +100,7 @@ class EtcdStore final : public Store {
 
   absl::StatusOr<bool> Delete(const std::string& key) override {
     if (absl::Status st = ValidateStoreKey(key); !st.ok()) return st;
-    absl::StatusOr<Json> r = Post("deleterange", key, Json{{"key", B64(key)}});
+    absl::StatusOr<Json> r = Post("kv/deleterange", key, Json{{"key", B64(key)}});
     if (!r.ok()) return r.status();
     int64_t deleted = 0;
     if (r->contains("deleted") && r->at("deleted").is_string()) {
@@ -154,6 +163,51 @@ class EtcdStore final : public Store {
                                            kMaxAddRounds, " rounds"));
   }
 
+  // One lease per key, granted at the first call and renewed (keepalive) at
+  // every later one; the put attaches the key to it. A lease that expired
+  // meanwhile (the caller was frozen, or etcd lost it) is replaced by a new
+  // one. A lease's TTL is whole seconds, at least etcd's minimum (2 s with
+  // its default election timeout): `ttl` is rounded up.
+  absl::Status SetWithLease(const std::string& key, const std::string& value,
+                            absl::Duration ttl) override ABSL_LOCKS_EXCLUDED(lease_mu_) {
+    if (absl::Status st = ValidateStoreKey(key); !st.ok()) return st;
+    const int64_t ttl_s =
+        std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1))));
+    absl::MutexLock lock(&lease_mu_);
+    std::string& id = leases_[key];
+    if (!id.empty()) {
+      absl::StatusOr<Json> r = Post("lease/keepalive", key, Json{{"ID", id}});
+      if (!r.ok()) return r.status();
+      // A stream's message is wrapped in "result"; an expired lease has no TTL.
+      const Json& result = r->contains("result") ? r->at("result") : *r;
+      const auto ttl_it = result.is_object() ? result.find("TTL") : result.end();
+      const bool alive =
+          ttl_it != result.end() && ((ttl_it->is_string() && ttl_it->get<std::string>() != "0") ||
+                                     (ttl_it->is_number() && ttl_it->get<double>() > 0));
+      if (!alive) id.clear();
+    }
+    for (int round = 0; round < 2; ++round) {
+      if (id.empty()) {
+        absl::StatusOr<Json> r = Post("lease/grant", key, Json{{"TTL", ttl_s}});
+        if (!r.ok()) return r.status();
+        if (!r->contains("ID") || !r->at("ID").is_string()) {
+          return absl::DataLossError(
+              absl::StrCat(label_, ": lease grant for key '", key, "': no ID in the response"));
+        }
+        id = r->at("ID").get<std::string>();
+      }
+      absl::StatusOr<Json> put =
+          Post("kv/put", key, Json{{"key", B64(key)}, {"value", B64(value)}, {"lease", id}});
+      if (put.ok()) return absl::OkStatus();
+      if (!absl::IsNotFound(put.status())) return put.status();
+      id.clear();  // expired between the keepalive and the put: a new one
+    }
+    return absl::AbortedError(
+        absl::StrCat(label_, ": key '", key, "': its new lease expired before the put"));
+  }
+
+  bool has_leases() const override { return true; }
+
   Exposure exposure() const override {
     Exposure e;
     if (!std::all_of(endpoints_.begin(), endpoints_.end(), IsLoopback)) {
@@ -180,7 +234,7 @@ class EtcdStore final : public Store {
   }
 
   absl::StatusOr<std::optional<Kv>> Range(const std::string& key) {
-    absl::StatusOr<Json> r = Post("range", key, Json{{"key", B64(key)}});
+    absl::StatusOr<Json> r = Post("kv/range", key, Json{{"key", B64(key)}});
     if (!r.ok()) return r.status();
     return FirstKv(*r, absl::StrCat(label_, ": range of key '", key, "'"));
   }
@@ -194,7 +248,7 @@ class EtcdStore final : public Store {
         {"success",
          Json::array({Json{{"request_put", Json{{"key", B64(key)}, {"value", B64(desired)}}}}})},
         {"failure", Json::array({Json{{"request_range", Json{{"key", B64(key)}}}}})}};
-    absl::StatusOr<Json> r = Post("txn", key, txn);
+    absl::StatusOr<Json> r = Post("kv/txn", key, txn);
     if (!r.ok()) return r.status();
     const bool succeeded = r->value("succeeded", false);
     if (succeeded) return std::make_pair(true, std::optional<Kv>());
@@ -208,7 +262,11 @@ class EtcdStore final : public Store {
     return std::make_pair(false, *std::move(kv));
   }
 
-  // POSTs `body` to /v3/kv/<op> of the first endpoint that answers.
+  // POSTs `body` to /v3/<op> of the first endpoint that answers. An endpoint
+  // that cannot be reached, or answers 5xx (e.g. 503 from a member without
+  // a quorum), or not JSON, passes the request to the next one; a 4xx with
+  // etcd's JSON error is the request's own error (NotFound for gRPC code 5,
+  // e.g. an expired lease; FailedPrecondition otherwise), naming the key.
   absl::StatusOr<Json> Post(const std::string& op, const std::string& key, const Json& body)
       ABSL_LOCKS_EXCLUDED(mu_) {
     const std::string payload = body.dump();
@@ -220,7 +278,7 @@ class EtcdStore final : public Store {
     std::vector<std::string> errors;
     for (size_t i = 0; i < endpoints_.size(); ++i) {
       const size_t e = (preferred_ + i) % endpoints_.size();
-      const std::string url = absl::StrCat("http://", endpoints_[e], "/v3/kv/", op);
+      const std::string url = absl::StrCat("http://", endpoints_[e], "/v3/", op);
       std::string response;
       CURL* c = curl_.get();
       curl_easy_reset(c);
@@ -241,6 +299,14 @@ class EtcdStore final : public Store {
       long http = 0;
       curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
       Json j = Json::parse(response, nullptr, /*allow_exceptions=*/false);
+      if (http >= 400 && http < 500 && j.is_object() && j.contains("error")) {
+        preferred_ = e;
+        const Json& error = j.contains("message") ? j["message"] : j["error"];
+        const std::string message = error.is_string() ? error.get<std::string>() : error.dump();
+        const std::string what = absl::StrCat(label_, ": ", op, " of key '", key, "': ", message);
+        const bool not_found = j.contains("code") && j["code"].is_number() && j["code"] == 5;
+        return not_found ? absl::NotFoundError(what) : absl::FailedPreconditionError(what);
+      }
       if (http != 200 || j.is_discarded() || !j.is_object()) {
         // A member without a quorum answers 503: another may have one.
         errors.push_back(absl::StrCat(endpoints_[e], ": HTTP ", http, ": ",
@@ -265,6 +331,9 @@ class EtcdStore final : public Store {
   absl::Mutex mu_;
   std::unique_ptr<CURL, CurlFree> curl_ ABSL_GUARDED_BY(mu_);
   size_t preferred_ ABSL_GUARDED_BY(mu_) = 0;
+  // Held across SetWithLease (before mu_): the lease ID of each leased key.
+  absl::Mutex lease_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::map<std::string, std::string> leases_ ABSL_GUARDED_BY(lease_mu_);
 };
 
 }  // namespace

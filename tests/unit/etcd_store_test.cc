@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -197,6 +198,99 @@ TEST(EtcdStore, MembersGoOnWhenOneOfThreeEtcdMembersIsKilled) {
   EXPECT_TRUE((*a)->StoreFailure().ok()) << (*a)->StoreFailure();
   EXPECT_TRUE((*a)->DeadPeers().empty());
   EXPECT_EQ((*a)->current().number, (*b)->current().number);
+}
+
+// Heartbeats as leases: a key written with SetWithLease stays while its
+// writer renews it and vanishes by itself once the writer stops.
+TEST(EtcdStore, ALeasedKeyStaysWhileRenewedAndVanishesWhenItsWriterStops) {
+  if (!CanRun()) GTEST_SKIP() << "needs libcurl at build time and " << kEtcd;
+  Cluster cluster(1);
+  auto store = cluster.Open();
+  ASSERT_TRUE(store);
+  EXPECT_TRUE(store->has_leases());
+  ASSERT_TRUE(store->Set("plain", "stays").ok());
+  const absl::Duration ttl = absl::Seconds(1);  // etcd rounds it up to its minimum
+  const absl::Time start = absl::Now();
+  for (int i = 0; absl::Now() - start < absl::Seconds(4); ++i) {
+    ASSERT_TRUE(store->SetWithLease("hb/a", absl::StrCat("s:", i), ttl).ok());
+    ASSERT_TRUE(store->TryGet("hb/a")->has_value()) << "lost while renewed, after " << i;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  const absl::Time stopped = absl::Now();
+  absl::Duration vanished = absl::InfiniteDuration();
+  while (absl::Now() - stopped < absl::Seconds(15)) {
+    if (!store->TryGet("hb/a")->has_value()) {
+      vanished = absl::Now() - stopped;
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_LT(vanished, absl::Seconds(15)) << "the leased key outlived its writer";
+  std::printf("leased key vanished %.2f s after its last renewal\n",
+              absl::ToDoubleSeconds(vanished));
+  EXPECT_EQ(store->TryGet("plain")->value_or(""), "stays");
+  // Writing it again takes a new lease: the key is back and stays.
+  ASSERT_TRUE(store->SetWithLease("hb/a", "again", ttl).ok());
+  EXPECT_EQ(store->TryGet("hb/a")->value_or(""), "again");
+}
+
+TEST(EtcdStore, OfConcurrentGenerationProposalsExactlyOneIsStored) {
+  if (!CanRun()) GTEST_SKIP() << "needs libcurl at build time and " << kEtcd;
+  Cluster cluster(1);
+  auto store = cluster.Open();
+  ASSERT_TRUE(store);
+  std::vector<std::string> seen(6);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < seen.size(); ++t) {
+    threads.emplace_back([&, t] {
+      auto mine = OpenStore(cluster.Uri());
+      ASSERT_TRUE(mine.ok());
+      auto r = (*mine)->CompareAndSet("gen/5", "", absl::StrCat("proposal-", t));
+      ASSERT_TRUE(r.ok()) << r.status();
+      seen[t] = *r;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::string& s : seen) EXPECT_EQ(s, seen[0]);
+  EXPECT_EQ(store->TryGet("gen/5")->value_or(""), seen[0]);
+}
+
+TEST(EtcdStore, AKilledMembersHeartbeatKeyVanishesAndTheOthersSeeItDead) {
+  if (!CanRun()) GTEST_SKIP() << "needs libcurl at build time and " << kEtcd;
+  Cluster cluster(1);
+  auto store = cluster.Open();
+  ASSERT_TRUE(store);
+  MembershipOptions o;
+  o.job_id = "job";
+  o.heartbeat = absl::Milliseconds(50);
+  o.peer_timeout = absl::Seconds(2);
+  o.settle = absl::Milliseconds(100);
+  o.min_replicas = 2;
+  o.join_timeout = absl::Seconds(30);
+  auto prefix = MakePrefixStore(*store, "job");
+  o.self.id = "a";
+  auto a = Membership::Create(*prefix, o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto other = OpenStore(cluster.Uri());  // b's own connection and leases
+  ASSERT_TRUE(other.ok());
+  auto other_prefix = MakePrefixStore(**other, "job");
+  o.self.id = "b";
+  auto b = Membership::Create(*other_prefix, o);
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::thread tb([&] { ASSERT_TRUE((*b)->Join().ok()); });
+  ASSERT_TRUE((*a)->Join().ok());
+  tb.join();
+  ASSERT_TRUE(store->TryGet("job/hb/b")->has_value());
+  b->reset();  // b's heartbeats stop, as when its process is killed
+  const absl::Time t0 = absl::Now();
+  while (store->TryGet("job/hb/b")->has_value() && absl::Now() - t0 < absl::Seconds(15)) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_FALSE(store->TryGet("job/hb/b")->has_value());
+  while ((*a)->DeadPeers().empty() && absl::Now() - t0 < absl::Seconds(15)) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ((*a)->DeadPeers(), std::vector<std::string>{"b"});
 }
 
 }  // namespace
