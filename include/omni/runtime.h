@@ -56,6 +56,7 @@
 #include "omni/comm.h"
 #include "omni/elastic.h"
 #include "omni/export.h"
+#include "omni/job_checkpoint.h"
 #include "omni/preemption.h"
 #include "omni/sampler.h"
 #include "omni/state.h"
@@ -210,7 +211,10 @@ class OMNI_EXPORT Runtime {
   // tools). Null when not configured.
   virtual Telemetry& telemetry() = 0;
   virtual DistributedSampler* sampler() = 0;
+  // Without a group (null in elastic mode).
   virtual CheckpointManager* checkpoints() = 0;
+  // Elastic mode with a ckpt_dir: the job-level checkpoints (null otherwise).
+  virtual JobCheckpointManager* job_checkpoints() = 0;
   virtual ElasticGroup* group() = 0;
   virtual PreemptionMonitor* preemption() = 0;
   virtual Store* store() = 0;
