@@ -964,6 +964,7 @@ absl::StatusOr<JobSaveStats> JobCheckpointManagerImpl::SaveAlone(int64_t step,
   if (st.ok()) st = fs_.Sync(dir_.get(), opt_.dir);
   if (!st.ok()) return failed(st);
   stats.commit_s = Seconds(t1);
+  ApplyRetention(step);
   return stats;
 }
 
@@ -1092,7 +1093,7 @@ absl::Status JobCheckpointManagerImpl::RestorePerReplica(const StateRegistry& pe
   const std::unique_ptr<ckpt::ShardReader> reader =
       ckpt::ShardReader::Open(Join(sd->m.dir, sd->m.parts[part].file), *std::move(fd),
                               sd->m.parts[part].header_bytes, std::move(entries));
-  const absl::Status loaded = Guard("loading", [&] { return per_replica.LoadAll(*reader); });
+  absl::Status loaded = Guard("loading", [&] { return per_replica.LoadAll(*reader); });
   if (!reader->read_error().ok()) return reader->read_error();
   return loaded;
 }

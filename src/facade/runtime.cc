@@ -278,7 +278,9 @@ absl::StatusOr<int64_t> RuntimeImpl::Start() {
     // per-replica state once the group has given this replica its rank.
     absl::StatusOr<std::optional<int64_t>> restored = job_->RestoreReplicated(replicated_);
     if (!restored.ok()) return restored.status();
-    if (restored->has_value()) Log(absl::StrCat("resumed at step ", step_));
+    if (restored->has_value()) {
+      Log(absl::StrCat("resumed from ", o_.ckpt_dir, " (step ", step_, ")"));
+    }
   }
   if (store_ != nullptr) {
     ElasticOptions eo = o_.elastic;
