@@ -122,7 +122,9 @@ def test_two_replicas_share_one_dir_resume_bit_exactly_with_two_and_go_on_with_o
         assert f"(step {step})" in err, err
         assert final(out) == ref_final, f"{r.rid}: {final(out)} != {ref_final}"
 
-    one = Replica(run_dir, run_dir / "store3", "r0", "--min-replicas", 1, "--ckpt-dir",
+    one_dir = tmp_path / "one"  # its own loss log
+    one_dir.mkdir()
+    one = Replica(one_dir, one_dir / "store", "r0", "--min-replicas", 1, "--ckpt-dir",
                   alone_ckpt)
     rc, out, err = one.wait()
     assert rc == 0, err
