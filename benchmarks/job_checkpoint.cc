@@ -100,6 +100,7 @@ Trial Run(std::vector<std::unique_ptr<Replica>>& reps, int n, const std::string&
   std::condition_variable cv;
   bool go = false;
   std::vector<std::thread> threads;
+  threads.reserve(n);
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       {
@@ -176,6 +177,7 @@ int main(int argc, char** argv) {
   const size_t per_tensor = static_cast<size_t>(mib) * (1 << 20) / 16 / sizeof(float);
   for (int i = 0; i < 16; ++i) shared.tensors.emplace_back(per_tensor, static_cast<float>(i));
   std::vector<std::unique_ptr<Replica>> reps;
+  reps.reserve(4);
   for (int r = 0; r < 4; ++r) reps.push_back(std::make_unique<Replica>(shared, r));
 
   std::string json = absl::StrCat("{\"benchmark\":\"job_checkpoint\",\"replicated_mib\":", mib,
