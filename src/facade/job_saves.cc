@@ -85,9 +85,10 @@ absl::StatusOr<JobSaveStats> JobSaves::SaveTogether(
   std::vector<int64_t> v = {dev, ino, -dev, -ino,
                             -static_cast<int64_t>(nonce & 0x3fffffffffffffffull)};
   if (auto st = group.AllReduce(v.data(), v.size(), DataType::kInt64, ReduceOp::kMin); !st.ok()) {
-    return absl::Status(st.code(),
-                        absl::StrCat("checkpoint step ", step,
-                                     ": the replicas could not agree on the save: ", st.message()));
+    // Aborted whatever the collective's code: a peer is gone, nothing was
+    // written; the group recovers at its next collective.
+    return absl::AbortedError(absl::StrCat(
+        "checkpoint step ", step, ": the replicas could not agree on the save: ", st.ToString()));
   }
   const bool shared = v[0] == -v[2] && v[1] == -v[3];
   if (!shared) {

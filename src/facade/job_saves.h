@@ -43,8 +43,8 @@ class JobSaves {
   // A save with every replica of the group's generation, at the same
   // boundary. One collective first agrees on a token and checks that all
   // replicas use this directory (same device and inode); when they do not
-  // (one directory per replica), each saves alone into its own. A collective
-  // failure (a peer died) is returned: nothing was written.
+  // (one directory per replica), each saves alone into its own. A failure of
+  // that collective (a peer died) is Aborted: nothing was written.
   absl::StatusOr<JobSaveStats> SaveTogether(int64_t step, ElasticGroup& group,
                                             const StateRegistry& replicated,
                                             const StateRegistry& per_replica,

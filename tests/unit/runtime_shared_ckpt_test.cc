@@ -233,6 +233,49 @@ TEST(RuntimeSharedCheckpoint, PeriodicCheckpointsFollowTheGroupThroughAJoin) {
   EXPECT_TRUE(log.Has("(join)"));
 }
 
+TEST(RuntimeSharedCheckpoint, AReplicaLostAtASaveBoundaryAbandonsThatSaveAndTheSurvivorsGoOn) {
+  constexpr int64_t kTotal = 8;
+  FakeClock clock;
+  Log log;
+  TempDir dir;
+  std::vector<Outcome> out(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    RuntimeOptions o =
+        Options(dir / "ckpt", dir / "store", &clock, &log, "r" + std::to_string(i), 1, 3, false);
+    o.ckpt_every = 1;
+    threads.emplace_back(Train, o, kTotal, &clock, -1, &out[i]);
+  }
+  // A third replica that disappears after two steps (and two saves), between
+  // the collective of its third step and that step's save.
+  {
+    Trainer t;
+    RuntimeOptions o = Options(dir / "ckpt", dir / "store", &clock, &log, "r2", 1, 3, false);
+    o.ckpt_every = 1;
+    auto rt = Runtime::Create(o);
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    ASSERT_TRUE((*rt)->Register("model", &t.w_state).ok());
+    ASSERT_TRUE((*rt)->Register("counter", &t.counter_state, StateScope::kPerReplica).ok());
+    ASSERT_TRUE((*rt)->Start().ok());
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE((*rt)->BeginStep().ok());
+      float g = static_cast<float>((*rt)->step() + t.counter[0] % 97);
+      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DataType::kFloat32, ReduceOp::kSum).ok());
+      if (s == 2) break;
+      absl::StatusOr<Decision> d = (*rt)->EndStep();
+      ASSERT_TRUE(d.ok()) << d.status();
+    }
+  }  // destroyed: its heartbeats stop and its connections close
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(out[i].final_step, kTotal) << i;
+  EXPECT_EQ(out[0].w, out[1].w);
+  ASSERT_FALSE(out[0].list.empty());
+  EXPECT_EQ(out[0].list[0].step, kTotal);
+  EXPECT_EQ(out[0].list[0].world_size, 2) << "the survivors save together";
+  for (const CheckpointInfo& c : out[0].list) EXPECT_TRUE(VerifyJobCheckpoint(c.path).ok());
+  EXPECT_TRUE(log.Has("checkpoint of step 3 abandoned")) << "the save boundary saw the loss";
+}
+
 #endif  // OMNI_HAVE_GLOO
 
 }  // namespace
