@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckpt/job_manifest.h"
+#include "ckpt/job_reader.h"
 #include "ckpt/safetensors.h"
 #include "common/fs.h"
 #include "common/strings.h"
@@ -50,37 +51,27 @@ using internal::FileSystem;
 using internal::FileType;
 using internal::Sv;
 using Metadata = std::map<std::string, std::string>;
+using ckpt::CheckStep;
+using ckpt::JobReader;
+using ckpt::Join;
+using ckpt::JoinJobLock;
+using ckpt::LoadStep;
+using ckpt::ParseStepDir;
+using ckpt::PartsOf;
+using ckpt::ScanAt;
+using ckpt::StepDir;
+using ckpt::StepDirName;
+using ckpt::StepDirs;
+using ckpt::StepName;
 
-constexpr const char* kManifest = "manifest.json";
 constexpr const char* kAborted = "ABORTED";
 constexpr const char* kTmpPrefix = ".tmp-step-";
 constexpr const char* kTrashPrefix = ".trash-";
-constexpr const char* kLock = ".lock-job";
-constexpr const char* kLockGuard = ".lock-job-guard";
 constexpr int64_t kMaxStep = 999'999'999'999;
-constexpr size_t kMaxManifestBytes = CheckpointManager::kMaxManifestBytes;
 
-std::string Join(const std::string& dir, const std::string& name) {
-  return dir.empty() || dir.back() == '/' ? dir + name : absl::StrCat(dir, "/", name);
-}
+constexpr const char* kManifest = ckpt::kJobManifest;
+constexpr size_t kMaxManifestBytes = ckpt::kJobMaxManifestBytes;
 
-std::string StepDirName(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "step-%012" PRId64, step);
-  return buf;
-}
-
-std::optional<int64_t> ParseStepDir(std::string_view name) {
-  if (name.size() != 17 || name.substr(0, 5) != "step-") return std::nullopt;
-  int64_t v = 0;
-  for (char c : name.substr(5)) {
-    if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + (c - '0');
-  }
-  return v;
-}
-
-// The step of a temporary directory ".tmp-step-000000001200[...]".
 std::optional<int64_t> TmpStep(std::string_view name) {
   if (name.size() < 22 || name.substr(0, 10) != kTmpPrefix) return std::nullopt;
   return ParseStepDir(absl::StrCat("step-", Sv(name.substr(10, 12))));
@@ -235,286 +226,6 @@ class CountingWriter final : public StateWriter {
   StateWriter& out_;
   uint64_t bytes_ = 0;
 };
-
-// ---------------------------------------------------------------- reading
-
-struct StepDir {
-  Fd fd;
-  JobManifest m;
-};
-
-absl::StatusOr<StepDir> LoadStep(FileSystem& fs, int dir, const std::string& name,
-                                 const std::string& path) {
-  StepDir out;
-  absl::StatusOr<Fd> fd = fs.OpenDir(dir, name, path);
-  if (!fd.ok()) return fd.status();
-  out.fd = *std::move(fd);
-  absl::StatusOr<std::string> text =
-      internal::ReadFileAt(fs, out.fd.get(), kManifest, Join(path, kManifest), kMaxManifestBytes);
-  if (!text.ok()) {
-    if (absl::IsNotFound(text.status())) {
-      return absl::NotFoundError(absl::StrCat(path, ": no manifest.json (not a checkpoint)"));
-    }
-    return text.status();
-  }
-  absl::StatusOr<JobManifest> m = ckpt::ParseJobManifest(*text, path);
-  if (!m.ok()) return m.status();
-  const std::string base = std::filesystem::path(path).filename().string();
-  const std::optional<int64_t> dir_step = ParseStepDir(base);
-  if (dir_step && *dir_step != m->step) {
-    return absl::DataLossError(absl::StrCat(path, "/", kManifest, ": step ", m->step,
-                                            " does not match the directory name ", base));
-  }
-  out.m = *std::move(m);
-  return out;
-}
-
-absl::StatusOr<StepDir> LoadStepPath(const std::string& path) {
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  return LoadStep(internal::RealFileSystem(), AT_FDCWD, p, p);
-}
-
-// Opens part `rank` and checks its size and header against the manifest.
-absl::StatusOr<Fd> OpenCheckedPart(FileSystem& fs, const StepDir& sd, int rank,
-                                   std::vector<TensorEntry>* entries_out = nullptr) {
-  const JobPart& part = sd.m.parts[rank];
-  const std::string path = Join(sd.m.dir, part.file);
-  absl::StatusOr<Fd> opened = fs.OpenRead(sd.fd.get(), part.file, path);
-  if (!opened.ok()) return opened.status();
-  Fd fd = *std::move(opened);
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
-  const auto size = static_cast<uint64_t>(st.st_size);
-  if (size != part.bytes) {
-    return absl::DataLossError(absl::StrCat(path, ": ", size, " bytes, the manifest says ",
-                                            part.bytes, " (truncated or replaced?)"));
-  }
-  absl::StatusOr<ckpt::ShardHeader> h = ckpt::ReadShardHeader(fd.get(), path, size);
-  if (!h.ok()) return h.status();
-  if (h->header_bytes != part.header_bytes || h->header_xxh3 != part.header_xxh3) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": header differs from the one the manifest records"));
-  }
-  std::vector<TensorEntry> want = sd.m.PartEntries(rank);
-  if (h->entries.size() != want.size()) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": ", h->entries.size(), " tensors, the manifest lists ", want.size()));
-  }
-  for (size_t i = 0; i < want.size(); ++i) {  // both sorted by offset
-    const TensorEntry& a = h->entries[i];
-    const TensorEntry& b = want[i];
-    if (a.key != b.key || a.dtype != b.dtype || a.shape != b.shape || a.begin != b.begin ||
-        a.end != b.end) {
-      return absl::DataLossError(
-          absl::StrCat(path, ": key '", b.key, "' differs between the manifest and the file"));
-    }
-  }
-  if (entries_out != nullptr) *entries_out = std::move(want);
-  return fd;
-}
-
-absl::Status CheckStep(FileSystem& fs, const StepDir& sd) {
-  for (int r = 0; r < sd.m.world_size; ++r) {
-    absl::StatusOr<Fd> fd = OpenCheckedPart(fs, sd, r);
-    if (!fd.ok()) return fd.status();
-  }
-  return absl::OkStatus();
-}
-
-// The replicated state of a checkpoint, read from every part.
-class JobReader final : public StateReader {
- public:
-  static absl::StatusOr<std::unique_ptr<JobReader>> Open(FileSystem& fs, const StepDir& sd) {
-    auto r = std::unique_ptr<JobReader>(new JobReader(sd.m));
-    for (int p = 0; p < sd.m.world_size; ++p) {
-      std::vector<TensorEntry> entries;
-      absl::StatusOr<Fd> fd = OpenCheckedPart(fs, sd, p, &entries);
-      if (!fd.ok()) return fd.status();
-      r->parts_.push_back(ckpt::ShardReader::Open(Join(sd.m.dir, sd.m.parts[p].file),
-                                                  *std::move(fd), sd.m.parts[p].header_bytes,
-                                                  std::move(entries)));
-    }
-    return r;
-  }
-  absl::StatusOr<Info> Find(std::string_view key) const override {
-    const JobTensor* t = Lookup(key);
-    if (t == nullptr) {
-      return absl::NotFoundError(
-          absl::StrCat("key '", Sv(key), "' not in the checkpoint ", m_.dir));
-    }
-    return Info{t->dtype, t->shape, static_cast<size_t>(t->nbytes)};
-  }
-  absl::Status ReadTensor(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
-                          void* dst, size_t nbytes) const override {
-    const JobTensor* t = Lookup(key);
-    if (t == nullptr) {
-      return absl::NotFoundError(
-          absl::StrCat("key '", Sv(key), "' not in the checkpoint ", m_.dir));
-    }
-    if (t->dtype != dtype || t->shape != shape || t->nbytes != nbytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("key '", Sv(key), "' in ", m_.dir, " is ", DTypeName(t->dtype), " ",
-                       ckpt::ShapeString(t->shape), ", expected ", DTypeName(dtype), " ",
-                       ckpt::ShapeString(shape)));
-    }
-    for (const JobPiece& p : t->pieces) {
-      if (auto st = parts_[p.part]->ReadTensor(key, dtype, ckpt::PieceShape(*t, p),
-                                               static_cast<char*>(dst) + p.begin, p.end - p.begin);
-          !st.ok()) {
-        return st;
-      }
-    }
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::string> ReadBytes(std::string_view key) const override {
-    absl::StatusOr<Info> info = Find(key);
-    if (!info.ok()) return info.status();
-    if (info->dtype != DType::kU8 || info->shape.size() != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("key '", Sv(key), "' in ", m_.dir, " is not a byte blob"));
-    }
-    std::string out(info->nbytes, '\0');
-    if (auto st = ReadTensor(key, info->dtype, info->shape, out.data(), out.size()); !st.ok()) {
-      return st;
-    }
-    return out;
-  }
-  std::vector<std::string> Keys(std::string_view prefix) const override {
-    std::vector<std::string> out;
-    for (const JobTensor& t : m_.replicated) {
-      if (t.key.compare(0, prefix.size(), prefix.data(), prefix.size()) == 0) out.push_back(t.key);
-    }
-    return out;
-  }
-  bool any_read() const {
-    return std::any_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->any_read(); });
-  }
-  // The first read error of any part, else the first unread entry that
-  // fails its checksum.
-  absl::Status Verdict(bool verify_unread) const {
-    for (const auto& p : parts_) {
-      if (!p->read_error().ok()) return p->read_error();
-    }
-    if (!verify_unread) return absl::OkStatus();
-    for (const auto& p : parts_) {
-      if (auto st = p->VerifyUnread(); !st.ok()) return st;
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  explicit JobReader(const JobManifest& m) : m_(m) {}
-  const JobTensor* Lookup(std::string_view key) const {
-    auto it = std::lower_bound(m_.replicated.begin(), m_.replicated.end(), key,
-                               [](const JobTensor& t, std::string_view k) { return t.key < k; });
-    return it != m_.replicated.end() && it->key == key ? &*it : nullptr;
-  }
-  const JobManifest& m_;
-  std::vector<std::unique_ptr<ckpt::ShardReader>> parts_;
-};
-
-struct StepName {
-  int64_t step = 0;
-  std::string name;
-  std::string path;
-};
-
-absl::StatusOr<std::vector<StepName>> StepDirs(FileSystem& fs, int dir, const std::string& path) {
-  absl::StatusOr<std::vector<DirEntry>> entries = fs.List(dir, path);
-  if (!entries.ok()) return entries.status();
-  std::vector<StepName> out;
-  for (const DirEntry& e : *entries) {
-    if (std::optional<int64_t> s = ParseStepDir(e.name))
-      out.push_back({*s, e.name, Join(path, e.name)});
-  }
-  std::sort(out.begin(), out.end(),
-            [](const StepName& a, const StepName& b) { return a.step > b.step; });
-  return out;
-}
-
-std::vector<CheckpointStatus> ScanAt(FileSystem& fs, int dir, const std::vector<StepName>& dirs) {
-  std::vector<CheckpointStatus> out;
-  for (const StepName& d : dirs) {
-    CheckpointStatus cs;
-    cs.info.step = d.step;
-    cs.info.path = d.path;
-    absl::StatusOr<StepDir> sd = LoadStep(fs, dir, d.name, d.path);
-    if (!sd.ok()) {
-      cs.status = sd.status();
-    } else {
-      cs.info = sd->m.Info();
-      cs.status = CheckStep(fs, *sd);
-    }
-    out.push_back(std::move(cs));
-  }
-  return out;
-}
-
-std::vector<JobPartInfo> PartsOf(const JobManifest& m) {
-  std::vector<JobPartInfo> out;
-  for (const JobPart& p : m.parts) {
-    out.push_back({p.rank, p.replica_id, Join(m.dir, p.file), static_cast<int64_t>(p.bytes),
-                   static_cast<int64_t>(p.replicated_bytes),
-                   static_cast<int64_t>(p.replica_bytes)});
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------- the lock
-
-// Joins the job's shared lock on `dir` (see the header). `first` is set when
-// no other live process held it.
-absl::StatusOr<Fd> JoinJobLock(FileSystem& fs, int dir, const std::string& dir_path,
-                               const std::string& job_id, bool* first) {
-  const std::string guard_path = Join(dir_path, kLockGuard);
-  absl::StatusOr<Fd> guard = fs.OpenWrite(dir, kLockGuard, false, false, guard_path);
-  if (!guard.ok()) {
-    return absl::Status(guard.status().code(),
-                        absl::StrCat("checkpoint directory ", dir_path,
-                                     ": cannot create the job lock: ", guard.status().message()));
-  }
-  // The guard is held only for the few calls below, by any replica.
-  Poller poll(absl::Seconds(30));
-  while (::flock(guard->get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK) return ErrnoStatus(errno, absl::StrCat("lock ", guard_path));
-    if (poll.Expired()) {
-      return absl::DeadlineExceededError(absl::StrCat("lock ", guard_path, " held for 30 s"));
-    }
-    poll.Wait();
-  }
-  const std::string lock_path = Join(dir_path, kLock);
-  absl::StatusOr<Fd> opened = fs.OpenWrite(dir, kLock, false, false, lock_path);
-  if (!opened.ok()) return opened.status();
-  Fd lock = *std::move(opened);
-  const std::string mine = absl::StrCat("job ", job_id, "\n");
-  if (::flock(lock.get(), LOCK_EX | LOCK_NB) == 0) {
-    *first = true;
-    if (::ftruncate(lock.get(), 0) != 0 ||
-        ::pwrite(lock.get(), mine.data(), mine.size(), 0) != static_cast<ssize_t>(mine.size())) {
-      return ErrnoStatus(errno, absl::StrCat("write ", lock_path));
-    }
-    if (::flock(lock.get(), LOCK_SH) != 0)
-      return ErrnoStatus(errno, absl::StrCat("lock ", lock_path));
-    return lock;
-  }
-  if (errno != EWOULDBLOCK) return ErrnoStatus(errno, absl::StrCat("lock ", lock_path));
-  *first = false;
-  std::string held(4096, '\0');
-  const ssize_t n = ::pread(lock.get(), held.data(), held.size(), 0);
-  held.resize(n > 0 ? static_cast<size_t>(n) : 0);
-  if (held != mine) {
-    std::string other = held.rfind("job ", 0) == 0 ? held.substr(4) : held;
-    while (!other.empty() && other.back() == '\n') other.pop_back();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint directory ", dir_path, " is in use by another job: live replicas of job '",
-        other, "' hold ", lock_path, " (this job is '", job_id, "')"));
-  }
-  if (::flock(lock.get(), LOCK_SH | LOCK_NB) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("lock ", lock_path, " (shared)"));
-  }
-  return lock;
-}
 
 // ---------------------------------------------------------------- the manager
 
@@ -1127,96 +838,6 @@ absl::StatusOr<std::unique_ptr<JobCheckpointManager>> JobCheckpointManager::Open
       std::make_unique<JobCheckpointManagerImpl>(options, fs, *std::move(dir), *std::move(lock));
   if (first) mgr->CleanUpAlone();
   return mgr;
-}
-
-bool IsJobCheckpoint(const std::string& step_dir) {
-  absl::StatusOr<std::string> text =
-      internal::ReadFileAt(internal::RealFileSystem(), AT_FDCWD, Join(step_dir, kManifest),
-                           Join(step_dir, kManifest), kMaxManifestBytes);
-  return text.ok() && ckpt::DeclaresJobLayout(*text);
-}
-
-absl::StatusOr<std::vector<CheckpointStatus>> ScanJobCheckpoints(const std::string& dir) {
-  FileSystem& fs = internal::RealFileSystem();
-  absl::StatusOr<Fd> fd = fs.OpenDir(AT_FDCWD, dir, dir);
-  if (!fd.ok()) return fd.status();
-  absl::StatusOr<std::vector<StepName>> dirs = StepDirs(fs, fd->get(), dir);
-  if (!dirs.ok()) return dirs.status();
-  std::vector<StepName> job;
-  for (const StepName& d : *dirs) {
-    if (IsJobCheckpoint(d.path)) job.push_back(d);
-  }
-  return ScanAt(fs, fd->get(), job);
-}
-
-absl::Status VerifyJobCheckpoint(const std::string& path) {
-  absl::StatusOr<StepDir> sd = LoadStepPath(path);
-  if (!sd.ok()) return sd.status();
-  FileSystem& fs = internal::RealFileSystem();
-  for (int r = 0; r < sd->m.world_size; ++r) {
-    std::vector<TensorEntry> entries;
-    absl::StatusOr<Fd> fd = OpenCheckedPart(fs, *sd, r, &entries);
-    if (!fd.ok()) return fd.status();
-    if (auto st = ckpt::VerifyShardData(fd->get(), Join(sd->m.dir, sd->m.parts[r].file),
-                                        sd->m.parts[r].header_bytes, entries);
-        !st.ok()) {
-      return st;
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<JobPartInfo>> JobCheckpointParts(const std::string& path) {
-  absl::StatusOr<StepDir> sd = LoadStepPath(path);
-  if (!sd.ok()) return sd.status();
-  return PartsOf(sd->m);
-}
-
-absl::StatusOr<std::string> DescribeJobCheckpoint(const std::string& path) {
-  absl::StatusOr<StepDir> sd = LoadStepPath(path);
-  if (!sd.ok()) return sd.status();
-  const JobManifest& m = sd->m;
-  std::string out = absl::StrCat("checkpoint ", m.dir, " (job-level)\n");
-  char created[64] = "?";
-  const auto secs = static_cast<std::time_t>(m.created_unix_ms / 1000);
-  std::tm tm{};
-  if (gmtime_r(&secs, &tm) != nullptr)
-    std::strftime(created, sizeof(created), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  absl::StrAppend(&out, "  format      omni.checkpoint v", m.version,
-                  " layout job, written by omni ", m.library_version, "\n");
-  absl::StrAppend(&out, "  step        ", m.step, "\n");
-  absl::StrAppend(&out, "  job         ", m.job_id, "\n");
-  absl::StrAppend(&out, "  created     ", created, "\n");
-  absl::StrAppend(&out, "  replicas    ", m.world_size, "\n");
-  absl::StrAppend(&out, "  bytes       ", m.TotalBytes(), "\n");
-  absl::StrAppend(&out, "  token       ", HexDigest(m.token), "\n");
-  absl::StrAppend(&out, "  metadata", m.metadata.empty() ? "    (none)" : "", "\n");
-  for (const auto& [k, v] : m.metadata) absl::StrAppend(&out, "    ", k, " = ", v, "\n");
-  absl::StrAppend(&out, "  parts (rank, replica, file, bytes, replicated share, per-replica)\n");
-  for (const JobPart& p : m.parts) {
-    absl::StrAppend(&out, "    rank ", p.rank, "  ", p.replica_id.empty() ? "-" : p.replica_id,
-                    "  ", p.file, "  ", p.bytes, " bytes  replicated ", p.replicated_bytes,
-                    "  per-replica ", p.replica_bytes, "  xxh3 ", HexDigest(p.xxh3), "\n");
-  }
-  absl::StrAppend(&out, "  replicated (", m.replicated.size(), ")\n");
-  for (const JobTensor& t : m.replicated) {
-    absl::StrAppend(&out, "    ", t.key, "  ", DTypeName(t.dtype), " ", ckpt::ShapeString(t.shape),
-                    "  ", t.nbytes, " bytes in");
-    for (const JobPiece& p : t.pieces) {
-      absl::StrAppend(&out, " part ", p.part, " [", p.begin, ",", p.end, ") xxh3 ",
-                      HexDigest(p.xxh3), ";");
-    }
-    out += "\n";
-  }
-  for (size_t r = 0; r < m.per_replica.size(); ++r) {
-    absl::StrAppend(&out, "  per replica, part ", r, " (", m.per_replica[r].size(), ")\n");
-    for (const TensorEntry& e : m.per_replica[r]) {
-      absl::StrAppend(&out, "    ", e.key, "  ", DTypeName(e.dtype), " ",
-                      ckpt::ShapeString(e.shape), "  ", e.end - e.begin, " bytes  xxh3 ",
-                      HexDigest(e.xxh3), "\n");
-    }
-  }
-  return out;
 }
 
 }  // namespace omni
