@@ -78,7 +78,7 @@ def test_two_replicas_share_one_dir_resume_bit_exactly_with_two_and_go_on_with_o
     ref_final = ref.pop()
 
     ckpt = run_dir / "ckpt"
-    env = dict(os.environ, OMNI_PREEMPT_GRACE_S="0.5")
+    env = dict(os.environ, OMNI_PREEMPT_GRACE_S="1.0")  # room for the save under load
     reps = group(run_dir, run_dir / "store1", 2, "--ckpt-dir", ckpt, env=env)
     deadline = time.monotonic() + 120
     while reps[1].steps() < 20:
