@@ -25,7 +25,6 @@ namespace {
 using internal::DirEntry;
 using internal::ErrnoStatus;
 using internal::FileSystem;
-using internal::FileType;
 
 constexpr const char* kManifest = kJobManifest;
 constexpr size_t kMaxManifestBytes = kJobMaxManifestBytes;
