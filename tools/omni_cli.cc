@@ -8,7 +8,9 @@
 //                                  precision / recall of forecasts replayed on LOG
 //   omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N]
 //                                  SVG timeline: real idle time against forecast windows
-//   omni ckpt ls DIR               checkpoints under DIR: step, shards, bytes, created, valid
+//   omni ckpt ls DIR               checkpoints under DIR: step, shards, bytes, created, valid;
+//                                  for a job-level checkpoint (elastic job, shared DIR) each
+//                                  part: the replica that wrote it and what it holds
 //   omni ckpt verify DIR|STEPDIR   every checksum of one checkpoint (or of all under DIR;
 //                                  a DIR without any fails)
 //   omni ckpt show STEPDIR         a checkpoint's manifest and entries
@@ -37,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "omni/checkpoint.h"
 #include "omni/evaluator.h"
+#include "omni/job_checkpoint.h"
 #include "omni/nccl.h"
 #include "omni/step_log.h"
 #include "omni/version.h"
@@ -185,17 +188,36 @@ bool IsStepDir(const std::string& path) {
 int CkptLs(const std::string& dir) {
   auto all = omni::ScanCheckpoints(dir);
   if (!all.ok()) return Fail(all.status());
+  // Job-level checkpoints (layout "job") are read by their own reader.
+  auto job = omni::ScanJobCheckpoints(dir);
+  if (!job.ok()) return Fail(job.status());
+  for (omni::CheckpointStatus& c : *all) {
+    for (omni::CheckpointStatus& j : *job) {
+      if (j.info.path == c.info.path) c = j;
+    }
+  }
   if (all->empty()) {
     std::printf("no checkpoints in %s\n", dir.c_str());
     return 0;
   }
-  std::printf("%-12s  %6s  %14s  %-20s  %s\n", "STEP", "SHARDS", "BYTES", "CREATED (UTC)", "VALID");
+  std::printf("%-12s  %-6s  %6s  %14s  %-20s  %s\n", "STEP", "LAYOUT", "SHARDS", "BYTES",
+              "CREATED (UTC)", "VALID");
   for (const omni::CheckpointStatus& c : *all) {
     const bool ok = c.status.ok();
+    const bool is_job = omni::IsJobCheckpoint(c.info.path);
     const std::string valid = ok ? "yes" : "no: " + std::string(c.status.message());
-    std::printf("%-12" PRId64 "  %6d  %14" PRId64 "  %-20s  %s\n", c.info.step,
-                ok || c.info.format_version > 0 ? c.info.world_size : 0, c.info.bytes,
-                UtcTime(c.info.created_unix_ms).c_str(), valid.c_str());
+    std::printf("%-12" PRId64 "  %-6s  %6d  %14" PRId64 "  %-20s  %s\n", c.info.step,
+                is_job ? "job" : "rank", ok || c.info.format_version > 0 ? c.info.world_size : 0,
+                c.info.bytes, UtcTime(c.info.created_unix_ms).c_str(), valid.c_str());
+    if (!is_job) continue;
+    auto parts = omni::JobCheckpointParts(c.info.path);
+    if (!parts.ok()) continue;
+    for (const omni::JobPartInfo& p : *parts) {
+      std::printf("  part %-5d replica %-12s %14" PRId64 " bytes: replicated %" PRId64
+                  ", per-replica %" PRId64 "\n",
+                  p.rank, p.replica_id.empty() ? "-" : p.replica_id.c_str(), p.bytes,
+                  p.replicated_bytes, p.replica_bytes);
+    }
   }
   return 0;
 }
@@ -215,7 +237,8 @@ int CkptVerify(const std::string& path) {
   }
   int bad = 0;
   for (const std::string& d : dirs) {
-    const absl::Status st = omni::VerifyCheckpoint(d);
+    const absl::Status st =
+        omni::IsJobCheckpoint(d) ? omni::VerifyJobCheckpoint(d) : omni::VerifyCheckpoint(d);
     if (st.ok()) {
       std::printf("OK   %s\n", d.c_str());
     } else {
@@ -236,7 +259,8 @@ int Ckpt(int argc, char** argv) {
   if (sub == "ls") return CkptLs(path);
   if (sub == "verify") return CkptVerify(path);
   if (sub == "show") {
-    auto text = omni::DescribeCheckpoint(path);
+    auto text = omni::IsJobCheckpoint(path) ? omni::DescribeJobCheckpoint(path)
+                                            : omni::DescribeCheckpoint(path);
     if (!text.ok()) return Fail(text.status());
     std::printf("%s", text->c_str());
     return 0;

@@ -2,7 +2,8 @@
 // graceful preemption and elastic data parallelism, all through omni::Runtime.
 // Configured by the environment (torchrun, Slurm or OMNI_* variables):
 //   OMNI_CKPT_DIR=/ckpt OMNI_CKPT_EVERY=100 OMNI_STEP_LOG=steps.jsonl minimal 5000
-//   OMNI_STORE=file:///shared/store OMNI_REPLICA_ID=r0 minimal   # one replica of many
+//   OMNI_STORE=file:///shared/store OMNI_REPLICA_ID=r0 minimal   # one replica of many;
+//                                         # all replicas share one OMNI_CKPT_DIR
 // SIGTERM saves at a step boundary and exits 75 (resumable: run it again).
 #include <torch/torch.h>
 

@@ -69,6 +69,7 @@ with Omni telemetry. The same command gives bit-identical parameters.
 
 Checkpoints and preemption:
   --ckpt-dir DIR    save checkpoints to DIR and resume from the newest valid one there
+                    (with --store: the same DIR for every replica, job-level checkpoints)
   --ckpt-every N    checkpoint every N steps (default 0: only when preempted)
   --keep K          keep the newest K checkpoints (default 3)
   --async-ckpt      write periodic checkpoints on a background thread

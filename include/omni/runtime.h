@@ -56,6 +56,7 @@
 #include "omni/comm.h"
 #include "omni/elastic.h"
 #include "omni/export.h"
+#include "omni/job_checkpoint.h"
 #include "omni/preemption.h"
 #include "omni/sampler.h"
 #include "omni/state.h"
@@ -88,11 +89,15 @@ struct OMNI_EXPORT RuntimeOptions {
   // "omni")
   TelemetryOptions telemetry;
   std::string forecast_path;  // a forecast file sink; empty = none
-  // ---- checkpoints (off when ckpt_dir is empty)
+  // ---- checkpoints (off when ckpt_dir is empty). In elastic mode every
+  // replica gives the same ckpt_dir: job-level checkpoints
+  // (omni/job_checkpoint.h): replicated state written once, spread over the
+  // replicas; per-replica state per replica; restorable at any replica
+  // count. Replicas given directories of their own each save alone there.
   std::string ckpt_dir;
   int64_t ckpt_every = 0;  // periodic checkpoint every N steps; 0 = only on preemption
   int keep_last = 3;
-  bool async_ckpt = false;  // periodic checkpoints written in the background
+  bool async_ckpt = false;  // periodic checkpoints in the background (not in elastic mode)
   // A ckpt_dir that holds checkpoints of which none is valid makes Start()
   // fail naming each (a job never silently starts over); true starts fresh.
   bool start_fresh = false;
@@ -175,7 +180,10 @@ class OMNI_EXPORT Runtime {
                                 StateScope scope = StateScope::kReplicated) = 0;
   // Restores the newest valid checkpoint (skipped ones are logged), joins the
   // elastic group (a replica behind the others receives their state) and
-  // returns step(): the first step to run. Restore and join errors as
+  // returns step(): the first step to run. Elastic: the replicated state
+  // is restored before the join, the per-replica state after it (from the
+  // part of the replica with this id, else of this rank when its writer is
+  // not a member; none: the initial state stays, logged). Restore and join errors as
   // CheckpointManager::Restore and ElasticGroup::Start.
   virtual absl::StatusOr<int64_t> Start() = 0;
 
@@ -210,7 +218,10 @@ class OMNI_EXPORT Runtime {
   // tools). Null when not configured.
   virtual Telemetry& telemetry() = 0;
   virtual DistributedSampler* sampler() = 0;
+  // Without a group (null in elastic mode).
   virtual CheckpointManager* checkpoints() = 0;
+  // Elastic mode with a ckpt_dir: the job-level checkpoints (null otherwise).
+  virtual JobCheckpointManager* job_checkpoints() = 0;
   virtual ElasticGroup* group() = 0;
   virtual PreemptionMonitor* preemption() = 0;
   virtual Store* store() = 0;

@@ -450,6 +450,13 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::strin
       return p.Error("no format version");
     }
     m.version = j["version"].get<int>();
+    if (j.contains("layout") && j["layout"] == "job") {  // omni/job_checkpoint.h
+      return absl::FailedPreconditionError(
+          absl::StrCat(step_dir,
+                       ": a job-level checkpoint of an elastic job (one directory shared by its "
+                       "replicas); restore it through omni::Runtime with a store, or "
+                       "omni::JobCheckpointManager"));
+    }
     if (m.version > kVersion) {
       return absl::FailedPreconditionError(absl::StrCat(
           step_dir, ": checkpoint format version ", m.version, " is newer than this library (omni ",

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "facade/job_saves.h"
 #include "omni/phase.h"
 #include "omni/sinks.h"
 
@@ -63,6 +64,8 @@ class RuntimeImpl final : public Runtime {
     }
     if (scope == StateScope::kReplicated) {
       if (auto st = replicated_.Register(name, object); !st.ok()) return st;
+    } else {
+      if (auto st = per_replica_.Register(name, object); !st.ok()) return st;
     }
     return all_.Register(std::move(name), object);
   }
@@ -87,6 +90,7 @@ class RuntimeImpl final : public Runtime {
   Telemetry& telemetry() override { return *tel_; }
   DistributedSampler* sampler() override { return sampler_.has_value() ? &*sampler_ : nullptr; }
   CheckpointManager* checkpoints() override { return ckpt_.get(); }
+  JobCheckpointManager* job_checkpoints() override { return job_ ? &job_->manager() : nullptr; }
   ElasticGroup* group() override { return group_.get(); }
   PreemptionMonitor* preemption() override { return monitor_.get(); }
   Store* store() override { return store_; }
@@ -102,7 +106,11 @@ class RuntimeImpl final : public Runtime {
   void LogChange(const GroupChange& c, const char* why) const;
   int64_t NowNs() const { return o_.clock->NowNanos(); }
   bool IsEvalStep(int64_t step) const { return o_.telemetry.forecast.eval.OccursAt(step); }
-  absl::Status Save(bool background);
+  // `alone`: a job-level save of this replica only (it cannot save with the
+  // others: it leaves, or the store failed).
+  absl::Status Save(bool background, bool alone = false);
+  bool HasCheckpoints() const { return ckpt_ != nullptr || job_ != nullptr; }
+  std::string JobId() const { return o_.job_id.empty() ? o_.source : o_.job_id; }
   void AdoptGeneration() {
     const Generation gen = group_->generation();
     if (gen.rank >= 0) {
@@ -114,7 +122,8 @@ class RuntimeImpl final : public Runtime {
   std::pair<Cost, Cost> PreemptionCosts(int64_t next_step);
   // Job-wide stop: one agreed boundary for the replicas of a generation.
   absl::StatusOr<BoundaryDecision> AgreeOnStop(int64_t step, const BoundaryDecision& local);
-  absl::StatusOr<Decision> Stop(int64_t step, const BoundaryDecision& d, bool saved_here);
+  absl::StatusOr<Decision> Stop(int64_t step, const BoundaryDecision& d, bool saved_here,
+                                bool alone = false);
   // An error of the elastic group at a boundary. When the store failed (lost
   // its state, holds a malformed record, unreachable: IsStoreFailure) nothing
   // committed may be lost: the completed steps are saved (with a ckpt_dir)
@@ -130,6 +139,11 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<PreemptionMonitor> monitor_;
   std::unique_ptr<Telemetry> tel_;
   std::unique_ptr<CheckpointManager> ckpt_;
+  // Elastic mode: job-level checkpoints in a directory the replicas share
+  // (instead of ckpt_).
+  std::unique_ptr<internal::JobSaves> job_;
+  StateRegistry per_replica_;
+  bool told_async_ = false;
   std::optional<DistributedSampler> sampler_;
   int64_t step_ = 0;  // committed steps (replicated state "runtime/step")
   BytesState step_state_;
@@ -205,16 +219,25 @@ absl::Status RuntimeImpl::Init() {
     if (!sink.ok()) return sink.status();
     tel_->AddSink(*std::move(sink));
   }
-  if (!o_.ckpt_dir.empty()) {
+  if (!o_.ckpt_dir.empty() && store_ != nullptr) {
+    JobCheckpointOptions jo;
+    jo.dir = o_.ckpt_dir;
+    jo.job_id = JobId();
+    jo.replica_id = o_.elastic.membership.self.id;
+    jo.keep_last = o_.keep_last;
+    jo.start_fresh = o_.start_fresh;
+    absl::StatusOr<std::unique_ptr<internal::JobSaves>> j =
+        internal::JobSaves::Open(jo, [this](const std::string& line) { Log(line); });
+    if (!j.ok()) return j.status();
+    job_ = *std::move(j);
+  } else if (!o_.ckpt_dir.empty()) {
     CheckpointOptions co;
     co.dir = o_.ckpt_dir;
     co.keep_last = o_.keep_last;
     co.start_fresh = o_.start_fresh;
     co.job_id = o_.job_id;
-    if (store_ == nullptr) {  // ranks of a static job share the directory
-      co.rank = o_.rank;
-      co.world_size = o_.world_size;
-    }
+    co.rank = o_.rank;  // ranks of a static job share the directory
+    co.world_size = o_.world_size;
     absl::StatusOr<std::unique_ptr<CheckpointManager>> c = CheckpointManager::Open(co);
     if (!c.ok()) return c.status();
     ckpt_ = *std::move(c);
@@ -250,11 +273,18 @@ absl::StatusOr<int64_t> RuntimeImpl::Start() {
       return restored.status();
     }
   }
+  if (job_) {
+    // The replicated state now (any replica count wrote it); the
+    // per-replica state once the group has given this replica its rank.
+    absl::StatusOr<std::optional<int64_t>> restored = job_->RestoreReplicated(replicated_);
+    if (!restored.ok()) return restored.status();
+    if (restored->has_value()) {
+      Log(absl::StrCat("resumed from ", o_.ckpt_dir, " (step ", step_, ")"));
+    }
+  }
   if (store_ != nullptr) {
     ElasticOptions eo = o_.elastic;
-    if (eo.membership.job_id.empty()) {
-      eo.membership.job_id = o_.job_id.empty() ? o_.source : o_.job_id;
-    }
+    if (eo.membership.job_id.empty()) eo.membership.job_id = JobId();
     if (eo.membership.self.host.empty()) eo.membership.self.host = Hostname();
     absl::StatusOr<std::unique_ptr<ElasticGroup>> g =
         ElasticGroup::Create(*store_, eo, replicated_);
@@ -264,6 +294,15 @@ absl::StatusOr<int64_t> RuntimeImpl::Start() {
     if (!started.ok()) return started.status();
     LogChange(*started, "joined");
     AdoptGeneration();
+    if (job_) {
+      const Generation gen = group_->generation();
+      const std::string self = gen.rank >= 0 && gen.rank < gen.size()
+                                   ? gen.members[gen.rank].id
+                                   : o_.elastic.membership.self.id;
+      if (auto st = job_->RestorePerReplica(per_replica_, step_, gen, self); !st.ok()) {
+        return st;
+      }
+    }
   }
   return step_;
 }
@@ -291,10 +330,22 @@ absl::Status RuntimeImpl::AllReduce(void* data, size_t count, DataType type, Red
   return st;
 }
 
-absl::Status RuntimeImpl::Save(bool background) {
+absl::Status RuntimeImpl::Save(bool background, bool alone) {
   std::map<std::string, std::string> meta = o_.ckpt_metadata;
   meta.emplace("source", o_.source);
   if (o_.total_steps > 0) meta.emplace("steps_total", std::to_string(o_.total_steps));
+  if (job_) {
+    if (background && !told_async_) {
+      Log("job-level checkpoints are written synchronously (async_ckpt applies without a group)");
+      told_async_ = true;
+    }
+    absl::StatusOr<JobSaveStats> stats =
+        alone || !group_ ? job_->SaveAlone(step_, replicated_, per_replica_, meta)
+                         : job_->SaveTogether(step_, *group_, replicated_, per_replica_, meta);
+    if (!stats.ok()) return stats.status();
+    last_save_s_ = stats->write_s + stats->commit_s;
+    return absl::OkStatus();
+  }
   if (background) return ckpt_->SaveAsync(step_, all_, meta).status();
   if (auto st = ckpt_->WaitForPending(); !st.ok()) return st;
   absl::StatusOr<SaveStats> stats = ckpt_->Save(step_, all_, meta);
@@ -398,11 +449,23 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
 
   // ---- periodic checkpoint
   bool saved_here = false;
-  if (ckpt_ && o_.ckpt_every > 0 && step_ % o_.ckpt_every == 0 &&
+  if (HasCheckpoints() && o_.ckpt_every > 0 && step_ % o_.ckpt_every == 0 &&
       (o_.total_steps == 0 || step_ < o_.total_steps)) {
     PhaseScope p(*tel_, phase::kCheckpoint);
-    if (auto st = Save(o_.async_ckpt); !st.ok()) return st;
-    saved_here = !o_.async_ckpt;
+    absl::Status st = Save(o_.async_ckpt);
+    if (!st.ok() && job_ &&
+        (absl::IsAborted(st) || absl::IsDeadlineExceeded(st) || absl::IsUnavailable(st) ||
+         absl::IsCancelled(st))) {
+      // Another replica failed (died, or could not write): this checkpoint
+      // is abandoned, the previous one stays; the group recovers at the
+      // next collective.
+      Log(absl::StrCat("checkpoint of step ", step_, " abandoned: ", st.message(),
+                       "; the previous checkpoint stays"));
+    } else if (!st.ok()) {
+      return st;
+    } else {
+      saved_here = !o_.async_ckpt || job_ != nullptr;
+    }
   }
 
   // ---- a new generation here?
@@ -464,8 +527,8 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
   return Stop(step, d, saved_here);
 }
 
-absl::StatusOr<Decision> RuntimeImpl::Stop(int64_t step, const BoundaryDecision& d,
-                                           bool saved_here) {
+absl::StatusOr<Decision> RuntimeImpl::Stop(int64_t step, const BoundaryDecision& d, bool saved_here,
+                                           bool alone) {
   Log(absl::StrFormat("preempted after step %d: %s", step, d.reason));
   stopped_ = true;
   Decision out;
@@ -474,12 +537,21 @@ absl::StatusOr<Decision> RuntimeImpl::Stop(int64_t step, const BoundaryDecision&
   out.size = size_;
   out.reason = d.reason;
   out.exit_code = kExitPreemptedNoSave;
-  if (d.action == BoundaryAction::kSaveAndExit && ckpt_) {
+  if (d.action == BoundaryAction::kSaveAndExit && HasCheckpoints()) {
     if (!saved_here) {
       PhaseScope p(*tel_, phase::kCheckpoint);
-      if (auto st = Save(/*background=*/false); !st.ok()) return st;
+      absl::Status st = Save(/*background=*/false, alone || left_group_);
+      if (!st.ok() && job_ && !alone && !left_group_) {
+        // A replica died during the job-wide save: each survivor saves
+        // alone (the replicated state is the same on all of them).
+        Log(absl::StrCat("job-level save failed (", st.message(), "); saving this replica alone"));
+        st = Save(/*background=*/false, /*alone=*/true);
+      }
+      if (!st.ok()) return st;
     }
-    if (auto st = ckpt_->WaitForPending(); !st.ok()) return st;
+    if (ckpt_) {
+      if (auto st = ckpt_->WaitForPending(); !st.ok()) return st;
+    }
     Log(absl::StrFormat("saved step %d to %s in %.1f ms; exiting %d (resumable)", step_,
                         o_.ckpt_dir, 1e3 * last_save_s_, kExitPreempted));
     out.exit_code = kExitPreempted;
@@ -496,12 +568,13 @@ absl::StatusOr<Decision> RuntimeImpl::Stop(int64_t step, const BoundaryDecision&
 }
 
 absl::StatusOr<Decision> RuntimeImpl::OnGroupError(int64_t step, const absl::Status& st) {
-  if (!IsStoreFailure(st) || !ckpt_) return st;
+  if (!IsStoreFailure(st) || !HasCheckpoints()) return st;
   Log(absl::StrCat("elastic: store failure: ", st.ToString()));
   BoundaryDecision d;
   d.action = BoundaryAction::kSaveAndExit;
   d.reason = absl::StrCat("the store failed: ", st.message());
-  return Stop(step, d, /*saved_here=*/false);
+  // The replicas see the failure at different boundaries: each saves alone.
+  return Stop(step, d, /*saved_here=*/false, /*alone=*/true);
 }
 
 absl::Status RuntimeImpl::Finish() {

@@ -1,0 +1,353 @@
+#include "ckpt/job_reader.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "omni/hash.h"
+
+namespace omni::ckpt {
+namespace {
+
+using internal::DirEntry;
+using internal::ErrnoStatus;
+using internal::FileSystem;
+
+constexpr const char* kManifest = kJobManifest;
+constexpr size_t kMaxManifestBytes = kJobMaxManifestBytes;
+constexpr const char* kLock = ".lock-job";
+constexpr const char* kLockGuard = ".lock-job-guard";
+
+// Bounded polling: 1 ms, doubling to 20 ms.
+class Poller {
+ public:
+  explicit Poller(absl::Duration timeout) : deadline_(absl::Now() + timeout) {}
+  bool Expired() const { return absl::Now() >= deadline_; }
+  void Wait() {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+    delay_ms_ = std::min(delay_ms_ * 2, 20);
+  }
+
+ private:
+  absl::Time deadline_;
+  int delay_ms_ = 1;
+};
+
+}  // namespace
+
+std::string Join(const std::string& dir, const std::string& name) {
+  return dir.empty() || dir.back() == '/' ? dir + name : absl::StrCat(dir, "/", name);
+}
+
+std::string StepDirName(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%012" PRId64, step);
+  return buf;
+}
+
+std::optional<int64_t> ParseStepDir(std::string_view name) {
+  if (name.size() != 17 || name.substr(0, 5) != "step-") return std::nullopt;
+  int64_t v = 0;
+  for (char c : name.substr(5)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+// The step of a temporary directory ".tmp-step-000000001200[...]".
+
+absl::StatusOr<StepDir> LoadStep(FileSystem& fs, int dir, const std::string& name,
+                                 const std::string& path) {
+  StepDir out;
+  absl::StatusOr<Fd> fd = fs.OpenDir(dir, name, path);
+  if (!fd.ok()) return fd.status();
+  out.fd = *std::move(fd);
+  absl::StatusOr<std::string> text =
+      internal::ReadFileAt(fs, out.fd.get(), kManifest, Join(path, kManifest), kMaxManifestBytes);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) {
+      return absl::NotFoundError(absl::StrCat(path, ": no manifest.json (not a checkpoint)"));
+    }
+    return text.status();
+  }
+  absl::StatusOr<JobManifest> m = ParseJobManifest(*text, path);
+  if (!m.ok()) return m.status();
+  const std::string base = std::filesystem::path(path).filename().string();
+  const std::optional<int64_t> dir_step = ParseStepDir(base);
+  if (dir_step && *dir_step != m->step) {
+    return absl::DataLossError(absl::StrCat(path, "/", kManifest, ": step ", m->step,
+                                            " does not match the directory name ", base));
+  }
+  out.m = *std::move(m);
+  return out;
+}
+
+absl::StatusOr<StepDir> LoadStepPath(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return LoadStep(internal::RealFileSystem(), AT_FDCWD, p, p);
+}
+
+// Opens part `rank` and checks its size and header against the manifest.
+absl::StatusOr<Fd> OpenCheckedPart(FileSystem& fs, const StepDir& sd, int rank,
+                                   std::vector<TensorEntry>* entries_out) {
+  const JobPart& part = sd.m.parts[rank];
+  const std::string path = Join(sd.m.dir, part.file);
+  absl::StatusOr<Fd> opened = fs.OpenRead(sd.fd.get(), part.file, path);
+  if (!opened.ok()) return opened.status();
+  Fd fd = *std::move(opened);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size != part.bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": ", size, " bytes, the manifest says ",
+                                            part.bytes, " (truncated or replaced?)"));
+  }
+  absl::StatusOr<ShardHeader> h = ReadShardHeader(fd.get(), path, size);
+  if (!h.ok()) return h.status();
+  if (h->header_bytes != part.header_bytes || h->header_xxh3 != part.header_xxh3) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": header differs from the one the manifest records"));
+  }
+  std::vector<TensorEntry> want = sd.m.PartEntries(rank);
+  if (h->entries.size() != want.size()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": ", h->entries.size(), " tensors, the manifest lists ", want.size()));
+  }
+  for (size_t i = 0; i < want.size(); ++i) {  // both sorted by offset
+    const TensorEntry& a = h->entries[i];
+    const TensorEntry& b = want[i];
+    if (a.key != b.key || a.dtype != b.dtype || a.shape != b.shape || a.begin != b.begin ||
+        a.end != b.end) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": key '", b.key, "' differs between the manifest and the file"));
+    }
+  }
+  if (entries_out != nullptr) *entries_out = std::move(want);
+  return fd;
+}
+
+absl::Status CheckStep(FileSystem& fs, const StepDir& sd) {
+  for (int r = 0; r < sd.m.world_size; ++r) {
+    absl::StatusOr<Fd> fd = OpenCheckedPart(fs, sd, r);
+    if (!fd.ok()) return fd.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<StepName>> StepDirs(FileSystem& fs, int dir, const std::string& path) {
+  absl::StatusOr<std::vector<DirEntry>> entries = fs.List(dir, path);
+  if (!entries.ok()) return entries.status();
+  std::vector<StepName> out;
+  for (const DirEntry& e : *entries) {
+    if (std::optional<int64_t> s = ParseStepDir(e.name))
+      out.push_back({*s, e.name, Join(path, e.name)});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const StepName& a, const StepName& b) { return a.step > b.step; });
+  return out;
+}
+
+std::vector<CheckpointStatus> ScanAt(FileSystem& fs, int dir, const std::vector<StepName>& dirs) {
+  std::vector<CheckpointStatus> out;
+  for (const StepName& d : dirs) {
+    CheckpointStatus cs;
+    cs.info.step = d.step;
+    cs.info.path = d.path;
+    absl::StatusOr<StepDir> sd = LoadStep(fs, dir, d.name, d.path);
+    if (!sd.ok()) {
+      cs.status = sd.status();
+    } else {
+      cs.info = sd->m.Info();
+      cs.status = CheckStep(fs, *sd);
+    }
+    out.push_back(std::move(cs));
+  }
+  return out;
+}
+
+std::vector<JobPartInfo> PartsOf(const JobManifest& m) {
+  std::vector<JobPartInfo> out;
+  for (const JobPart& p : m.parts) {
+    out.push_back({p.rank, p.replica_id, Join(m.dir, p.file), static_cast<int64_t>(p.bytes),
+                   static_cast<int64_t>(p.replicated_bytes),
+                   static_cast<int64_t>(p.replica_bytes)});
+  }
+  return out;
+}
+
+// Joins the job's shared lock on `dir` (see the header). `first` is set when
+// no other live process held it.
+absl::StatusOr<Fd> JoinJobLock(FileSystem& fs, int dir, const std::string& dir_path,
+                               const std::string& job_id, bool* first) {
+  const std::string guard_path = Join(dir_path, kLockGuard);
+  absl::StatusOr<Fd> guard = fs.OpenWrite(dir, kLockGuard, false, false, guard_path);
+  if (!guard.ok()) {
+    return absl::Status(guard.status().code(),
+                        absl::StrCat("checkpoint directory ", dir_path,
+                                     ": cannot create the job lock: ", guard.status().message()));
+  }
+  // The guard is held only for the few calls below, by any replica.
+  Poller poll(absl::Seconds(30));
+  while (::flock(guard->get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) return ErrnoStatus(errno, absl::StrCat("lock ", guard_path));
+    if (poll.Expired()) {
+      return absl::DeadlineExceededError(absl::StrCat("lock ", guard_path, " held for 30 s"));
+    }
+    poll.Wait();
+  }
+  const std::string lock_path = Join(dir_path, kLock);
+  absl::StatusOr<Fd> opened = fs.OpenWrite(dir, kLock, false, false, lock_path);
+  if (!opened.ok()) return opened.status();
+  Fd lock = *std::move(opened);
+  const std::string mine = absl::StrCat("job ", job_id, "\n");
+  if (::flock(lock.get(), LOCK_EX | LOCK_NB) == 0) {
+    *first = true;
+    if (::ftruncate(lock.get(), 0) != 0 ||
+        ::pwrite(lock.get(), mine.data(), mine.size(), 0) != static_cast<ssize_t>(mine.size())) {
+      return ErrnoStatus(errno, absl::StrCat("write ", lock_path));
+    }
+    if (::flock(lock.get(), LOCK_SH) != 0)
+      return ErrnoStatus(errno, absl::StrCat("lock ", lock_path));
+    return lock;
+  }
+  if (errno != EWOULDBLOCK) return ErrnoStatus(errno, absl::StrCat("lock ", lock_path));
+  *first = false;
+  std::string held(4096, '\0');
+  const ssize_t n = ::pread(lock.get(), held.data(), held.size(), 0);
+  held.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  if (held != mine) {
+    std::string other = held.rfind("job ", 0) == 0 ? held.substr(4) : held;
+    while (!other.empty() && other.back() == '\n') other.pop_back();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint directory ", dir_path, " is in use by another job: live replicas of job '",
+        other, "' hold ", lock_path, " (this job is '", job_id, "')"));
+  }
+  if (::flock(lock.get(), LOCK_SH | LOCK_NB) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("lock ", lock_path, " (shared)"));
+  }
+  return lock;
+}
+
+}  // namespace omni::ckpt
+
+namespace omni {
+
+using ckpt::Fd;
+using ckpt::JobManifest;
+using ckpt::JobPart;
+using ckpt::JobPiece;
+using ckpt::JobTensor;
+using ckpt::Join;
+using ckpt::LoadStepPath;
+using ckpt::StepDir;
+using ckpt::StepName;
+using ckpt::TensorEntry;
+using internal::FileSystem;
+constexpr const char* kManifest = ckpt::kJobManifest;
+
+bool IsJobCheckpoint(const std::string& step_dir) {
+  absl::StatusOr<std::string> text =
+      internal::ReadFileAt(internal::RealFileSystem(), AT_FDCWD, Join(step_dir, kManifest),
+                           Join(step_dir, kManifest), ckpt::kJobMaxManifestBytes);
+  return text.ok() && ckpt::DeclaresJobLayout(*text);
+}
+
+absl::StatusOr<std::vector<CheckpointStatus>> ScanJobCheckpoints(const std::string& dir) {
+  FileSystem& fs = internal::RealFileSystem();
+  absl::StatusOr<Fd> fd = fs.OpenDir(AT_FDCWD, dir, dir);
+  if (!fd.ok()) return fd.status();
+  absl::StatusOr<std::vector<StepName>> dirs = ckpt::StepDirs(fs, fd->get(), dir);
+  if (!dirs.ok()) return dirs.status();
+  std::vector<StepName> job;
+  for (const StepName& d : *dirs) {
+    if (IsJobCheckpoint(d.path)) job.push_back(d);
+  }
+  return ckpt::ScanAt(fs, fd->get(), job);
+}
+
+absl::Status VerifyJobCheckpoint(const std::string& path) {
+  absl::StatusOr<StepDir> sd = LoadStepPath(path);
+  if (!sd.ok()) return sd.status();
+  FileSystem& fs = internal::RealFileSystem();
+  for (int r = 0; r < sd->m.world_size; ++r) {
+    std::vector<TensorEntry> entries;
+    absl::StatusOr<Fd> fd = ckpt::OpenCheckedPart(fs, *sd, r, &entries);
+    if (!fd.ok()) return fd.status();
+    if (auto st = ckpt::VerifyShardData(fd->get(), Join(sd->m.dir, sd->m.parts[r].file),
+                                        sd->m.parts[r].header_bytes, entries);
+        !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<JobPartInfo>> JobCheckpointParts(const std::string& path) {
+  absl::StatusOr<StepDir> sd = LoadStepPath(path);
+  if (!sd.ok()) return sd.status();
+  return ckpt::PartsOf(sd->m);
+}
+
+absl::StatusOr<std::string> DescribeJobCheckpoint(const std::string& path) {
+  absl::StatusOr<StepDir> sd = LoadStepPath(path);
+  if (!sd.ok()) return sd.status();
+  const JobManifest& m = sd->m;
+  std::string out = absl::StrCat("checkpoint ", m.dir, " (job-level)\n");
+  char created[64] = "?";
+  const auto secs = static_cast<std::time_t>(m.created_unix_ms / 1000);
+  std::tm tm{};
+  if (gmtime_r(&secs, &tm) != nullptr)
+    std::strftime(created, sizeof(created), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  absl::StrAppend(&out, "  format      omni.checkpoint v", m.version,
+                  " layout job, written by omni ", m.library_version, "\n");
+  absl::StrAppend(&out, "  step        ", m.step, "\n");
+  absl::StrAppend(&out, "  job         ", m.job_id, "\n");
+  absl::StrAppend(&out, "  created     ", created, "\n");
+  absl::StrAppend(&out, "  replicas    ", m.world_size, "\n");
+  absl::StrAppend(&out, "  bytes       ", m.TotalBytes(), "\n");
+  absl::StrAppend(&out, "  token       ", HexDigest(m.token), "\n");
+  absl::StrAppend(&out, "  metadata", m.metadata.empty() ? "    (none)" : "", "\n");
+  for (const auto& [k, v] : m.metadata) absl::StrAppend(&out, "    ", k, " = ", v, "\n");
+  absl::StrAppend(&out, "  parts (rank, replica, file, bytes, replicated share, per-replica)\n");
+  for (const JobPart& p : m.parts) {
+    absl::StrAppend(&out, "    rank ", p.rank, "  ", p.replica_id.empty() ? "-" : p.replica_id,
+                    "  ", p.file, "  ", p.bytes, " bytes  replicated ", p.replicated_bytes,
+                    "  per-replica ", p.replica_bytes, "  xxh3 ", HexDigest(p.xxh3), "\n");
+  }
+  absl::StrAppend(&out, "  replicated (", m.replicated.size(), ")\n");
+  for (const JobTensor& t : m.replicated) {
+    absl::StrAppend(&out, "    ", t.key, "  ", DTypeName(t.dtype), " ", ckpt::ShapeString(t.shape),
+                    "  ", t.nbytes, " bytes in");
+    for (const JobPiece& p : t.pieces) {
+      absl::StrAppend(&out, " part ", p.part, " [", p.begin, ",", p.end, ") xxh3 ",
+                      HexDigest(p.xxh3), ";");
+    }
+    out += "\n";
+  }
+  for (size_t r = 0; r < m.per_replica.size(); ++r) {
+    absl::StrAppend(&out, "  per replica, part ", r, " (", m.per_replica[r].size(), ")\n");
+    for (const TensorEntry& e : m.per_replica[r]) {
+      absl::StrAppend(&out, "    ", e.key, "  ", DTypeName(e.dtype), " ",
+                      ckpt::ShapeString(e.shape), "  ", e.end - e.begin, " bytes  xxh3 ",
+                      HexDigest(e.xxh3), "\n");
+    }
+  }
+  return out;
+}
+
+}  // namespace omni

@@ -1,0 +1,70 @@
+// The Runtime's job-level checkpoints in elastic mode (private): one
+// checkpoint directory shared by the replicas (omni/job_checkpoint.h), the
+// agreement that precedes a save, and the two-phase restore (replicated
+// state before joining the group, per-replica state after, once the rank is
+// known).
+//
+// Thread safety: used by the Runtime's training thread only.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "omni/elastic.h"
+#include "omni/job_checkpoint.h"
+#include "omni/state.h"
+
+namespace omni::internal {
+
+class JobSaves {
+ public:
+  using Log = std::function<void(const std::string&)>;
+  // Opens `options.dir` (the job's shared lock; see JobCheckpointManager).
+  static absl::StatusOr<std::unique_ptr<JobSaves>> Open(const JobCheckpointOptions& options,
+                                                        Log log);
+
+  // Before joining: loads the replicated state of the newest valid
+  // checkpoint; nullopt when there is none (errors as RestoreReplicated).
+  absl::StatusOr<std::optional<int64_t>> RestoreReplicated(const StateRegistry& replicated);
+  // After joining, at `step` (the group's): this replica's per-replica state
+  // from the part written by the replica with its id, else by its rank when
+  // that part's writer is not a member now. OK (and a log line) when the
+  // checkpoint of `step` has no part for it: it keeps its initial state.
+  absl::Status RestorePerReplica(const StateRegistry& per_replica, int64_t step,
+                                 const Generation& generation, const std::string& self_id);
+
+  // A save with every replica of the group's generation, at the same
+  // boundary. One collective first agrees on a token and checks that all
+  // replicas use this directory (same device and inode); when they do not
+  // (one directory per replica), each saves alone into its own. A failure of
+  // that collective (a peer died) is Aborted: nothing was written.
+  absl::StatusOr<JobSaveStats> SaveTogether(int64_t step, ElasticGroup& group,
+                                            const StateRegistry& replicated,
+                                            const StateRegistry& per_replica,
+                                            const std::map<std::string, std::string>& metadata);
+  absl::StatusOr<JobSaveStats> SaveAlone(int64_t step, const StateRegistry& replicated,
+                                         const StateRegistry& per_replica,
+                                         const std::map<std::string, std::string>& metadata) {
+    return mgr_->SaveAlone(step, replicated, per_replica, metadata);
+  }
+
+  JobCheckpointManager& manager() { return *mgr_; }
+
+ private:
+  JobSaves(std::unique_ptr<JobCheckpointManager> mgr, Log log, dev_t dev, ino_t ino)
+      : mgr_(std::move(mgr)), log_(std::move(log)), dev_(dev), ino_(ino) {}
+  std::unique_ptr<JobCheckpointManager> mgr_;
+  Log log_;
+  dev_t dev_;
+  ino_t ino_;
+  bool told_separate_ = false;
+};
+
+}  // namespace omni::internal

@@ -1,0 +1,282 @@
+// Runtime in elastic mode with one checkpoint directory shared by the
+// replicas (job-level checkpoints): replicas as threads over a real
+// FileStore with real Gloo (loopback).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "omni/config.h"
+#include "omni/runtime.h"
+#include "omni/state.h"
+#include "temp_dir.h"
+
+namespace omni {
+namespace {
+
+using test_util::TempDir;
+
+#if OMNI_HAVE_GLOO
+
+struct Log {
+  void Add(const std::string& line) {
+    absl::MutexLock l(&mu);
+    if (std::getenv("RUNTIME_TEST_LOG") != nullptr) std::fprintf(stderr, "log: %s\n", line.c_str());
+    lines.push_back(line);
+  }
+  bool Has(const std::string& what) {
+    absl::MutexLock l(&mu);
+    for (const std::string& s : lines) {
+      if (absl::StrContains(s, what)) return true;
+    }
+    return false;
+  }
+  absl::Mutex mu;
+  std::vector<std::string> lines;
+};
+
+// Replicated weights, and a per-replica counter that feeds the gradient and
+// advances by a rank-dependent amount: restoring another replica's counter,
+// or none, changes the weights.
+struct Trainer {
+  std::vector<float> w = std::vector<float>(32, 0.0F);
+  int64_t counter[1] = {0};
+  BytesState w_state{"w", w.data(), w.size() * sizeof(float)};
+  BytesState counter_state{"value", counter, sizeof(counter)};
+};
+
+RuntimeOptions Options(const std::string& ckpt_dir, const std::string& store_dir,
+                       const Clock* clock, Log* log, const std::string& id, int min_replicas,
+                       int max_replicas, bool monitored) {
+  RuntimeOptions o;
+  o.source = "test";
+  o.job_id = "shared-job";
+  o.clock = clock;
+  o.ckpt_dir = ckpt_dir;
+  o.telemetry.forecast_enabled = false;
+  o.preemption.signals = {};
+  o.preemption.k = 0;
+  o.handle_preemption = monitored;
+  o.log = [log, id](const std::string& line) { log->Add(id + ": " + line); };
+  o.store_uri = "file://" + store_dir;
+  MembershipOptions& m = o.elastic.membership;
+  m.self.id = id;
+  m.model_digest = "m";
+  m.min_replicas = min_replicas;
+  m.max_replicas = max_replicas;
+  m.heartbeat = absl::Milliseconds(20);
+  m.peer_timeout = absl::Milliseconds(300);
+  m.settle = absl::Seconds(2);
+  m.join_timeout = absl::Seconds(20);
+  o.elastic.collective_timeout = absl::Seconds(20);
+  o.elastic.init_timeout = absl::Seconds(10);
+  return o;
+}
+
+struct Outcome {
+  int64_t start_step = -1;
+  int64_t final_step = 0;
+  int64_t saved_step = -1;
+  std::vector<float> w;
+  int64_t counter = 0;
+  std::vector<CheckpointInfo> list;
+};
+
+// Trains to `total` or a kSaveAndExit; the monitored replica gets a notice
+// after step `notice_at` (a save fits, another step and a save do not).
+void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at, Outcome* out) {
+  Trainer t;
+  absl::StatusOr<std::unique_ptr<Runtime>> created = Runtime::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Runtime& rt = **created;
+  ASSERT_TRUE(rt.Register("model", &t.w_state).ok());
+  ASSERT_TRUE(rt.Register("counter", &t.counter_state, StateScope::kPerReplica).ok());
+  t.counter[0] = 1000 * (rt.rank() + 1);  // before Start: a restore replaces it
+  absl::StatusOr<int64_t> start = rt.Start();
+  ASSERT_TRUE(start.ok()) << start.status();
+  out->start_step = *start;
+  while (rt.step() < total) {
+    if (rt.preemption() != nullptr && rt.step() == notice_at) {
+      rt.preemption()->Notice(clock->NowNanos() + 60'000'000);
+    }
+    ASSERT_TRUE(rt.BeginStep().ok());
+    float g = static_cast<float>(rt.step() + t.counter[0] % 97);
+    if (rt.AllReduce(&g, 1, DataType::kFloat32, ReduceOp::kSum).ok()) {
+      for (float& x : t.w) x = x * 0.5F + g;
+      t.counter[0] += rt.rank() + 1;
+    }
+    absl::StatusOr<Decision> d = rt.EndStep();
+    ASSERT_TRUE(d.ok()) << d.status();
+    if (d->kind == Decision::kSaveAndExit) {
+      out->saved_step = d->saved_step;
+      break;
+    }
+  }
+  out->final_step = rt.step();
+  out->w = t.w;
+  out->counter = t.counter[0];
+  ASSERT_NE(rt.job_checkpoints(), nullptr);
+  EXPECT_EQ(rt.checkpoints(), nullptr);
+  absl::StatusOr<std::vector<CheckpointInfo>> list = rt.job_checkpoints()->List();
+  ASSERT_TRUE(list.ok()) << list.status();
+  out->list = *list;
+  EXPECT_TRUE(rt.Finish().ok());
+}
+
+// Runs `n` replicas r0..r(n-1) as threads; replica `monitored` gets the notice.
+std::vector<Outcome> RunReplicas(const TempDir& dir, const std::string& store, FakeClock* clock,
+                                 Log* log, int n, int64_t total, int64_t notice_at,
+                                 int monitored = -1, int64_t ckpt_every = 0) {
+  std::vector<Outcome> out(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    RuntimeOptions o = Options(dir / "ckpt", dir / store, clock, log, "r" + std::to_string(i), n, n,
+                               i == monitored);
+    o.ckpt_every = ckpt_every;
+    threads.emplace_back(Train, o, total, clock, notice_at, &out[i]);
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+TEST(RuntimeSharedCheckpoint, TwoReplicasStopIntoOneCheckpointAndResumeBitExactlyAtTwo) {
+  constexpr int64_t kTotal = 14;
+  FakeClock clock;
+  Log log;
+  TempDir ref_dir;
+  const std::vector<Outcome> ref = RunReplicas(ref_dir, "store", &clock, &log, 2, kTotal, -1);
+  ASSERT_EQ(ref[0].final_step, kTotal);
+
+  TempDir dir;
+  const std::vector<Outcome> stopped = RunReplicas(dir, "store1", &clock, &log, 2, kTotal, 3, 1);
+  ASSERT_GT(stopped[0].saved_step, 0);
+  EXPECT_EQ(stopped[0].saved_step, stopped[1].saved_step);
+  ASSERT_EQ(stopped[0].list.size(), 1U);
+  EXPECT_EQ(stopped[0].list[0].step, stopped[0].saved_step);
+  EXPECT_EQ(stopped[0].list[0].world_size, 2) << "one checkpoint written by both";
+  absl::StatusOr<std::vector<JobPartInfo>> parts = JobCheckpointParts(stopped[0].list[0].path);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_EQ(parts->size(), 2U);
+  EXPECT_EQ((*parts)[0].replica_id, "r0");
+  EXPECT_EQ((*parts)[1].replica_id, "r1");
+  // 32 floats and the step counter (8 bytes), split in two.
+  EXPECT_EQ((*parts)[0].replicated_bytes + (*parts)[1].replicated_bytes, 32 * 4 + 8);
+  EXPECT_LE(std::abs((*parts)[0].replicated_bytes - (*parts)[1].replicated_bytes), 8);
+
+  const std::vector<Outcome> resumed = RunReplicas(dir, "store2", &clock, &log, 2, kTotal, -1);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(resumed[i].start_step, stopped[0].saved_step);
+    EXPECT_EQ(resumed[i].final_step, kTotal);
+    EXPECT_EQ(resumed[i].w, ref[i].w) << "bit-exact, replica " << i;
+    EXPECT_EQ(resumed[i].counter, ref[i].counter) << "per-replica state, replica " << i;
+  }
+}
+
+TEST(RuntimeSharedCheckpoint, ACheckpointOfTwoReplicasResumesWithOneAndTheStepContinues) {
+  constexpr int64_t kTotal = 12;
+  FakeClock clock;
+  Log log;
+  TempDir dir;
+  const std::vector<Outcome> stopped = RunReplicas(dir, "store1", &clock, &log, 2, kTotal, 3, 0);
+  ASSERT_GT(stopped[0].saved_step, 0);
+  const std::vector<Outcome> alone = RunReplicas(dir, "store2", &clock, &log, 1, kTotal, -1);
+  EXPECT_EQ(alone[0].start_step, stopped[0].saved_step);
+  EXPECT_EQ(alone[0].final_step, kTotal);
+  EXPECT_TRUE(log.Has("restored the per-replica state of part 0 ('r0')"));
+}
+
+TEST(RuntimeSharedCheckpoint, PeriodicCheckpointsFollowTheGroupThroughAJoin) {
+  constexpr int64_t kTotal = 400;
+  FakeClock clock;
+  Log log;
+  TempDir dir;
+  std::vector<Outcome> out(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    RuntimeOptions o =
+        Options(dir / "ckpt", dir / "store", &clock, &log, "r" + std::to_string(i), 2, 3, false);
+    o.ckpt_every = 10;
+    threads.emplace_back(Train, o, kTotal, &clock, -1, &out[i]);
+  }
+  // The third replica starts once the first two have a checkpoint: it
+  // restores it, joins at a boundary and receives the current state.
+  threads.emplace_back([&] {
+    const auto saved = [&] {
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(dir / "ckpt", ec)) {
+        if (e.path().filename().string().rfind("step-", 0) == 0) return true;
+      }
+      return false;
+    };
+    // Waits (bounded) for an event of the other threads, not for time.
+    for (int i = 0; i < 4000 && !saved(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    RuntimeOptions o = Options(dir / "ckpt", dir / "store", &clock, &log, "r2", 2, 3, false);
+    o.ckpt_every = 10;
+    Train(o, kTotal, &clock, -1, &out[2]);
+  });
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(out[i].final_step, kTotal) << i;
+    EXPECT_EQ(out[i].w, out[0].w) << i;
+  }
+  ASSERT_FALSE(out[0].list.empty());
+  EXPECT_EQ(out[0].list[0].world_size, 3) << "the newest checkpoint has a part per replica";
+  EXPECT_TRUE(log.Has("(join)"));
+}
+
+TEST(RuntimeSharedCheckpoint, AReplicaLostAtASaveBoundaryAbandonsThatSaveAndTheSurvivorsGoOn) {
+  constexpr int64_t kTotal = 8;
+  FakeClock clock;
+  Log log;
+  TempDir dir;
+  std::vector<Outcome> out(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    RuntimeOptions o =
+        Options(dir / "ckpt", dir / "store", &clock, &log, "r" + std::to_string(i), 1, 3, false);
+    o.ckpt_every = 1;
+    threads.emplace_back(Train, o, kTotal, &clock, -1, &out[i]);
+  }
+  // A third replica that disappears after two steps (and two saves), between
+  // the collective of its third step and that step's save.
+  {
+    Trainer t;
+    RuntimeOptions o = Options(dir / "ckpt", dir / "store", &clock, &log, "r2", 1, 3, false);
+    o.ckpt_every = 1;
+    auto rt = Runtime::Create(o);
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    ASSERT_TRUE((*rt)->Register("model", &t.w_state).ok());
+    ASSERT_TRUE((*rt)->Register("counter", &t.counter_state, StateScope::kPerReplica).ok());
+    ASSERT_TRUE((*rt)->Start().ok());
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE((*rt)->BeginStep().ok());
+      float g = static_cast<float>((*rt)->step() + t.counter[0] % 97);
+      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DataType::kFloat32, ReduceOp::kSum).ok());
+      if (s == 2) break;
+      absl::StatusOr<Decision> d = (*rt)->EndStep();
+      ASSERT_TRUE(d.ok()) << d.status();
+    }
+  }  // destroyed: its heartbeats stop and its connections close
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(out[i].final_step, kTotal) << i;
+  EXPECT_EQ(out[0].w, out[1].w);
+  ASSERT_FALSE(out[0].list.empty());
+  EXPECT_EQ(out[0].list[0].step, kTotal);
+  EXPECT_EQ(out[0].list[0].world_size, 2) << "the survivors save together";
+  for (const CheckpointInfo& c : out[0].list) EXPECT_TRUE(VerifyJobCheckpoint(c.path).ok());
+  EXPECT_TRUE(log.Has("checkpoint of step 3 abandoned")) << "the save boundary saw the loss";
+}
+
+#endif  // OMNI_HAVE_GLOO
+
+}  // namespace
+}  // namespace omni
