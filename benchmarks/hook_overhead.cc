@@ -12,7 +12,7 @@
 // it, so each step also writes two window notices (notices_per_step).
 // allocations_per_step counts operator new calls on the training thread
 // during the hook loop (goal 0); the worker thread runs as in production.
-// A round (20,000 steps) fits the ring (65,536 records) and the worker drains
+// A round (2,000 steps) fits the ring (65,536 records) and the worker drains
 // it between rounds, so no timed step is dropped (steps_dropped, goal 0; the
 // hooks run at millions of steps per second here, a real step is
 // milliseconds long).
@@ -54,7 +54,7 @@ int64_t ThreadCpuNs() {
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 31;
-  const int iters = 20000;
+  const int iters = 2000;
   omni::TelemetryOptions opt;
   opt.ring_capacity = 1 << 16;
   auto tel_or = omni::Telemetry::Create(opt);
