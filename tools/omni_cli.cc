@@ -294,6 +294,11 @@ int main(int argc, char** argv) {
     return Usage(err);
   }
 
+  // For forecast and eval, --window is the steps the forecaster learns from.
+  if (cmd != "stats" && window < 8) {
+    return Usage("--window must be at least 8 for " + cmd + ", got " + std::to_string(window));
+  }
+
   auto log = omni::ReadStepLog(p.positional[0]);
   if (!log.ok()) return Fail(log.status());
 
@@ -307,7 +312,7 @@ int main(int argc, char** argv) {
   fo.pipeline = log->header.pipeline;
   // --window: for stats the rolling window; for forecast and eval the steps
   // of the current regime the forecaster learns from.
-  if (p.flags.count("--window") != 0) fo.history_steps = static_cast<int>(window);
+  if (p.flags.count("--window") != 0 && cmd != "stats") fo.history_steps = static_cast<int>(window);
 
   if (cmd == "eval") {
     omni::EvaluateOptions eo;
