@@ -122,6 +122,7 @@ std::vector<ClaimedSpan> WindowClaimedSpans(const IdleWindow& w, const StepRecor
     n = Realise(w, nullptr, parts);
   }
   std::vector<ClaimedSpan> out;
+  out.reserve(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) out.push_back({parts[i].a, parts[i].b});
   return out;
 }

@@ -437,7 +437,8 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
     // Σ over steps [a, b) of the per-residue increments.
     const double full = pre[static_cast<size_t>(cycle)];
     const auto upto = [&](int64_t x) {  // Σ over steps [0, x)
-      return static_cast<double>(x / cycle) * full + pre[static_cast<size_t>(x % cycle)];
+      const int64_t whole_cycles = x / cycle;
+      return static_cast<double>(whole_cycles) * full + pre[static_cast<size_t>(x % cycle)];
     };
     return upto(b) - upto(a);
   };
