@@ -50,10 +50,11 @@ namespace {
 constexpr const char* kUsage =
     "usage: omni info\n"
     "       omni stats LOG [--window N] [--json]\n"
-    "       omni forecast LOG [--at-step N] [--k K] [--horizon-s S] [--json]\n"
+    "       omni forecast LOG [--at-step N] [--k K] [--horizon-s S] [--window N] [--json]\n"
     "       omni eval LOG [--stride N] [--k K] [--horizon-s S] [--window N] [--horizon] [--json]\n"
     "         (--horizon scores each forecast over its whole horizon instead of\n"
-    "          while it is the current one)\n"
+    "          while it is the current one; --window N: the forecaster learns from\n"
+    "          the last N steps of the current regime, default 512, at least 8)\n"
     "       omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N] [--k K] [--width PX]\n"
     "       omni ckpt ls DIR\n"
     "       omni ckpt verify DIR|STEPDIR   (exit 1 naming the first bad file / key)\n"
@@ -317,6 +318,11 @@ int main(int argc, char** argv) {
     return Usage(err);
   }
 
+  // For forecast and eval, --window is the steps the forecaster learns from.
+  if (cmd != "stats" && window < 8) {
+    return Usage("--window must be at least 8 for " + cmd + ", got " + std::to_string(window));
+  }
+
   auto log = omni::ReadStepLog(p.positional[0]);
   if (!log.ok()) return Fail(log.status());
 
@@ -328,10 +334,12 @@ int main(int argc, char** argv) {
   fo.checkpoint = log->header.checkpoint;
   fo.eval = log->header.eval;
   fo.pipeline = log->header.pipeline;
+  // --window: for stats the rolling window; for forecast and eval the steps
+  // of the current regime the forecaster learns from.
+  if (p.flags.count("--window") != 0 && cmd != "stats") fo.history_steps = static_cast<int>(window);
 
   if (cmd == "eval") {
     omni::EvaluateOptions eo;
-    eo.stats = so;
     eo.forecast = fo;
     eo.stride_steps = static_cast<int>(stride);
     eo.scoring = p.horizon ? omni::Scoring::kHorizon : omni::Scoring::kLive;

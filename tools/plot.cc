@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "omni/evaluator.h"
 #include "svg.h"
 
 namespace omni::cli {
@@ -21,10 +22,6 @@ struct Span {
   int64_t a = 0, b = 0;  // [a, b) clock ns
   IdleKind kind = IdleKind::kHostSide;
 };
-
-// The one place that reads forecast window fields: the interval a window
-// promises to be idle.
-Span WindowSpan(const IdleWindow& w) { return {w.start_ns, w.start_ns + w.duration_ns, w.kind}; }
 
 const char* KindColor(IdleKind k) {
   switch (k) {
@@ -87,11 +84,17 @@ absl::StatusOr<std::vector<Span>> LiveForecast(const StepLog& log, const PlotOpt
     if (!f.ok()) continue;  // too few steps in the current regime
     if (forecasts++ == 0) scored.a = now;
     scored.b = until;
+    // Each window as omni eval scores it (WindowClaimedSpans): its sure part
+    // and its guaranteed length from the moment it opened.
     for (const IdleWindow& w : f->windows) {
-      Span s = WindowSpan(w);
-      s.a = std::max(s.a, now);
-      s.b = std::min(s.b, until);
-      if (s.b > s.a) out.push_back(s);
+      const StepRecord* rec_w = nullptr;
+      for (size_t j = i + 1; j < log.steps.size() && log.steps[j].start_ns < until; ++j) {
+        if (log.steps[j].step == w.step) rec_w = &log.steps[j];
+      }
+      for (const ClaimedSpan& c : WindowClaimedSpans(w, rec_w, log.header.phases, fo)) {
+        Span s{std::max(c.start_ns, now), std::min(c.end_ns, until), w.kind};
+        if (s.b > s.a) out.push_back(s);
+      }
     }
   }
   if (forecasts == 0) {
@@ -319,7 +322,9 @@ absl::StatusOr<std::string> PlotTimeline(const StepLog& log, const PlotOptions& 
   svg.Text(left + 24, ly, "real idle time (from the step log)", 11);
   svg.Rect(left + 260, ly - 9, 18, 10, "#777777", 0.35, "#777777");
   svg.Text(left + 284, ly,
-           "forecast window (the forecast made at the last step boundary, until the next)", 11);
+           "forecast window (made at the last step boundary: its sure part, and its guaranteed "
+           "length from the moment it opened)",
+           11);
   return svg.Finish();
 }
 
@@ -371,7 +376,7 @@ int PlotCommand(int argc, char** argv) {
     } else if (a == "--horizon-s") {
       o.forecast.horizon_ns = static_cast<int64_t>(x * 1e9);
     } else if (a == "--window") {
-      o.stats.window = static_cast<int>(x);
+      o.forecast.history_steps = static_cast<int>(x);
     } else if (a == "--width") {
       o.width_px = x;
     } else {

@@ -33,9 +33,8 @@ struct GuestTrack {
 absl::StatusOr<GuestTrack> ReadGuestTrack(const std::string& path);
 
 struct PlotOptions {
-  int64_t from_step = -1;  // first step shown (-1: the first in the log)
-  int64_t to_step = -1;    // last step shown (-1: the last in the log)
-  StepStatsOptions stats;
+  int64_t from_step = -1;    // first step shown (-1: the first in the log)
+  int64_t to_step = -1;      // last step shown (-1: the last in the log)
   ForecastOptions forecast;  // events are taken from the log header
   double width_px = 1400;
   std::string title;  // e.g. the log's path

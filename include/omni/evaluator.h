@@ -34,14 +34,28 @@ namespace omni {
 enum class Scoring { kLive, kHorizon };
 
 struct EvaluateOptions {
-  // Ignored since the forecaster detects warm-up and regimes itself (schema
-  // 2); kept so that existing callers keep compiling.
-  StepStatsOptions stats;
-  ForecastOptions forecast;  // events default to the log header's
+  // Events default to the log header's. `omni eval --window N` sets
+  // forecast.history_steps (the steps of the current regime it learns from).
+  ForecastOptions forecast;
   bool events_from_header = true;
   int stride_steps = 1;  // forecast at every stride-th boundary
   Scoring scoring = Scoring::kLive;
 };
+
+// The time a published window lets a guest use, as Evaluate scores it: its
+// sure part [start_ns, start_ns + duration_ns), and its guaranteed length from
+// the moment the window's slot (its kind and ordinal) actually opened in
+// `step_record`, the record of w.step (when the live window-open notice is
+// written). A window whose slot does not open in that step claimed its
+// guaranteed length from its latest start (false time). `step_record` nullptr
+// (the step is not in the log): the sure part only. Disjoint, in time order.
+struct ClaimedSpan {
+  int64_t start_ns = 0, end_ns = 0;
+};
+OMNI_EXPORT std::vector<ClaimedSpan> WindowClaimedSpans(const IdleWindow& w,
+                                                        const StepRecord* step_record,
+                                                        const PhaseCatalog& catalog,
+                                                        const ForecastOptions& options);
 
 struct OMNI_EXPORT EvaluationReport {
   struct Score {

@@ -119,6 +119,11 @@ struct IdleWindow {
   int64_t latest_start_ns = 0;
   int64_t guaranteed_ns = 0;  // lasts at least this long once started
   int64_t expected_ns = 0;    // median length
+  // Which of the step's windows of this kind it is (0 = the first). With one
+  // phase of the kind (the built-in phases) it is the live notice's ordinal
+  // (omni/window_channel.h): a guest that sees the window-open notice of
+  // (step, phase, ordinal) may use guaranteed_ns from that moment on.
+  int ordinal = 0;
 };
 
 // "How long will step `step` take?": its duration lies in [lo_ns, hi_ns]

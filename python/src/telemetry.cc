@@ -417,7 +417,7 @@ py::object Evaluate(py::handle path_arg, int stride, double k, double horizon_s,
   options.forecast.k = k;
   options.forecast.horizon_ns = SecondsToNanos("horizon_s", horizon_s);
   options.forecast.min_window_ns = SecondsToNanos("min_window_s", min_window_s);
-  options.stats.window = window;
+  options.forecast.history_steps = window;
   absl::StatusOr<std::string> json;
   {
     py::gil_scoped_release release;
@@ -495,7 +495,7 @@ void DefineTelemetry(py::module_& m) {
         py::arg("k") = eval_defaults.forecast.k,
         py::arg("horizon_s") = NanosToSeconds(eval_defaults.forecast.horizon_ns),
         py::arg("min_window_s") = NanosToSeconds(eval_defaults.forecast.min_window_ns),
-        py::arg("window") = eval_defaults.stats.window,
+        py::arg("window") = eval_defaults.forecast.history_steps,
         "Replays a step log against the forecasts it would have produced and scores them.");
   m.def("probe_nccl", &ProbeNccl, "What the NCCL path can use on this host; raises otherwise.");
   m.def("nccl_library_version", &omni::NcclLibraryVersion,

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "step_slots.h"
 
 namespace omni {
 
@@ -86,6 +87,46 @@ struct BoundTally {
 
 }  // namespace
 
+namespace {
+
+WindowClaim ClaimOf(const IdleWindow& w) {
+  return WindowClaim{w.step,
+                     SlotKey(w.kind, std::clamp(w.ordinal, 0, kMaxOrdinal - 1)),
+                     w.start_ns,
+                     w.start_ns + w.duration_ns,
+                     w.latest_start_ns,
+                     w.guaranteed_ns};
+}
+
+// RealiseClaim; `obs` nullptr: the step is not logged (the sure part only).
+int Realise(const IdleWindow& w, const StepObs* obs, std::array<ClaimInterval, 2>& parts) {
+  WindowClaim c = ClaimOf(w);
+  if (obs == nullptr) {
+    c.guaranteed = 0;
+    return RealiseClaim(c, StepObs{}, parts);
+  }
+  return RealiseClaim(c, *obs, parts);
+}
+
+}  // namespace
+
+std::vector<ClaimedSpan> WindowClaimedSpans(const IdleWindow& w, const StepRecord* step_record,
+                                            const PhaseCatalog& catalog,
+                                            const ForecastOptions& options) {
+  std::array<ClaimInterval, 2> parts{};
+  int n = 0;
+  if (step_record != nullptr) {
+    const StepObs obs = ReduceStep(*step_record, catalog, options.pipeline, options.min_window_ns);
+    n = Realise(w, &obs, parts);
+  } else {
+    n = Realise(w, nullptr, parts);
+  }
+  std::vector<ClaimedSpan> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) out.push_back({parts[i].a, parts[i].b});
+  return out;
+}
+
 double EvaluationReport::BoundScore::coverage() const {
   return steps > 0 ? static_cast<double>(covered) / static_cast<double>(steps)
                    : std::numeric_limits<double>::quiet_NaN();
@@ -126,6 +167,18 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
     });
   }
   const int64_t log_end = log.steps.back().end_ns;
+  // Each step reduced as the forecaster sees it: where each window's slot
+  // actually opened (the moment its live notice would be written).
+  std::vector<StepObs> obs;
+  obs.reserve(log.steps.size());
+  for (const StepRecord& rec : log.steps) {
+    obs.push_back(ReduceStep(rec, log.header.phases, fo.pipeline, fo.min_window_ns));
+  }
+  const auto obs_of = [&](int64_t step) -> const StepObs* {
+    auto it = std::lower_bound(obs.begin(), obs.end(), step,
+                               [](const StepObs& o, int64_t s) { return o.step < s; });
+    return it != obs.end() && it->step == step ? &*it : nullptr;
+  };
 
   EvaluationReport report;
   report.scoring = options.scoring;
@@ -157,12 +210,32 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
     if (ready++ % options.stride_steps != 0) continue;
     if (end <= now) continue;
     ++report.forecasts;
+    // Each window as a guest uses it (RealiseClaim): its sure part, and its
+    // guaranteed length from the moment it actually opens. A window of an
+    // unlogged step (sampled logs) is scored by its sure part only.
     wins.clear();
+    std::array<ClaimInterval, 2> parts{};
     for (const IdleWindow& w : f->windows) {
-      const int64_t a = std::max(w.start_ns, now);
-      const int64_t b = std::min(w.start_ns + w.duration_ns, end);
-      if (b > a) wins.push_back({a, b, w.kind});
+      const int np = Realise(w, obs_of(w.step), parts);
+      for (int p = 0; p < np; ++p) {
+        const int64_t a = std::max(parts[p].a, now);
+        const int64_t b = std::min(parts[p].b, end);
+        if (b > a) wins.push_back({a, b, w.kind});
+      }
     }
+    // In time order, overlaps merged (a window's guaranteed part may reach
+    // into the next window's sure part).
+    std::sort(wins.begin(), wins.end(),
+              [](const Interval& x, const Interval& y) { return x.a < y.a; });
+    size_t merged = 0;
+    for (size_t k = 0; k < wins.size(); ++k) {
+      if (merged > 0 && wins[k].a <= wins[merged - 1].b) {
+        wins[merged - 1].b = std::max(wins[merged - 1].b, wins[k].b);
+      } else {
+        wins[merged++] = wins[k];
+      }
+    }
+    wins.resize(merged);
     // Only known time is scored.
     clipped.clear();
     ForEachOverlap(wins.data(), wins.size(), known.data(), known.size(),

@@ -42,6 +42,7 @@ std::string ForecastToJson(const Forecast& f) {
                   {"latest_start_ns", w.latest_start_ns},
                   {"guaranteed_ns", w.guaranteed_ns},
                   {"expected_ns", w.expected_ns},
+                  {"ordinal", w.ordinal},
                   {"guaranteed_ms", Ms(static_cast<double>(w.guaranteed_ns))},
                   {"expected_ms", Ms(static_cast<double>(w.expected_ns))}});
   }
@@ -134,6 +135,7 @@ absl::StatusOr<Forecast> ForecastFromJson(const std::string& text) {
     iw.latest_start_ns = w.value("latest_start_ns", iw.start_ns);
     iw.guaranteed_ns = w.value("guaranteed_ns", iw.duration_ns);
     iw.expected_ns = w.value("expected_ns", iw.duration_ns);
+    iw.ordinal = w.value("ordinal", 0);
     f.windows.push_back(iw);
   }
   return f;

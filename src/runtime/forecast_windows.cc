@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "forecaster_impl.h"
@@ -14,6 +15,9 @@ namespace {
 constexpr double kMinSpreadNs = 50'000;  // 50 µs
 constexpr int kBoundsInForecast = 8;
 constexpr int kClaimSteps = 64;
+// Predict jumps over runs of normal steps by their cycle when it is at most
+// this long (else it walks every step).
+constexpr int64_t kMaxCycle = 4096;
 // The furthest a fully negative margin pulls a quantile towards the median
 // (as a fraction of their distance).
 constexpr double kMaxPull = 0.5;
@@ -197,9 +201,11 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       const int need = base == StepKind::kNormal ? 3 : 1;
       if (n < need || static_cast<double>(a.size()) < (1 - alpha_ / 2) * n) continue;
     }
-    // One occurrence shows nothing of an event's spread: wait for a second.
-    if (base != StepKind::kNormal && a.size() < 2) continue;
+    // One occurrence of an event shows nothing of its spread: its start is
+    // not claimed, its length only with the small-sample prior (at least 5%
+    // noise, 1.5 z; Summarize) until a second one is measured.
     StepModel::Slot sl;
+    sl.anchored_only = base != StepKind::kNormal && a.size() < 2;
     sl.key = key;
     sl.phase = slot_phase_[key];
     const double wm = window_cal_[static_cast<int>(SlotKind(key))].margin();
@@ -288,8 +294,10 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
   }
   if (combo && !seen && m.ok) {
     // Checkpoint and eval in one step, never seen together: both lengths
-    // add up; only the windows before the events (at the step's start) are
-    // published, since the events' order and offsets are unknown.
+    // add up; the windows before the events (at the step's start) keep
+    // their sure parts; the others, and the eval's own, are claimed by their
+    // guaranteed lengths only (the events' order and offsets are unknown,
+    // their lengths are their own).
     const StepModel ev = BuildModel(step, StepKind::kEval, false);
     const StepModel normal = BuildModel(step, StepKind::kNormal, false);
     if (ev.ok && normal.ok) {
@@ -299,11 +307,18 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
       m.dur.median += ev.dur.median - normal.dur.median;
       m.dur.var += ev.dur.var + normal.dur.var;
     }
-    m.slots.erase(std::remove_if(m.slots.begin(), m.slots.end(),
-                                 [&](const StepModel::Slot& sl) {
-                                   return sl.a.hi > std::max(normal.dur.lo, 0.0) / 2;
-                                 }),
-                  m.slots.end());
+    for (StepModel::Slot& sl : m.slots) {
+      if (sl.a.hi > std::max(normal.dur.lo, 0.0) / 2) sl.anchored_only = true;
+    }
+    for (const StepModel::Slot& sl : ev.slots) {
+      if (SlotKind(sl.key) != IdleKind::kEval) continue;
+      bool have = false;
+      for (const StepModel::Slot& x : m.slots) have = have || x.key == sl.key;
+      if (have) continue;
+      StepModel::Slot e = sl;
+      e.anchored_only = true;
+      m.slots.push_back(std::move(e));
+    }
   }
   StepModel& slot = cache_[key];
   slot = std::move(m);
@@ -356,6 +371,27 @@ absl::StatusOr<StepBound> Forecaster::Impl::SaveBound() const {
   return b;
 }
 
+int64_t Forecaster::Impl::CycleLength() const {
+  int64_t l = 1;
+  for (const int p : periods_) {
+    l = std::lcm(l, static_cast<int64_t>(p));
+    if (l > kMaxCycle) return 0;
+  }
+  return l;
+}
+
+int64_t Forecaster::Impl::NextEventStep(int64_t from, int64_t limit) const {
+  int64_t best = limit;
+  const auto consider = [&](int64_t every, int64_t offset) {
+    if (every <= 0) return;
+    best = std::min(best, from + (((offset - from) % every) + every) % every);
+  };
+  consider(opt_.checkpoint.every_steps, opt_.checkpoint.offset);
+  consider(opt_.eval.every_steps, opt_.eval.offset);
+  for (const int key : rule_keys_) consider(occ_[key].rule.every, occ_[key].rule.offset);
+  return std::max(best, from);
+}
+
 absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
   if (!Ready()) return NotReady(static_cast<int64_t>(hist_.size()), opt_.min_steps);
   Forecast f;
@@ -386,7 +422,27 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
   double level = 0;                  // accumulated uncertainty of the level
   bool needed_known = false;
   const auto n_hist = static_cast<double>(hist_.size());
-  for (int64_t s = last_step_ + 1; s < last_step_ + 10'000'000; ++s) {
+  // Jumping: once a whole cycle of consecutive normal steps (past the next
+  // observed one) has given no window, no later normal step gives one either
+  // (the start's uncertainty only grows), so the walk jumps from event to
+  // event, advancing the start by the cycle's per-step increments (prefix
+  // sums over one cycle). The cost is then independent of the horizon.
+  const int64_t cycle = CycleLength();
+  const int64_t limit = last_step_ + 10'000'000;
+  std::vector<double> inc_mid, inc_var, inc_level;  // per residue mod cycle
+  std::vector<char> inc_seen;
+  std::vector<double> pre_mid, pre_var, pre_level;  // prefix sums, once complete
+  int64_t quiet = 0;
+  const auto sum_over = [&](const std::vector<double>& pre, int64_t a, int64_t b) {
+    // Σ over steps [a, b) of the per-residue increments.
+    const double full = pre[static_cast<size_t>(cycle)];
+    const auto upto = [&](int64_t x) {  // Σ over steps [0, x)
+      const int64_t whole_cycles = x / cycle;
+      return static_cast<double>(whole_cycles) * full + pre[static_cast<size_t>(x % cycle)];
+    };
+    return upto(b) - upto(a);
+  };
+  for (int64_t s = last_step_ + 1; s < limit; ++s) {
     const StepModel& m = ModelFor(s);
     if (!m.ok || m.dur.mean <= 0) break;
     double s_lo = mid - z_ * std::sqrt(var) - level, s_hi = mid + z_ * std::sqrt(var) + level;
@@ -405,11 +461,13 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
       needed_known = true;
     }
     const bool event_step = KindAt(s) != StepKind::kNormal;
+    const size_t windows_before = f.windows.size();
     for (const StepModel::Slot& sl : m.slots) {
       if (suspect_ || static_cast<int>(f.windows.size()) >= opt_.max_windows) break;
       IdleWindow w;
       w.step = s;
       w.kind = SlotKind(sl.key);
+      w.ordinal = sl.key % kMaxOrdinal;
       w.confidence = conf_;
       w.phase = sl.phase;
       w.earliest_start_ns = static_cast<int64_t>(s_lo + std::max(sl.a.lo, 0.0));
@@ -418,28 +476,79 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
       w.expected_ns = static_cast<int64_t>(std::max(sl.d.median, 0.0));
       const double start = std::max(s_hi + std::max(sl.a.hi, 0.0), now);
       const double end = std::min(s_lo + sl.b.lo, horizon_end);
-      if (end - start >= min_window && end > start) {
+      // After one step far outside its bound (the start times are in doubt)
+      // and for the slots marked so, no time is claimed by the clock; the
+      // length once open still is.
+      const bool anchored_only = outlier_ || sl.anchored_only;
+      if (!anchored_only && end - start >= min_window && end > start) {
         w.start_ns = static_cast<int64_t>(start);
         w.duration_ns = static_cast<int64_t>(end - start);
       } else {
         // Start too uncertain for a sure part: listed (with its guaranteed
-        // length) only for events (declared or learned), not for the idle
-        // time of every normal step.
-        if (!event_step && !occ_[sl.key].rule_valid) continue;
+        // length, usable from the window-open notice on) for events
+        // (declared or learned) and for the next observed step, not for the
+        // idle time of every normal step further ahead.
+        if (!event_step && !occ_[sl.key].rule_valid && s > last_step_ + stride_) continue;
         w.start_ns = std::max(w.latest_start_ns, now_ns);
         w.duration_ns = 0;
         if (static_cast<double>(w.guaranteed_ns) < min_window) continue;
         if (w.start_ns >= static_cast<int64_t>(horizon_end)) continue;
       }
-      if (w.duration_ns > 0 && s <= last_step_ + kClaimSteps) {
-        claims_.push_back(Claim{s, w.start_ns, w.start_ns + w.duration_ns, w.kind});
+      if ((w.duration_ns > 0 || w.guaranteed_ns > 0) && s <= last_step_ + kClaimSteps) {
+        claims_.push_back(WindowClaim{s, sl.key, w.start_ns, w.start_ns + w.duration_ns,
+                                      w.latest_start_ns, w.guaranteed_ns});
       }
       f.windows.push_back(std::move(w));
     }
     if (static_cast<int>(f.windows.size()) >= opt_.max_windows) break;
-    mid += m.dur.mean + gap_mean;
-    var += m.dur.var + gap_var;
-    level += z_ * std::sqrt(m.dur.var / std::max(n_hist, 1.0));
+    const double d_mid = m.dur.mean + gap_mean, d_var = m.dur.var + gap_var;
+    const double d_level = z_ * std::sqrt(m.dur.var / std::max(n_hist, 1.0));
+    mid += d_mid;
+    var += d_var;
+    level += d_level;
+    if (cycle == 0) continue;
+    if (pre_mid.empty()) {
+      if (event_step || RuleBits(s) != 0) continue;  // events neither count nor reset
+      if (s <= last_step_ + stride_ || f.windows.size() != windows_before) {
+        quiet = 0;
+        continue;
+      }
+      if (inc_seen.empty()) {
+        inc_mid.assign(static_cast<size_t>(cycle), 0);
+        inc_var = inc_level = inc_mid;
+        inc_seen.assign(static_cast<size_t>(cycle), 0);
+      }
+      const auto r = static_cast<size_t>(s % cycle);
+      inc_mid[r] = d_mid;
+      inc_var[r] = d_var;
+      inc_level[r] = d_level;
+      inc_seen[r] = 1;
+      if (++quiet < cycle) continue;
+      // Residues only ever seen at event steps: their normal steps' model.
+      for (int64_t r2 = 0; r2 < cycle; ++r2) {
+        if (inc_seen[static_cast<size_t>(r2)] != 0) continue;
+        const StepModel nm =
+            BuildModel(s + 1 + (((r2 - s - 1) % cycle) + cycle) % cycle, StepKind::kNormal, false);
+        inc_mid[static_cast<size_t>(r2)] = nm.dur.mean + gap_mean;
+        inc_var[static_cast<size_t>(r2)] = nm.dur.var + gap_var;
+        inc_level[static_cast<size_t>(r2)] = z_ * std::sqrt(nm.dur.var / std::max(n_hist, 1.0));
+      }
+      pre_mid.assign(static_cast<size_t>(cycle) + 1, 0);
+      pre_var = pre_level = pre_mid;
+      for (size_t i = 0; i < static_cast<size_t>(cycle); ++i) {
+        pre_mid[i + 1] = pre_mid[i] + inc_mid[i];
+        pre_var[i + 1] = pre_var[i] + inc_var[i];
+        pre_level[i + 1] = pre_level[i] + inc_level[i];
+      }
+    }
+    // Jump over the normal steps before the next event.
+    const int64_t next = NextEventStep(s + 1, limit);
+    if (next > s + 1) {
+      mid += sum_over(pre_mid, s + 1, next);
+      var += sum_over(pre_var, s + 1, next);
+      level += sum_over(pre_level, s + 1, next);
+      s = next - 1;
+    }
   }
   if (!needed_known) f.devices_needed_at_ns = now_ns;
   // In time order, the sure parts not overlapping.

@@ -152,7 +152,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   if (catalog.size() != catalog_.size()) catalog_ = catalog;
   const StepObs obs = ReduceStep(rec, catalog_, opt_.pipeline, opt_.min_window_ns);
   if (Ready()) {
-    ScoreClaims(rec, catalog_);
+    ScoreClaims(rec, obs, catalog_);
     CheckRegime(obs);
   }
   if (last_step_ >= 0 && rec.step == last_step_ + 1) {
@@ -196,6 +196,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     if (occ_[key].rule_valid) rule_keys_.push_back(key);
   }
   TrimWarmup();
+  if (last_step_ >= 0) stride_ = rec.step - last_step_;
   last_step_ = rec.step;
   last_end_ns_ = rec.end_ns;
   cache_.clear();
@@ -204,7 +205,8 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   return absl::OkStatus();
 }
 
-void Forecaster::Impl::ScoreClaims(const StepRecord& rec, const PhaseCatalog& catalog) {
+void Forecaster::Impl::ScoreClaims(const StepRecord& rec, const StepObs& obs,
+                                   const PhaseCatalog& catalog) {
   std::array<IdleInterval, 2 * kMaxSpansPerStep + 2> idle{};
   int n = 0;
   ForEachIdleInterval(rec, catalog, [&](const IdleInterval& iv) {
@@ -214,21 +216,28 @@ void Forecaster::Impl::ScoreClaims(const StepRecord& rec, const PhaseCatalog& ca
       idle[n++] = iv;
     }
   });
-  // A window's loss is the fraction of its time that was not idle: the
-  // calibrated quantity is then the one replay measures (time-weighted
-  // precision), not the all-or-nothing cover of each window.
-  for (const Claim& c : claims_) {
-    if (c.step != rec.step || c.b <= c.a) continue;
-    int64_t idle_ns = 0;
-    for (int i = 0; i < n; ++i) {
-      idle_ns +=
-          std::max<int64_t>(std::min(idle[i].end_ns, c.b) - std::max(idle[i].start_ns, c.a), 0);
+  // A window's loss is the fraction of its claimed time (the sure part and
+  // the guaranteed length from its actual open, RealiseClaim) that was not
+  // idle: the calibrated quantity is then the one replay measures
+  // (time-weighted precision), not the all-or-nothing cover of each window.
+  std::array<ClaimInterval, 2> parts{};
+  for (const WindowClaim& c : claims_) {
+    if (c.step != rec.step) continue;
+    const int np = RealiseClaim(c, obs, parts);
+    int64_t claimed = 0, idle_ns = 0;
+    for (int p = 0; p < np; ++p) {
+      claimed += parts[p].b - parts[p].a;
+      for (int i = 0; i < n; ++i) {
+        idle_ns += std::max<int64_t>(
+            std::min(idle[i].end_ns, parts[p].b) - std::max(idle[i].start_ns, parts[p].a), 0);
+      }
     }
-    window_cal_[static_cast<int>(c.kind)].UpdateLoss(1.0 - static_cast<double>(idle_ns) /
-                                                               static_cast<double>(c.b - c.a));
+    if (claimed <= 0) continue;
+    window_cal_[static_cast<int>(SlotKind(c.key))].UpdateLoss(
+        1.0 - static_cast<double>(idle_ns) / static_cast<double>(claimed));
   }
   claims_.erase(std::remove_if(claims_.begin(), claims_.end(),
-                               [&](const Claim& c) { return c.step <= rec.step; }),
+                               [&](const WindowClaim& c) { return c.step <= rec.step; }),
                 claims_.end());
 }
 
@@ -241,7 +250,7 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
   if (side == 0) {
     run_len_ = 0;
     run_side_ = 0;
-    suspect_ = false;
+    suspect_ = outlier_ = false;
     return;
   }
   if (side == run_side_) {
@@ -251,7 +260,8 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
     run_len_ = 1;
   }
   const bool wide = d > 1.5 * hi || d < lo / 1.5;
-  suspect_ = wide || run_len_ >= 2;
+  suspect_ = run_len_ >= 2;
+  outlier_ = wide && !suspect_;
   if (run_len_ < 3) return;
   // Three misses on one side: a new regime begins with the missed steps.
   while (static_cast<int>(hist_.size()) > run_len_ - 1) hist_.pop_front();
@@ -259,7 +269,7 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
   regime_steps_ = static_cast<int64_t>(hist_.size());
   run_len_ = 0;
   run_side_ = 0;
-  suspect_ = false;
+  suspect_ = outlier_ = false;
   claims_.clear();
   since_learn_ = std::numeric_limits<int>::max() / 2;  // relearn now
 }

@@ -35,6 +35,11 @@ struct StepModel {
     std::string phase;
     SampleSummary a, b, d;  // start offset, end offset, length
     bool declared = false;  // from a declared event not measured yet
+    // Only the guaranteed length is claimed (from the window-open notice
+    // on), not a time by the clock: an event measured once (its start
+    // offsets show no spread), or an event in a step whose events were never
+    // seen together (their order and offsets are unknown).
+    bool anchored_only = false;
   };
   std::vector<Slot> slots;
   uint64_t rule_bits = 0;  // which learned events occur at the step (cache check)
@@ -54,11 +59,6 @@ class Forecaster::Impl {
   int64_t regime_changes() const { return regimes_; }
 
  private:
-  struct Claim {
-    int64_t step;
-    int64_t a, b;  // absolute, must be idle
-    IdleKind kind;
-  };
   struct Occurrences {
     std::vector<int64_t> steps;  // newest last, at most 8
     std::deque<double> lengths;  // newest last, at most 32 (across regimes)
@@ -77,9 +77,14 @@ class Forecaster::Impl {
   // `combo`: a checkpoint and an eval are both predicted at `step`.
   StepModel BuildModel(int64_t step, StepKind kind, bool combo) const;
   void Summarize(std::vector<double>& v, SampleSummary& s, double margin, double scale = -1) const;
+  // The normal steps' cycle: the least common multiple of the periods in
+  // use, 0 when above kMaxCycle.
+  int64_t CycleLength() const;
+  // The first step in [from, limit) with a declared or learned event, or limit.
+  int64_t NextEventStep(int64_t from, int64_t limit) const;
   void Relearn();
   void CheckRegime(const StepObs& obs);
-  void ScoreClaims(const StepRecord& rec, const PhaseCatalog& catalog);
+  void ScoreClaims(const StepRecord& rec, const StepObs& obs, const PhaseCatalog& catalog);
   void TrimWarmup();
   double GapMean() const;
 
@@ -92,12 +97,14 @@ class Forecaster::Impl {
   std::deque<StepObs> hist_;  // current regime, oldest first
   std::deque<double> gaps_;   // between consecutive steps
   int64_t last_step_ = -1, last_end_ns_ = 0;
+  int64_t stride_ = 1;  // steps between the last two observed (10 in a log of every 10th)
   int64_t regimes_ = 0;
   int64_t regime_steps_ = 0;  // steps since the regime began
   int since_learn_ = 0;
   std::vector<int> periods_;  // the distinct periods > 1 in use (cache key)
   int run_side_ = 0, run_len_ = 0;
-  bool suspect_ = false;
+  bool suspect_ = false;  // two misses on one side: a regime may be ending
+  bool outlier_ = false;  // one step far outside its bound (a stall, a GC)
   std::array<std::array<int, kNumSlots>, kNumStepKinds> slot_period_{};
   std::array<int, kNumStepKinds> dur_period_{};
   std::array<Occurrences, kNumSlots> occ_;
@@ -105,7 +112,7 @@ class Forecaster::Impl {
   std::array<std::string, kNumSlots> slot_phase_;
   std::array<MarginCalibrator, kNumIdleKinds> window_cal_;  // per window kind
   std::array<MarginCalibrator, kNumStepKinds> bound_cal_;   // per step kind
-  std::vector<Claim> claims_;
+  std::vector<WindowClaim> claims_;
   mutable std::unordered_map<int64_t, StepModel> cache_;  // cleared by Observe
 };
 

@@ -1,5 +1,8 @@
 #include "step_slots.h"
 
+#include <algorithm>
+#include <utility>
+
 namespace omni {
 
 const SlotObs* StepObs::Find(int key) const {
@@ -71,6 +74,27 @@ StepObs ReduceStep(const StepRecord& rec, const PhaseCatalog& catalog,
     break;
   }
   return o;
+}
+
+int RealiseClaim(const WindowClaim& claim, const StepObs& obs, std::array<ClaimInterval, 2>& out) {
+  int n = 0;
+  if (claim.sure_b > claim.sure_a) out[n++] = {claim.sure_a, claim.sure_b};
+  if (claim.guaranteed <= 0) return n;
+  const SlotObs* s = obs.Find(claim.key);
+  const int64_t open = s != nullptr ? obs.start_ns + s->a : claim.latest_start;
+  ClaimInterval g{open, open + claim.guaranteed};
+  if (n == 0) {
+    out[n++] = g;
+    return n;
+  }
+  ClaimInterval& f = out[0];
+  if (g.b < f.a || g.a > f.b) {  // disjoint: in time order
+    if (g.a < f.a) std::swap(g, f);
+    out[n++] = g;
+  } else {
+    f = {std::min(f.a, g.a), std::max(f.b, g.b)};
+  }
+  return n;
 }
 
 }  // namespace omni

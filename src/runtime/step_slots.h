@@ -47,4 +47,26 @@ struct StepObs {
 StepObs ReduceStep(const StepRecord& rec, const PhaseCatalog& catalog,
                    const PipelineSchedule& pipeline, int64_t min_host_ns);
 
+// What a published window lets a guest use, as replay scores it: its sure
+// part [sure_a, sure_b) (absolute clock time; empty when the start is too
+// uncertain), and, from the moment its slot actually opens in the step (the
+// live window-open notice), `guaranteed` nanoseconds. A window whose slot does
+// not open in the step claimed its guaranteed length from its latest start
+// (a false claim, counted against it).
+struct WindowClaim {
+  int64_t step = 0;
+  int key = 0;  // SlotKey(kind, ordinal)
+  int64_t sure_a = 0, sure_b = 0;
+  int64_t latest_start = 0;
+  int64_t guaranteed = 0;
+};
+
+struct ClaimInterval {
+  int64_t a = 0, b = 0;
+};
+
+// The claim's intervals in `obs` (the reduced record of claim.step), in time
+// order and not overlapping: 0, 1 or 2 of them.
+int RealiseClaim(const WindowClaim& claim, const StepObs& obs, std::array<ClaimInterval, 2>& out);
+
 }  // namespace omni

@@ -404,7 +404,8 @@ TEST(CheckpointHostile, CliRefusesNumericOptionsOutOfRangeNamingTheFlag) {
        {std::string("stats ") + log + " --window 99999999999",
         std::string("forecast ") + log + " --horizon-s 1e300",
         std::string("eval ") + log + " --stride -3", std::string("stats ") + log + " --window 2.5",
-        std::string("forecast ") + log + " --at-step 1e19"}) {
+        std::string("forecast ") + log + " --at-step 1e19",
+        std::string("eval ") + log + " --window 4"}) {
     EXPECT_EQ(RunCli(bad, out), 2) << bad << ": " << out;
     EXPECT_TRUE(Contains(out, "--")) << out;
   }

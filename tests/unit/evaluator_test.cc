@@ -24,8 +24,6 @@ StepLog Deterministic(int n) {
 
 EvaluateOptions Opts() {
   EvaluateOptions o;
-  o.stats.warmup.max_steps = 0;
-  o.stats.warmup.min_steps = 0;
   o.forecast.horizon_ns = 1000 * kMs;
   return o;
 }

@@ -45,8 +45,6 @@ int Count(const std::string& s, const std::string& what) {
 TEST(PlotTimeline, DrawsOneRealBarPerIdleIntervalAndLaneScoresMatchOmniEval) {
   const StepLog log = SyntheticLog();
   cli::PlotOptions o;
-  o.stats.warmup.max_steps = 0;
-  o.stats.warmup.min_steps = 0;
   auto svg = cli::PlotTimeline(log, o);
   ASSERT_TRUE(svg.ok()) << svg.status();
   EXPECT_EQ(svg->rfind("<?xml", 0), 0u);
@@ -57,7 +55,6 @@ TEST(PlotTimeline, DrawsOneRealBarPerIdleIntervalAndLaneScoresMatchOmniEval) {
   EXPECT_EQ(Count(*svg, "<title>step "), 80);
 
   EvaluateOptions eo;
-  eo.stats = o.stats;
   auto rep = Evaluate(log, eo);
   ASSERT_TRUE(rep.ok()) << rep.status();
   for (const IdleKind k : {IdleKind::kDataStall, IdleKind::kEval}) {
@@ -117,8 +114,6 @@ TEST(PlotTimeline, DrawsTheGuestsUnitsInTheirOwnLaneAndItsMarksAcrossTheLanes) {
   EXPECT_EQ(track->units.size(), 3u);
   ASSERT_EQ(track->marks.size(), 1u);
   cli::PlotOptions o;
-  o.stats.warmup.max_steps = 0;
-  o.stats.warmup.min_steps = 0;
   o.guest = *track;
   o.guest.label = "guest steps";
   auto svg = cli::PlotTimeline(log, o);

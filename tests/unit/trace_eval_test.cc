@@ -26,42 +26,44 @@ const EvaluationReport::Score& Kind(const EvaluationReport& r, IdleKind k) {
   return r.by_kind[static_cast<int>(k)];
 }
 
-// Measured (stride 1, live scoring, confidence 0.9545): precision 0.988,
-// recall 0.558; checkpoint 1.000 / 0.705; pipeline_bubble 0.987 / 0.570 (the
-// calibrator narrows the bubble windows until their time-weighted precision
-// nears its target, 1 − 0.75·α ≈ 0.966).
+// Measured (stride 1, live scoring, confidence 0.9545): precision 0.991,
+// recall 0.901; checkpoint 1.000 / 0.873; pipeline_bubble 0.990 / 0.946
+// (windows count from their open for their guaranteed length; the
+// calibrator narrows them until their time-weighted precision nears its
+// target, 1 − 0.75·α ≈ 0.966).
 TEST(TraceEval, PipelineWithCheckpointsForecastsBubblesAndCheckpoints) {
   const EvaluationReport r = EvaluateTrace("pipeline_ckpt.jsonl", 1);
   EXPECT_GT(r.forecasts, 1000);
   EXPECT_GE(r.total.precision(), 0.9545);
-  EXPECT_GE(r.total.recall(), 0.53);
+  EXPECT_GE(r.total.recall(), 0.85);
   EXPECT_GE(Kind(r, IdleKind::kCheckpoint).precision(), 0.9545);
-  EXPECT_GE(Kind(r, IdleKind::kCheckpoint).recall(), 0.68);
+  EXPECT_GE(Kind(r, IdleKind::kCheckpoint).recall(), 0.8);
   EXPECT_GE(Kind(r, IdleKind::kPipelineBubble).precision(), 0.9545);
-  EXPECT_GE(Kind(r, IdleKind::kPipelineBubble).recall(), 0.54);
+  EXPECT_GE(Kind(r, IdleKind::kPipelineBubble).recall(), 0.9);
 }
 
-// Measured: precision 1.000, recall 0.466; eval 1.000 / 0.485 (the eval's
-// own forward pass varies by ~5%, and its first two occurrences are not
-// forecast). Horizon scoring: precision 1.000.
+// Measured: precision 1.000, recall 0.791; eval 1.000 / 0.825 (the eval's
+// first occurrence is not forecast, its second only by the small-sample
+// prior). Horizon scoring: precision 1.000.
 TEST(TraceEval, SteadyTextTrainingForecastsItsEvalWindows) {
   const EvaluationReport r = EvaluateTrace("steady_text.jsonl", 1);
   EXPECT_GT(r.forecasts, 500);
   EXPECT_GE(r.total.precision(), 0.99);
-  EXPECT_GE(r.total.recall(), 0.44);
-  EXPECT_GE(Kind(r, IdleKind::kEval).recall(), 0.46);
+  EXPECT_GE(r.total.recall(), 0.75);
+  EXPECT_GE(Kind(r, IdleKind::kEval).recall(), 0.8);
   const EvaluationReport h = EvaluateTrace("steady_text.jsonl", 1, Scoring::kHorizon);
   EXPECT_GE(h.total.precision(), 0.97);
 }
 
 // Heavy-tailed data stalls cannot be forecast with 95% confidence (their
-// lower bound is ~0), and a stall just before an eval step shifts that eval:
-// almost nothing is claimed, and what is claimed holds. Measured: precision
-// 1.000, recall 0.002.
-TEST(TraceEval, MultimodalWithHeavyTailedStallsStaysPrecise) {
+// lower bound is ~0), and a stall just before an eval step shifts that eval
+// by up to ~100 ms: the evals are claimed from the moment they open. Measured:
+// precision 1.000, recall 0.275; eval 1.000 / 0.854; data_stall recall 0.
+TEST(TraceEval, MultimodalWithHeavyTailedStallsStaysPreciseAndClaimsItsEvals) {
   const EvaluationReport r = EvaluateTrace("multimodal_stalls.jsonl", 1);
   EXPECT_GT(r.forecasts, 500);
   EXPECT_GE(r.total.precision(), 0.9545);
+  EXPECT_GE(Kind(r, IdleKind::kEval).recall(), 0.8);
 }
 
 TEST(TraceEval, PipelineLongRangeForecastsStayPrecise) {
