@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -216,3 +217,138 @@ def test_two_ranks_reduce_over_gloo_with_a_tcp_store():
     assert not errors, errors
     for r in (0, 1):
         np.testing.assert_array_equal(results[r], np.full(5, 3.0, dtype=np.float32))
+
+
+# ---------------------------------------------------------------- the example, as processes
+
+
+def _example(*args, env=None):
+    full = dict(os.environ)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMNI_STORE",
+                "OMNI_CKPT_DIR", "OMNI_REPLICA_ID"):
+        full.pop(key, None)
+    full.update(env or {})
+    return subprocess.Popen([sys.executable, EXAMPLE, *map(str, args)], env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(proc, text, lines, timeout=60):
+    """Reads proc's output until a line contains `text` (or one read before does)."""
+    for line in lines:
+        if text in line:
+            return line
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip())
+        if text in line:
+            return line
+    raise AssertionError(f"no line with {text!r}; output so far: {lines}")
+
+
+def _finish(proc, lines, timeout=120):
+    rest, _ = proc.communicate(timeout=timeout)
+    lines += rest.splitlines()
+    return proc.returncode
+
+
+def _final(lines):
+    found = FINAL.findall("\n".join(lines))
+    assert len(found) == 1, lines
+    return found[0]
+
+
+@pytest.mark.slow
+def test_the_example_resumes_bit_exactly_after_sigterm(tmp_path):
+    pytest.importorskip("torch")
+    steps = 300
+    ckpt = tmp_path / "ckpt"
+    lines = []
+    # A grace shorter than the rest of the run: the runtime stops at the
+    # last boundary where a step and a save still fit before the deadline.
+    proc = _example("--steps", steps, "--ckpt-dir", ckpt, "--step-sleep-s", 0.02,
+                    env={"OMNI_PREEMPT_GRACE_S": "0.5"})
+    try:
+        _wait_for(proc, "started step=0", lines)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        assert _finish(proc, lines) == omni.EXIT_PREEMPTED, lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not FINAL.search("\n".join(lines)), lines
+    saved = [line for line in lines if "saved step" in line]
+    assert saved, lines
+    resumed_lines = []
+    resumed = _example("--steps", steps, "--ckpt-dir", ckpt)
+    assert _finish(resumed, resumed_lines) == 0, resumed_lines
+    first = int(re.search(r"started step=(\d+)", "\n".join(resumed_lines)).group(1))
+    assert 0 < first < steps, resumed_lines
+    straight_lines = []
+    straight = _example("--steps", steps)
+    assert _finish(straight, straight_lines) == 0, straight_lines
+    assert _final(resumed_lines) == _final(straight_lines)
+
+
+@pytest.mark.slow
+def test_the_example_trains_two_replicas_under_torchrun(tmp_path):
+    pytest.importorskip("torch.distributed")
+    torchrun = shutil.which("torchrun") or "/usr/bin/torchrun"
+    if not os.path.exists(torchrun):
+        pytest.skip("no torchrun")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ)
+    for key in ("RANK", "WORLD_SIZE", "OMNI_STORE", "OMNI_CKPT_DIR", "OMNI_REPLICA_ID"):
+        env.pop(key, None)
+    # The first generation waits for both processes (torchrun starts them together).
+    env["OMNI_MIN_REPLICAS"] = "2"
+    # --redirects/--tee: torch 1.13's defaults do not parse on Python 3.11.
+    out = subprocess.run(
+        [torchrun, "--nproc_per_node=2", f"--master_port={port}", "--redirects", "1", "--tee", "1",
+         "--log_dir", str(tmp_path / "logs"), EXAMPLE, "--steps", "60"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout
+    assert out.stdout.count("generation 1 (initial): 2 replicas") == 2, out.stdout
+    finals = re.findall(r"\]:final step=(\d+) params_xxh3=(\w+) loss=(\S+)", out.stdout)
+    assert len(finals) == 2 and finals[0] == finals[1], out.stdout
+    assert finals[0][0] == "60"
+
+
+@pytest.mark.slow
+def test_two_example_replicas_survive_a_sigkill_and_admit_a_joiner(tmp_path):
+    pytest.importorskip("torch")
+    steps = 300
+    common = ["--steps", steps, "--store", f"file://{tmp_path}/store", "--min-replicas", 1,
+              "--max-replicas", 3, "--peer-timeout-s", 0.5, "--step-sleep-s", 0.02]
+    a = _example(*common, "--replica-id", "a")
+    b = _example(*common, "--replica-id", "b")
+    c = None
+    a_lines, b_lines, c_lines = [], [], []
+    try:
+        _wait_for(a, "started", a_lines)
+        _wait_for(b, "started", b_lines)
+        _wait_for(a, "2 replicas", a_lines)  # b is in (formed together, or admitted)
+        time.sleep(1.0)
+        b.send_signal(signal.SIGKILL)
+        b.wait(10)
+        _wait_for(a, "elastic: recovered", a_lines)
+        c = _example(*common, "--replica-id", "c")
+        _wait_for(c, "started", c_lines)
+        assert _finish(a, a_lines) == 0, "\n".join(a_lines)
+        assert _finish(c, c_lines) == 0, c_lines
+    finally:
+        for p in (a, b, c):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert any("recovered" in line and "left b" in line for line in a_lines), a_lines
+    assert any("changed" in line and "joined c" in line for line in a_lines), a_lines
+    started = int(re.search(r"started step=(\d+)", "\n".join(c_lines)).group(1))
+    assert started > 0, c_lines  # c received a's state
+    assert _final(a_lines) == _final(c_lines)
+    assert _final(a_lines)[0] == str(steps)
