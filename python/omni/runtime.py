@@ -129,6 +129,7 @@ class Runtime(_ClosingContext):
     def __init__(self, *, environment: bool = True, **options: Any) -> None:
         self._c = _C.Runtime(environment=environment, **options)
         self._telemetry = None
+        self._train_states: List[TrainState] = []
         self.decision: Optional[Decision] = None
         """The last boundary's decision."""
 
@@ -149,6 +150,7 @@ class Runtime(_ClosingContext):
             for key, o in ts._per_replica:
                 self._c.register(key, o, "per_replica")
             ts._runtime = self
+            self._train_states.append(ts)
             return ts
         if obj is None:
             raise TypeError("register(name, obj): obj is missing")
@@ -306,6 +308,12 @@ class Runtime(_ClosingContext):
         return self._c.closed
 
     def close(self) -> None:
+        """Drops the runtime (see the class docstring); a registered
+        TrainState keeps the last committed step as its own."""
+        if not self._c.closed:
+            for ts in self._train_states:
+                ts._runtime = None
+                ts.step = self._c.step
         self._c.close()
 
     def __repr__(self) -> str:
