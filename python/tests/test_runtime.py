@@ -263,7 +263,7 @@ def _final(lines):
 @pytest.mark.slow
 def test_the_example_resumes_bit_exactly_after_sigterm(tmp_path):
     pytest.importorskip("torch")
-    steps = 300
+    steps = 150
     ckpt = tmp_path / "ckpt"
     lines = []
     # A grace shorter than the rest of the run: the runtime stops at the
@@ -272,7 +272,7 @@ def test_the_example_resumes_bit_exactly_after_sigterm(tmp_path):
                     env={"OMNI_PREEMPT_GRACE_S": "0.5"})
     try:
         _wait_for(proc, "started step=0", lines)
-        time.sleep(1.0)
+        time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         assert _finish(proc, lines) == omni.EXIT_PREEMPTED, lines
     finally:
