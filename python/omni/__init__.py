@@ -26,6 +26,10 @@ errors). Telemetry keeps working after a misuse error.
 Durations are float seconds in arguments and options; the snapshot reports
 milliseconds (schema in docs/telemetry.md).
 
+The one door, as in C++: ``omni.Runtime`` owns telemetry, checkpoints,
+preemption, the store, the elastic group and the sampler, and decides at
+each step boundary (see ``omni.runtime``).
+
 Checkpoints and preemption (``omni.CheckpointManager``, ``omni.StateRegistry``,
 ``omni.PreemptionMonitor``, ``omni.DistributedSampler``; ready-made state
 objects for Python's, numpy's and torch's RNGs, numpy arrays and torch modules
@@ -70,7 +74,8 @@ from . import state
 from .files import read_trace
 from .files import moved_to as _moved_to
 from .files import previous_output as _previous_output
-from .train import ResumableBatchSampler, TrainState
+from .train import ResumableBatchSampler, TrainState, params_xxh3
+from .runtime import Decision, Runtime
 from .elastic import (
     Communicator,
     ElasticGroup,
@@ -99,6 +104,8 @@ from .checkpoint import (
 __version__ = _C.__version__
 
 __all__ = [
+    "Runtime",
+    "Decision",
     "Telemetry",
     "FakeClock",
     "evaluate",
@@ -140,6 +147,7 @@ __all__ = [
     # torch glue (omni.train; torch imported lazily)
     "TrainState",
     "ResumableBatchSampler",
+    "params_xxh3",
     # elastic data parallelism (omni.elastic)
     "Store",
     "open_store",
@@ -265,6 +273,18 @@ class Telemetry(_ClosingContext):
         self.worst_step_s = 0.0
         """The longest step seen by this process (warm-up included): the
         cost of the next step for ``PreemptionMonitor.decide``."""
+
+    @classmethod
+    def _of(cls, native: _C.Telemetry) -> "Telemetry":
+        """A facade over a native telemetry another object owns (an
+        omni.Runtime's)."""
+        self = cls.__new__(cls)
+        self._c = native
+        self.rotated = []
+        self._now_ns = _time.monotonic_ns
+        self._step_start_ns = None
+        self.worst_step_s = 0.0
+        return self
 
     # ---- context managers
 

@@ -30,9 +30,10 @@ uint8), and on torch CPU tensors (through ``tensor.numpy()``, which shares
 memory). CUDA tensors are refused: the Gloo backend works in host memory.
 
 Stores: ``file:///abs/dir`` (a directory shared by the processes, on one host
-or a shared file system). ``tcp://`` and ``env://`` (torchrun's store) need
-LibTorch's c10d adapter, which omni._C does not link so that the package
-works with the user's own torch: they raise ``RuntimeError`` for now.
+or a shared file system); ``tcp://host:port`` and ``env://`` (torchrun's
+store), served by the user's own ``torch.distributed.TCPStore`` through
+``omni._torch_store`` (omni._C itself does not link LibTorch); or a
+``torch.distributed.Store`` object.
 
 Errors: a bad status raises ``ValueError`` (invalid argument, naming it),
 ``TimeoutError`` (a wait or collective past its timeout, naming the keys or
@@ -46,7 +47,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from . import _C
-from ._C import Store, default_comm_options, default_elastic_options, open_store
+from ._C import Store, default_comm_options, default_elastic_options
 from ._util import ClosingContext as _ClosingContext
 
 __all__ = [
@@ -58,6 +59,30 @@ __all__ = [
     "default_comm_options",
     "default_elastic_options",
 ]
+
+
+def open_store(uri: Any) -> Store:
+    """Opens a rendezvous store.
+
+    ``uri`` is ``"file:///abs/dir"`` (a directory the processes share),
+    ``"tcp://host:port[?server=1&timeout=60s]"`` or ``"env://"`` (a
+    ``torch.distributed.TCPStore`` of the user's torch: torchrun's agent
+    store at MASTER_ADDR / MASTER_PORT, or one this process serves),
+    ``"etcd://host:port"``; or a ``torch.distributed.Store`` object itself
+    (e.g. the one torch's process group uses), used as it is. A job secret
+    (OMNI_JOB_SECRET / OMNI_JOB_SECRET_FILE / ``?secret_file=``)
+    authenticates every record of a URI's store; a store on another host
+    without one is refused unless the URI has ``insecure=1``.
+    """
+    if isinstance(uri, str):
+        return _C.open_store(uri)
+    if all(hasattr(uri, m) for m in ("set", "add", "compare_set", "delete_key")):
+        from ._torch_store import TorchStore
+
+        label = f"torch {type(uri).__name__}"
+        return _C.wrap_python_store(TorchStore(uri, label), label)
+    raise TypeError(f"open_store: expected a URI or a torch.distributed.Store, got "
+                    f"{type(uri).__name__}")
 
 
 def as_buffer(x: Any) -> Any:

@@ -52,7 +52,19 @@ from .state import (
     TorchTensorsState,
 )
 
-__all__ = ["TrainState", "ResumableBatchSampler"]
+__all__ = ["TrainState", "ResumableBatchSampler", "params_xxh3"]
+
+
+def params_xxh3(module: Any) -> str:
+    """XXH3-64 of a torch module's parameters (``named_parameters()`` order,
+    raw bytes on the CPU) as 16 hex digits: the ``params_xxh3`` that
+    omni_train and the examples print, to compare runs bit for bit."""
+    import torch
+
+    from ._C import xxh3_hex
+
+    return xxh3_hex([p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+                     for _, p in module.named_parameters()])
 
 
 def _named(prefix: str, value: Any) -> List[tuple]:
@@ -195,15 +207,23 @@ class TrainState:
         for key, obj in (extra or {}).items():
             self._per_replica.append((key, obj))
         self._registries: Dict[str, StateRegistry] = {}
+        self._runtime: Any = None  # set by omni.Runtime.register(self)
 
     # ---- the loop position
 
     @property
     def step(self) -> int:
+        """The loop position; under an ``omni.Runtime`` (``rt.register(ts)``)
+        the Runtime's committed steps."""
+        if self._runtime is not None:
+            return self._runtime.step
         return int(self.progress["step"])
 
     @step.setter
     def step(self, value: int) -> None:
+        if self._runtime is not None:
+            raise AttributeError("this TrainState is registered with an omni.Runtime, which "
+                                 "counts the steps (at end_step)")
         self.progress["step"] = int(value)
 
     @property

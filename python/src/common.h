@@ -21,6 +21,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -31,6 +32,7 @@
 #include "absl/time/time.h"
 #include "omni/clock.h"
 #include "omni/state.h"
+#include "omni/telemetry.h"
 
 namespace omni_python {
 
@@ -196,15 +198,23 @@ class Closeable {
 // interpreter exit. Registered once by the module.
 void CloseAllLiveObjects();
 
+// Drops the reference `obj` holds, from any thread, with or without the GIL,
+// and never throws (for destructors): the GIL is taken with the C API; once
+// the interpreter is finalizing the reference is leaked instead.
+inline void DropReference(py::object& obj) noexcept {
+  PyObject* ptr = obj.release().ptr();
+  if (ptr == nullptr || Py_IsInitialized() == 0) return;
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  Py_DECREF(ptr);
+  PyGILState_Release(gil);
+}
+
 // A Python object owned from C++ code that may run without the GIL: the
 // reference is dropped with the GIL held.
 class GilOwned {
  public:
   explicit GilOwned(py::object obj) : obj_(std::move(obj)) {}
-  ~GilOwned() {
-    py::gil_scoped_acquire gil;
-    obj_ = py::object();
-  }
+  ~GilOwned() { DropReference(obj_); }
   GilOwned(const GilOwned&) = delete;
   GilOwned& operator=(const GilOwned&) = delete;
   const py::object& get() const { return obj_; }
@@ -221,5 +231,14 @@ void DefineCheckpoints(py::module_& m);
 void DefinePreemption(py::module_& m);
 void DefineSampler(py::module_& m);
 void DefineElastic(py::module_& m);
+void DefineRuntime(py::module_& m);
+// An omni._C.Telemetry over a telemetry that `owner` owns (an omni.Runtime,
+// kept alive by the view): every call raises RuntimeError once *alive is
+// false (the owner closed).
+py::object TelemetryView(py::object owner, omni::Telemetry* telemetry,
+                         std::shared_ptr<const bool> alive);
+// Registers the tcp:// and env:// store schemes, served by torch's
+// TCPStore through omni._torch_store (store.cc).
+void RegisterPythonStoreSchemes();
 
 }  // namespace omni_python

@@ -8,10 +8,9 @@
 // buffer is held (Py_buffer) for the whole call, which runs with the GIL
 // released, so other Python threads run meanwhile.
 //
-// No LibTorch here: a "tcp://" or "env://" store needs omni::torch's c10d
-// adapter, which links LibTorch; the module must work with the user's own
-// torch, so those schemes raise (Unimplemented -> RuntimeError) until a
-// torch-free TCP store exists.
+// No LibTorch here: "tcp://" and "env://" stores are served by the user's
+// own torch (torch.distributed.TCPStore) through a Python object that
+// store.cc adapts to omni::Store (RegisterPythonStoreSchemes).
 
 #include "omni/elastic.h"
 
@@ -29,10 +28,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "collectives.h"
 #include "common.h"
 #include "omni/comm.h"
 #include "omni/membership.h"
 #include "omni/store.h"
+#include "options.h"
 #include "state.h"
 #include "store.h"
 
@@ -142,13 +143,18 @@ void DefineStore(py::module_& m) {
       .def("__repr__", [](const PyStore& s) { return absl::StrCat("<omni.Store ", s.uri(), ">"); });
 
   m.def("open_store", &OpenStore, py::arg("uri"),
-        "Opens a store: 'file:///abs/dir' (a directory shared by the processes). tcp:// and "
-        "env:// need omni::torch and are not available from Python yet.");
+        "Opens a store: 'file:///abs/dir' (a directory shared by the processes), "
+        "'tcp://host:port[?server=1&timeout=60s]' or 'env://' (torch.distributed.TCPStore, as "
+        "torchrun provides it), 'etcd://...'.");
+  m.def("wrap_python_store", &WrapPythonStore, py::arg("impl"), py::arg("label"),
+        "An omni.Store over a Python object with omni's store methods (omni._torch_store).");
   m.def(
       "validate_store_key",
       [](const std::string& key) { ThrowIfError(omni::ValidateStoreKey(key)); }, py::arg("key"),
       "ValueError naming `key` unless it is 1..200 characters of [A-Za-z0-9_.-/].");
 }
+
+}  // namespace
 
 // ---------------------------------------------------------------- buffers for collectives
 
@@ -206,6 +212,8 @@ omni::ReduceOp ReduceOpArg(const std::string& op) {
   if (op == "max") return omni::ReduceOp::kMax;
   throw py::value_error(absl::StrCat("op must be 'sum', 'avg', 'min' or 'max', got '", op, "'"));
 }
+
+namespace {
 
 // The collectives on one omni::Communicator with Python buffers; `timeout`
 // is used when a call gives none. Each returns the error Status (not raised)
@@ -359,28 +367,6 @@ void DefineCommunicator(py::module_& m) {
 }
 
 // ---------------------------------------------------------------- ElasticGroup
-
-template <typename Visitor>
-void VisitElasticOptions(omni::ElasticOptions& o, Visitor& v) {
-  v.Str("job_id", &o.membership.job_id);
-  v.Str("model_digest", &o.membership.model_digest);
-  v.Str("replica_id", &o.membership.self.id);
-  v.Str("replica_host", &o.membership.self.host);
-  v.Str("rack", &o.membership.self.rack);
-  v.Str("switch", &o.membership.self.switch_name);
-  v.Int("min_replicas", &o.membership.min_replicas);
-  v.Int("max_replicas", &o.membership.max_replicas);
-  v.Duration("heartbeat_s", &o.membership.heartbeat);
-  v.Duration("peer_timeout_s", &o.membership.peer_timeout);
-  v.Duration("join_timeout_s", &o.membership.join_timeout);
-  v.Duration("settle_s", &o.membership.settle);
-  v.Duration("store_retry_s", &o.membership.store_retry);
-  v.Str("backend", &o.backend);
-  v.Str("host", &o.host);
-  v.Int("device", &o.device);
-  v.Duration("collective_timeout_s", &o.collective_timeout);
-  v.Duration("init_timeout_s", &o.init_timeout);
-}
 
 py::dict GenerationDict(const omni::Generation& g) {
   py::dict d;

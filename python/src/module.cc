@@ -6,6 +6,9 @@
 //   preemption.cc  PreemptionMonitor
 //   sampler.cc     DistributedSampler
 //   elastic.cc     Store (open_store), Communicator, ElasticGroup
+//   store.cc       an omni::Store over a Python object (tcp://, env:// via torch)
+//   runtime.cc     Runtime, the one door (omni::Runtime)
+//   options.h      the keyword options of each class, listed once
 //   common.cc/.h   errors, conversions, keyword options, buffers, live objects
 // python/omni/__init__.py is the documented facade and python/omni/_C.pyi
 // types this module. The conventions every file follows are in common.h.
@@ -23,12 +26,29 @@
 #include "absl/strings/str_cat.h"
 #include "common.h"
 #include "omni/clock.h"
+#include "omni/hash.h"
 #include "omni/phase.h"
 #include "omni/stats.h"
 #include "omni/version.h"
 
 namespace omni_python {
 namespace {
+
+// XXH3-64 over the bytes of each buffer in turn, as 16 hex digits (the
+// digest omni_train prints as params_xxh3).
+std::string Xxh3Hex(const py::iterable& buffers) {
+  omni::Xxh3 hash;
+  for (py::handle b : buffers) {
+    BufferView buf;
+    if (!PyObject_CheckBuffer(b.ptr()) || !buf.Acquire(b, PyBUF_C_CONTIGUOUS)) {
+      throw py::type_error(
+          absl::StrCat("xxh3_hex: expected C-contiguous buffers, got ", TypeName(b)));
+    }
+    py::gil_scoped_release release;
+    hash.Update(buf.view().buf, static_cast<size_t>(buf.view().len));
+  }
+  return omni::HexDigest(hash.Digest());
+}
 
 void AdvanceClock(omni::FakeClock& clock, double seconds) {
   clock.Advance(std::chrono::nanoseconds(SecondsToNanos("seconds", seconds)));
@@ -43,6 +63,8 @@ void DefineModule(py::module_& m) {
   m.def(
       "version", [] { return std::string(omni::Version()); },
       "The version of the linked omni core library, 'MAJOR.MINOR.PATCH'.");
+  m.def("xxh3_hex", &Xxh3Hex, py::arg("buffers"),
+        "XXH3-64 of the buffers' bytes in turn, as 16 lowercase hex digits.");
   m.def("build_info", &omni::BuildInfo,
         "One line describing the build: version, Gloo and NCCL availability.");
 
@@ -90,6 +112,9 @@ void DefineModule(py::module_& m) {
   DefinePreemption(m);
   DefineSampler(m);
   DefineElastic(m);
+  DefineRuntime(m);
+  // tcp:// and env:// stores through the user's torch (omni._torch_store).
+  RegisterPythonStoreSchemes();
   // Closes every live native object (newest first) before the interpreter
   // finalizes: no worker thread then waits for the GIL of a dying interpreter.
   py::module_::import("atexit").attr("register")(py::cpp_function(&CloseAllLiveObjects));

@@ -16,20 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common.h"
+#include "options.h"
 #include "store.h"
 
 namespace omni_python {
 namespace {
-
-// The scalar keyword options of PreemptionMonitor(...), in Python units.
-template <typename Visitor>
-void VisitPreemptionOptions(omni::PreemptionOptions& o, Visitor& v) {
-  v.Path("notice_file", &o.notice_file);
-  v.Str("notice_key", &o.notice_key);
-  v.Duration("notice_poll_s", &o.notice_poll);
-  v.Duration("grace_s", &o.grace);
-  v.Float("k", &o.k);
-}
 
 const char* BoundaryActionName(omni::BoundaryAction action) {
   switch (action) {

@@ -10,19 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common.h"
+#include "options.h"
 #include "state.h"
 
 namespace omni_python {
 namespace {
-
-// The keyword options of DistributedSampler(dataset_size, ...).
-template <typename Visitor>
-void VisitSamplerOptions(omni::SamplerOptions& o, Visitor& v) {
-  v.Int("global_batch", &o.global_batch);
-  v.Int("seed", &o.seed);
-  v.Bool("shuffle", &o.shuffle);
-  v.Bool("drop_last", &o.drop_last);
-}
 
 void CheckCursor(int64_t epoch, int64_t offset) {
   if (epoch < 0 || offset < 0) {

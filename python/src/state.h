@@ -245,10 +245,7 @@ class PyStatefulAdapter final : public omni::Stateful {
  public:
   PyStatefulAdapter(std::string name, py::object object, PyErrorSlot* slot)
       : name_(std::move(name)), object_(std::move(object)), slot_(slot) {}
-  ~PyStatefulAdapter() override {
-    py::gil_scoped_acquire gil;
-    object_ = py::object();
-  }
+  ~PyStatefulAdapter() override { DropReference(object_); }
   PyStatefulAdapter(const PyStatefulAdapter&) = delete;
   PyStatefulAdapter& operator=(const PyStatefulAdapter&) = delete;
 
@@ -325,8 +322,16 @@ class PyStateRegistry {
     if (absl::IsAlreadyExists(status)) RaiseStatus(absl::InvalidArgumentError(status.message()));
     ThrowIfError(status);
     objects_.emplace_back(name, object);
+    statefuls_.push_back(stateful);
     adapters_.push_back(std::move(adapter));
     return object;
+  }
+  // The core's view of the object registered under `name` (null if none).
+  omni::Stateful* stateful(const std::string& name) const {
+    for (size_t i = 0; i < objects_.size(); ++i) {
+      if (objects_[i].first == name) return statefuls_[i];
+    }
+    return nullptr;
   }
 
   std::vector<std::string> Names() const {
@@ -371,6 +376,7 @@ class PyStateRegistry {
   omni::StateRegistry registry_;
   PyErrorSlot slot_;
   std::vector<std::pair<std::string, py::object>> objects_;
+  std::vector<omni::Stateful*> statefuls_;                    // parallel to objects_
   std::vector<std::unique_ptr<PyStatefulAdapter>> adapters_;  // null for native objects
 };
 

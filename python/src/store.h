@@ -37,4 +37,10 @@ class PyStore {
   std::string uri_;
 };
 
+// An omni.Store over a Python object with omni::Store's semantics (the
+// methods are listed in store.cc), e.g. omni._torch_store.TorchStore around
+// a torch.distributed store. No authentication is added: the object is
+// whatever the caller built.
+std::unique_ptr<PyStore> WrapPythonStore(py::object impl, const std::string& label);
+
 }  // namespace omni_python

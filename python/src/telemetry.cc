@@ -28,44 +28,13 @@
 #include "omni/sinks.h"
 #include "omni/stats.h"
 #include "omni/step_log.h"
+#include "options.h"
 
 namespace omni_python {
 namespace {
 
 // ---------------------------------------------------------------- options
 
-// The keyword options of Telemetry(...), in Python units, listed once and
-// visited both to read kwargs and to report the defaults.
-template <typename Visitor>
-void VisitTelemetryOptions(omni::TelemetryOptions& o, Visitor& v) {
-  v.Int("window", &o.stats.window);
-  v.Int("warmup_min_steps", &o.stats.warmup.min_steps);
-  v.Int("warmup_max_steps", &o.stats.warmup.max_steps);
-  v.Int("warmup_window", &o.stats.warmup.window);
-  v.Float("warmup_max_drift", &o.stats.warmup.max_drift);
-  v.Bool("forecast", &o.forecast_enabled);
-  v.Seconds("horizon_s", &o.forecast.horizon_ns);
-  v.Float("k", &o.forecast.k);
-  v.Seconds("min_window_s", &o.forecast.min_window_ns);
-  v.Int("max_windows", &o.forecast.max_windows);
-  v.Int("checkpoint_every", &o.forecast.checkpoint.every_steps);
-  v.Int("checkpoint_offset", &o.forecast.checkpoint.offset);
-  v.Seconds("checkpoint_expected_s", &o.forecast.checkpoint.expected_ns);
-  v.Int("eval_every", &o.forecast.eval.every_steps);
-  v.Int("eval_offset", &o.forecast.eval.offset);
-  v.Seconds("eval_expected_s", &o.forecast.eval.expected_ns);
-  v.Int("pipeline_stages", &o.forecast.pipeline.stages);
-  v.Int("pipeline_micro_batches", &o.forecast.pipeline.micro_batches);
-  v.Int("pipeline_stage", &o.forecast.pipeline.stage);
-  v.Float("pipeline_backward_over_forward", &o.forecast.pipeline.backward_over_forward);
-  v.Seconds("publish_interval_s", &o.publish_interval_ns);
-  v.Path("step_log", &o.step_log_path);
-  v.Path("trace", &o.trace_path);
-  v.Bool("keep_previous_outputs", &o.keep_previous_outputs);
-  v.Str("window_channel", &o.window_channel_name);
-  v.Str("source", &o.source);
-  v.Int("ring_capacity", &o.ring_capacity);
-}
 // Options handled outside TelemetryOptions.
 constexpr const char* kForecastFileOption = "forecast_file";
 constexpr const char* kClockOption = "clock";
@@ -168,28 +137,41 @@ class PyTelemetry final : public Closeable {
 
     // The file sink first: a bad forecast_file then leaves no step log or
     // trace file behind.
-    absl::StatusOr<std::unique_ptr<omni::ForecastSink>> file_sink(nullptr);
+    absl::Status sink_status;
     absl::StatusOr<std::unique_ptr<omni::Telemetry>> telemetry;
     {
       py::gil_scoped_release release;  // creates and opens files
-      if (!forecast_file.empty()) file_sink = omni::MakeFileSink(forecast_file);
-      if (file_sink.ok()) {
+      std::unique_ptr<omni::ForecastSink> sink;
+      if (!forecast_file.empty()) {
+        absl::StatusOr<std::unique_ptr<omni::ForecastSink>> made =
+            omni::MakeFileSink(forecast_file);
+        if (made.ok()) {
+          sink = *std::move(made);
+        } else {
+          sink_status = made.status();
+        }
+      }
+      if (sink_status.ok()) {
         telemetry = omni::Telemetry::Create(options, clock);
-        if (telemetry.ok() && *file_sink != nullptr) (*telemetry)->AddSink(*std::move(file_sink));
+        if (telemetry.ok() && sink != nullptr) (*telemetry)->AddSink(std::move(sink));
       }
     }
-    ThrowIfError(file_sink.status());
+    ThrowIfError(sink_status);
     ThrowIfError(telemetry.status());
     return std::make_unique<PyTelemetry>(std::move(clock_obj), *std::move(telemetry));
   }
 
   // Use Create().
   PyTelemetry(py::object clock, std::unique_ptr<omni::Telemetry> telemetry)
-      : clock_(std::move(clock)), telemetry_(std::move(telemetry)) {}
+      : clock_(std::move(clock)), owned_(std::move(telemetry)), telemetry_(owned_.get()) {}
+  // A view of a telemetry that `owner` (an omni.Runtime) owns: every call
+  // raises RuntimeError once *alive is false; close() belongs to the owner.
+  PyTelemetry(py::object owner, omni::Telemetry* borrowed, std::shared_ptr<const bool> alive)
+      : clock_(std::move(owner)), telemetry_(borrowed), alive_(std::move(alive)) {}
 
   ~PyTelemetry() override {
     CloseOnDestruction();  // joins the worker, so nothing below waits for it
-    telemetry_.reset();
+    owned_.reset();
   }
   PyTelemetry(const PyTelemetry&) = delete;
   PyTelemetry& operator=(const PyTelemetry&) = delete;
@@ -199,7 +181,7 @@ class PyTelemetry final : public Closeable {
     absl::StatusOr<omni::PhaseId> id;
     {
       py::gil_scoped_release release;
-      id = telemetry_->RegisterPhase(name, kind);
+      id = tel().RegisterPhase(name, kind);
     }
     const omni::PhaseId result = ValueOrThrow(std::move(id));
     phase_ids_[name] = result;
@@ -211,7 +193,7 @@ class PyTelemetry final : public Closeable {
     absl::StatusOr<omni::PhaseId> id;
     {
       py::gil_scoped_release release;
-      id = telemetry_->FindPhase(name);
+      id = tel().FindPhase(name);
     }
     if (absl::IsNotFound(id.status())) return std::nullopt;
     const omni::PhaseId result = ValueOrThrow(std::move(id));
@@ -223,7 +205,7 @@ class PyTelemetry final : public Closeable {
     omni::PhaseCatalog catalog;
     {
       py::gil_scoped_release release;
-      catalog = telemetry_->Phases();
+      catalog = tel().Phases();
     }
     return PhaseList(catalog);
   }
@@ -234,28 +216,27 @@ class PyTelemetry final : public Closeable {
     }
     auto sink = MakePythonCallbackSink(std::move(fn), std::move(name));
     py::gil_scoped_release release;
-    telemetry_->AddSink(std::move(sink));
+    tel().AddSink(std::move(sink));
   }
 
   // ---- per-step hooks.
   void BeginStep(std::optional<int64_t> step) {
-    ThrowIfError(
-        CallHook([&] { return step ? telemetry_->BeginStep(*step) : telemetry_->BeginStep(); }));
+    ThrowIfError(CallHook([&] { return step ? tel().BeginStep(*step) : tel().BeginStep(); }));
   }
   void EndStep() {
-    ThrowIfError(CallHook([&] { return telemetry_->EndStep(); }));
+    ThrowIfError(CallHook([&] { return tel().EndStep(); }));
   }
   void BeginPhase(py::handle phase) {
     const omni::PhaseId id = ResolvePhase(phase);
-    ThrowIfError(CallHook([&] { return telemetry_->BeginPhase(id); }));
+    ThrowIfError(CallHook([&] { return tel().BeginPhase(id); }));
   }
   void EndPhase(py::handle phase) {
     const omni::PhaseId id = ResolvePhase(phase);
-    ThrowIfError(CallHook([&] { return telemetry_->EndPhase(id); }));
+    ThrowIfError(CallHook([&] { return tel().EndPhase(id); }));
   }
   void RecordPhase(py::handle phase, double seconds) {
     const omni::PhaseId id = ResolvePhase(phase);
-    ThrowIfError(CallHook([&] { return telemetry_->RecordPhase(id, seconds); }));
+    ThrowIfError(CallHook([&] { return tel().RecordPhase(id, seconds); }));
   }
 
   // ---- any thread
@@ -264,21 +245,21 @@ class PyTelemetry final : public Closeable {
     absl::Status status;
     {
       py::gil_scoped_release release;
-      status = telemetry_->Flush(absl::Nanoseconds(timeout_ns));
+      status = tel().Flush(absl::Nanoseconds(timeout_ns));
     }
     ThrowIfError(status);
   }
 
   omni::StatsSnapshot Snapshot() const {
     py::gil_scoped_release release;
-    return telemetry_->Snapshot();
+    return tel().Snapshot();
   }
 
   py::object LatestForecast() const {
     absl::StatusOr<omni::Forecast> forecast;
     {
       py::gil_scoped_release release;
-      forecast = telemetry_->LatestForecast();
+      forecast = tel().LatestForecast();
     }
     if (absl::IsFailedPrecondition(forecast.status())) return py::none();
     return ForecastDict(ValueOrThrow(std::move(forecast)));
@@ -288,14 +269,14 @@ class PyTelemetry final : public Closeable {
     omni::TelemetryCounters counters;
     {
       py::gil_scoped_release release;
-      counters = telemetry_->Counters();
+      counters = tel().Counters();
     }
     return CountersDict(counters);
   }
 
   // The forecast options in effect (the forecaster is immutable).
   py::dict Options() const {
-    const omni::ForecastOptions& forecast = telemetry_->forecaster().options();
+    const omni::ForecastOptions& forecast = tel().forecaster().options();
     py::dict d;
     d["horizon_s"] = NanosToSeconds(forecast.horizon_ns);
     d["k"] = forecast.k;
@@ -307,10 +288,14 @@ class PyTelemetry final : public Closeable {
   }
 
   void Close() {
+    if (alive_ != nullptr) {
+      throw std::runtime_error(
+          "this telemetry belongs to an omni.Runtime: close the Runtime instead");
+    }
     absl::Status status;
     {
       py::gil_scoped_release release;
-      status = telemetry_->Close();
+      status = tel().Close();
     }
     closed_ = true;
     ThrowIfError(status);
@@ -318,15 +303,22 @@ class PyTelemetry final : public Closeable {
 
   // Close() without raising; for interpreter exit and destruction.
   void CloseQuietly() override {
-    if (closed_) return;
+    if (closed_ || alive_ != nullptr) return;  // a view: the owner closes it
     closed_ = true;
     py::gil_scoped_release release;
-    telemetry_->Close().IgnoreError();
+    tel().Close().IgnoreError();
   }
 
-  bool closed() const { return closed_; }
+  bool closed() const { return alive_ != nullptr ? !*alive_ : closed_; }
 
  private:
+  omni::Telemetry& tel() const {
+    if (alive_ != nullptr && !*alive_) {
+      throw std::runtime_error("the omni.Runtime that owned this telemetry is closed");
+    }
+    return *telemetry_;
+  }
+
   template <typename Hook>
   // The hooks keep the GIL: the core publishes to sinks without holding the
   // lock the hooks' error path takes, so a Python sink waiting for the GIL on
@@ -353,7 +345,7 @@ class PyTelemetry final : public Closeable {
       absl::StatusOr<omni::PhaseId> id;
       {
         py::gil_scoped_release release;
-        id = telemetry_->FindPhase(name);
+        id = tel().FindPhase(name);
       }
       if (absl::IsNotFound(id.status())) {
         RaiseStatus(absl::InvalidArgumentError(id.status().message()));
@@ -368,8 +360,10 @@ class PyTelemetry final : public Closeable {
 
   // Declared before telemetry_ so that it outlives it: the telemetry reads
   // the FakeClock (if any) until it is destroyed.
-  py::object clock_;
-  std::unique_ptr<omni::Telemetry> telemetry_;
+  py::object clock_;                        // the FakeClock in use, or a view's owner (kept alive)
+  std::unique_ptr<omni::Telemetry> owned_;  // null for a view
+  omni::Telemetry* telemetry_;
+  std::shared_ptr<const bool> alive_;  // a view's owner is open; null when owned
   std::unordered_map<std::string, omni::PhaseId> phase_ids_;  // resolved names
   bool closed_ = false;
 };
@@ -459,6 +453,11 @@ py::dict ProbeNccl() {
 }
 
 }  // namespace
+
+py::object TelemetryView(py::object owner, omni::Telemetry* telemetry,
+                         std::shared_ptr<const bool> alive) {
+  return py::cast(std::make_unique<PyTelemetry>(std::move(owner), telemetry, std::move(alive)));
+}
 
 void DefineTelemetry(py::module_& m) {
   py::class_<PyTelemetry>(m, "Telemetry",

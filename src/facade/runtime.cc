@@ -158,10 +158,11 @@ class RuntimeImpl final : public Runtime {
   bool stopped_ = false;  // a kSaveAndExit was answered
   bool finished_ = false;
   bool step_open_ = false;
-  int64_t current_ = 0;        // the step being run
-  int64_t step_start_ns_ = 0;  // its start
-  absl::Status failure_;       // the first failed collective of the step
-  bool recovered_ = false;     // the next commit is the first after a recovery
+  int64_t current_ = 0;         // the step being run
+  int64_t last_tel_step_ = -1;  // the telemetry's number of the last attempt
+  int64_t step_start_ns_ = 0;   // its start
+  absl::Status failure_;        // the first failed collective of the step
+  bool recovered_ = false;      // the next commit is the first after a recovery
   int rank_ = 0;
   int size_ = 1;
   bool leaving_ = false;        // leave_on_preempt: a leave is requested
@@ -317,8 +318,12 @@ absl::Status RuntimeImpl::BeginStep() {
   current_ = step_;
   step_start_ns_ = NowNs();
   failure_ = absl::OkStatus();
+  // The telemetry numbers steps strictly increasing: a redone step (after a
+  // failed collective) is another attempt, numbered after the last one.
+  const int64_t tel_step = std::max(current_, last_tel_step_ + 1);
+  last_tel_step_ = tel_step;
   // A telemetry misuse is counted there and never stops training.
-  tel_->BeginStep(current_).IgnoreError();
+  tel_->BeginStep(tel_step).IgnoreError();
   return absl::OkStatus();
 }
 

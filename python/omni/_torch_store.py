@@ -1,0 +1,268 @@
+"""tcp:// and env:// stores, served by the user's torch.
+
+omni._C does not link LibTorch (so that one build works with whatever torch
+the user has), so it cannot use c10d's TCPStore from C++. Instead
+``omni.open_store("tcp://...")`` (and the Runtime's store, and torchrun's
+MASTER_ADDR / MASTER_PORT) reach this module: ``open(uri)`` builds a
+``torch.distributed.TCPStore`` and wraps it in :class:`TorchStore`, which has
+omni::Store's semantics (include/omni/store.h); python/src/store.cc adapts
+it to the C++ interface, taking the GIL for each call.
+
+URIs are the C++ adapter's (include/omni/torch/store.h):
+
+    tcp://HOST:PORT[?server=1&timeout=60s&secret_file=PATH&insecure=1]
+    env://[?...]     HOST:PORT from MASTER_ADDR / MASTER_PORT; this process
+                     serves when RANK is 0 and torchrun's agent does not
+                     (TORCHELASTIC_USE_AGENT_STORE != "True")
+
+How omni's operations map onto c10d's (the same as src/torch/tcp_store.cc):
+a read is an atomic compare-set against a reserved probe value (c10d's get
+would block on a missing key); add checks the current value first (the
+server drops the connection on a non-counter); a compare-set with an empty
+``expected`` reads first and only then creates. Calls on one connection take
+turns (a lock); the first failed call latches: every later call raises
+``ConnectionError`` naming it (omni: Unavailable, a store failure).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import re
+import threading
+from typing import Any, Callable, List, Optional, Tuple
+
+__all__ = ["TorchStore", "open", "parse_uri"]
+
+_PROBE1 = b"\0omni.tcpstore.absent.probe.1"
+_PROBE2 = b"\0omni.tcpstore.absent.probe.2"
+_INT64 = (-(2**63), 2**63 - 1)
+_FORM = "expected tcp://host:port[?server=1&timeout=60s] or env://[?...]"
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", "::1"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class TorchStore:
+    """omni::Store semantics over a ``torch.distributed.Store`` (a
+    ``TCPStore``, torchrun's store, a ``PrefixStore`` of one...).
+
+    ``label`` prefixes every error; ``host``, ``port`` and ``is_server``
+    describe what the store exposes to other hosts (see ``exposure``).
+    """
+
+    def __init__(self, store: Any, label: str, host: str = "", port: int = 0,
+                 is_server: bool = False) -> None:
+        self._store = store
+        self.label = label
+        self.host = host
+        self.port = port
+        self.is_server = is_server
+        self._lock = threading.Lock()
+        self._broken: Optional[str] = None
+
+    @property
+    def torch_store(self) -> Any:
+        """The torch store underneath."""
+        return self._store
+
+    def _call(self, what: str, key: str, op: Callable[[Any], Any]) -> Any:
+        with self._lock:
+            if self._broken is not None:
+                raise ConnectionError(
+                    f"{self.label}: {what} of key '{key}': the connection failed earlier: "
+                    f"{self._broken}")
+            try:
+                return op(self._store)
+            except Exception as e:  # c10d raises RuntimeError for I/O and protocol errors
+                self._broken = f"{what} of key '{key}': {e}"
+                raise ConnectionError(f"{self.label}: {self._broken}") from e
+
+    def _read(self, key: str) -> Optional[bytes]:
+        for probe in (_PROBE1, _PROBE2):
+            value = self._call("read", key, lambda s, p=probe: s.compare_set(key, p, p))
+            if value != probe:
+                return bytes(value)
+        return None
+
+    # ---- omni::Store
+
+    def set(self, key: str, value: bytes) -> None:
+        def op(s):
+            s.set(key, value)
+            if not value:
+                # torch 1.x sends the key with MSG_MORE and nothing after an
+                # empty value, so it sits in the kernel for 200 ms; another
+                # request flushes it at once.
+                s.compare_set(key, _PROBE1, _PROBE1)
+        self._call("set", key, op)
+
+    def try_get(self, key: str) -> Optional[bytes]:
+        return self._read(key)
+
+    def add(self, key: str, delta: int) -> int:
+        current = self._read(key)
+        if current is not None:
+            if not re.fullmatch(rb"[+-]?[0-9]+", current):
+                raise ValueError(f"{self.label}: key '{key}' holds {current!r}, not a counter")
+            total = int(current) + delta
+            if not _INT64[0] <= total <= _INT64[1]:
+                raise OverflowError(
+                    f"{self.label}: key '{key}': {int(current)} + {delta} overflows int64")
+        return int(self._call("add", key, lambda s: s.add(key, delta)))
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        if not expected:
+            # Create if absent; c10d would also swap an existing "".
+            current = self._read(key)
+            if current is not None:
+                return current
+            return bytes(self._call("compare-and-set", key,
+                                    lambda s: s.compare_set(key, expected, desired)))
+        result = bytes(self._call("compare-and-set", key,
+                                  lambda s: s.compare_set(key, expected, desired)))
+        if result != expected:
+            return result
+        # c10d answers `expected` both for a missing key and (expected ==
+        # desired) for a matching one.
+        if expected == desired:
+            current = self._read(key)
+            if current is not None:
+                return current
+        raise KeyError(f"{self.label}: compare-and-set of missing key '{key}' expected a value")
+
+    def delete(self, key: str) -> bool:
+        return bool(self._call("delete", key, lambda s: s.delete_key(key)))
+
+    def check(self, keys: List[str]) -> bool:
+        if hasattr(self._store, "check"):  # torch >= 2.0
+            return bool(self._call("check", "', '".join(keys), lambda s: s.check(list(keys))))
+        return all(self._read(key) is not None for key in keys)
+
+    def exposure(self) -> Tuple[str, str]:
+        """(remote, wildcard): who besides this host reaches the records."""
+        remote = "" if not self.host or _is_loopback(self.host) else \
+            f"connects to {self.host}:{self.port}"
+        wildcard = (f"serves port {self.port} on every interface (torch's TCPStore has no "
+                    "bind address)") if self.is_server else ""
+        return remote, wildcard
+
+    def __repr__(self) -> str:
+        return f"<omni TorchStore {self.label}>"
+
+
+def _bad(uri: str, why: str) -> ValueError:
+    return ValueError(f"store URI '{uri}' {why}; {_FORM}")
+
+
+def _port(text: str) -> Optional[int]:
+    if not re.fullmatch(r"[0-9]{1,5}", text or "") or int(text) > 65535:
+        return None
+    return int(text)
+
+
+def _duration_s(text: str) -> Optional[float]:
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)(ms|s|m|h)", text)
+    if not m:
+        return None
+    value = float(m.group(1)) * {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
+    return value if value > 0 else None
+
+
+def parse_uri(uri: str) -> dict:
+    """``{"host", "port", "server", "timeout_s"}`` of a tcp:// or env:// URI
+    (``ValueError`` naming the URI or variable otherwise)."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        raise _bad(uri, "has no scheme")
+    rest, _, query = rest.partition("?")
+    server: Optional[bool] = None
+    timeout_s = 60.0
+    for item in filter(None, query.split("&")):
+        name, _, value = item.partition("=")
+        if name == "server":
+            if value not in ("1", "0", "true", "false"):
+                raise _bad(uri, f"has server='{value}' (expected 1 or 0)")
+            server = value in ("1", "true")
+        elif name == "timeout":
+            parsed = _duration_s(value)
+            if parsed is None:
+                raise _bad(uri, f"has timeout='{value}' (expected a positive duration such as 30s)")
+            timeout_s = parsed
+        elif name == "secret_file":
+            if not value:
+                raise _bad(uri, "has an empty secret_file")
+        elif name == "insecure":
+            if value not in ("1", "true"):
+                raise _bad(uri, f"has insecure='{value}' (expected 1)")
+        else:
+            raise _bad(uri, f"has an unknown option '{name}' (known: server, timeout, "
+                            "secret_file, insecure)")
+    if scheme == "env":
+        if rest:
+            raise _bad(uri, "names a host; env:// takes it from MASTER_ADDR")
+        host = os.environ.get("MASTER_ADDR", "")
+        if not host:
+            raise _bad(uri, "needs MASTER_ADDR in the environment (as torchrun sets it)")
+        port_text = os.environ.get("MASTER_PORT")
+        port = _port(port_text or "")
+        if not port:
+            raise _bad(uri, "needs MASTER_PORT in the environment as a port 1..65535 (it is "
+                            f"{'unset' if port_text is None else repr(port_text)})")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if server is None:
+            server = (os.environ.get("RANK") == "0"
+                      and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True")
+        return {"host": host, "port": port, "server": server, "timeout_s": timeout_s}
+    if scheme != "tcp":
+        raise _bad(uri, f"has scheme '{scheme}'")
+    if "/" in rest:
+        raise _bad(uri, "has a path")
+    if rest.startswith("["):
+        close = rest.find("]")
+        if close < 0 or rest[close + 1:close + 2] != ":":
+            raise _bad(uri, "has no ]:port after an IPv6 address")
+        host, port_text = rest[1:close], rest[close + 2:]
+    else:
+        if ":" not in rest:
+            raise _bad(uri, "has no port")
+        if rest.count(":") > 1:
+            raise _bad(uri, "has more than one ':' (write an IPv6 address as [addr]:port)")
+        host, _, port_text = rest.partition(":")
+    if not host:
+        raise _bad(uri, "has no host")
+    port = _port(port_text)
+    if port is None:
+        raise _bad(uri, f"has port '{port_text}' (expected 0..65535)")
+    server = bool(server)
+    if port == 0 and not server:
+        raise _bad(uri, "has port 0, which only a server (server=1) may ask for")
+    return {"host": host, "port": port, "server": server, "timeout_s": timeout_s}
+
+
+def open(uri: str) -> TorchStore:  # noqa: A001 - called by omni._C as omni._torch_store.open
+    """A :class:`TorchStore` for a tcp:// or env:// URI: starts the server
+    (server=1) or connects, retrying until the URI's timeout."""
+    o = parse_uri(uri)
+    import torch.distributed as dist  # the user's torch; ImportError without it
+
+    try:
+        store = dist.TCPStore(o["host"], o["port"], is_master=o["server"],
+                              timeout=datetime.timedelta(seconds=o["timeout_s"]),
+                              wait_for_workers=False, multi_tenant=True)
+    except RuntimeError as e:
+        where = f"{o['host']}:{o['port']}"
+        if o["server"]:
+            raise ConnectionError(f"TcpStore {where}: cannot start the server: {e}") from e
+        raise ConnectionError(
+            f"TcpStore {where}: cannot connect within {o['timeout_s']:g} s: {e}") from e
+    port = int(store.port)
+    return TorchStore(store, f"TcpStore {o['host']}:{port}", o["host"], port, o["server"])
