@@ -93,7 +93,7 @@ auto MakeDataLoader(TrainState& state, Dataset dataset,
   return torch::data::make_data_loader(
       std::move(dataset),
       ResumableSampler<Sampler>(Sampler(static_cast<int64_t>(*size)), std::move(position)),
-      std::move(options));
+      options);
 }
 
 // A digest of the parameters' names, dtypes and shapes (not their values):
