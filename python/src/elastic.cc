@@ -385,7 +385,7 @@ void VisitElasticOptions(omni::ElasticOptions& o, Visitor& v) {
 py::dict GenerationDict(const omni::Generation& g) {
   py::dict d;
   d["number"] = g.number;
-  d["kind"] = g.kind;
+  d["kind"] = omni::GenerationKindName(g.kind);
   d["at_step"] = g.at_step;
   py::list members;
   for (const omni::ReplicaInfo& r : g.members) {

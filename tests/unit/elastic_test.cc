@@ -194,7 +194,7 @@ TEST(ElasticGroup, SurvivorsOfALostReplicaRecoverAndKeepReducing) {
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(recovered[i].generation.size(), 2);
-    EXPECT_EQ(recovered[i].generation.kind, "recover");
+    EXPECT_EQ(recovered[i].generation.kind, GenerationKind::kRecover);
     EXPECT_EQ(recovered[i].generation.left, std::vector<std::string>{"r2"});
     EXPECT_EQ(after[i], 2.0F);
   }
