@@ -92,7 +92,7 @@ class OMNI_EXPORT ElasticGroup {
   virtual absl::StatusOr<std::optional<GroupChange>> AtBoundary(int64_t completed) = 0;
 
   // A collective of the current generation with collective_timeout.
-  virtual absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) = 0;
+  virtual absl::Status AllReduce(void* data, size_t count, DType type, ReduceOp op) = 0;
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
 
   // After a failed collective (`failure`, for the log): agrees on the next

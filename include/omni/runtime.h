@@ -194,7 +194,7 @@ class OMNI_EXPORT Runtime {
   // A collective of the current generation (sum of gradients). Without a
   // group: OK, the data untouched. An error latches: EndStep answers
   // kRedoStep; do not commit anything of the step (skip the optimizer).
-  virtual absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) = 0;
+  virtual absl::Status AllReduce(void* data, size_t count, DType type, ReduceOp op) = 0;
   // The boundary (see the file comment). Errors: a failed save, a failed
   // rebuild (fewer than min_replicas for join_timeout), store errors.
   // FailedPrecondition when no step is open.

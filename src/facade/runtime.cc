@@ -78,7 +78,7 @@ class RuntimeImpl final : public Runtime {
   }
   absl::StatusOr<int64_t> Start() override;
   absl::Status BeginStep() override;
-  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) override;
+  absl::Status AllReduce(void* data, size_t count, DType type, ReduceOp op) override;
   absl::StatusOr<Decision> EndStep() override;
   absl::StatusOr<std::vector<int64_t>> LocalBatch() const override {
     if (!sampler_.has_value()) {
@@ -294,7 +294,7 @@ absl::Status RuntimeImpl::BeginStep() {
   return absl::OkStatus();
 }
 
-absl::Status RuntimeImpl::AllReduce(void* data, size_t count, DataType type, ReduceOp op) {
+absl::Status RuntimeImpl::AllReduce(void* data, size_t count, DType type, ReduceOp op) {
   if (!group_) return absl::OkStatus();
   if (!failure_.ok()) return failure_;  // the step is lost already
   absl::Status st = group_->AllReduce(data, count, type, op);

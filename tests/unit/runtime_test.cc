@@ -404,7 +404,7 @@ void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at,
     }
     ASSERT_TRUE(rt.BeginStep().ok());
     float g = static_cast<float>(rt.step());
-    if (rt.AllReduce(&g, 1, DataType::kFloat32, ReduceOp::kSum).ok()) m.Train(g);
+    if (rt.AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok()) m.Train(g);
     absl::StatusOr<Decision> d = rt.EndStep();
     ASSERT_TRUE(d.ok()) << d.status();
     if (d->kind != Decision::kContinue) out->decisions.push_back(*d);
@@ -506,7 +506,7 @@ TEST(RuntimeElastic, AFailedCollectiveIsRedoneByTheSurvivorsWithoutCommitting) {
     for (int s = 0; s < 2; ++s) {
       ASSERT_TRUE((*rt)->BeginStep().ok());
       float g = static_cast<float>((*rt)->step());
-      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DataType::kFloat32, ReduceOp::kSum).ok());
+      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok());
       m.Train(g);
       ASSERT_TRUE((*rt)->EndStep().ok());
     }
