@@ -87,8 +87,7 @@ int Train(int argc, char** argv) {
     {
       omni::PhaseScope p(tel, omni::phase::kComm);
       reduced = omni::torch_ext::AllReduceGradients(rt, net->parameters());
-      if (reduced.ok())
-        reduced = rt.AllReduce(&local, 1, omni::DataType::kFloat32, omni::ReduceOp::kSum);
+      if (reduced.ok()) reduced = rt.AllReduce(&local, 1, omni::DType::kF32, omni::ReduceOp::kSum);
     }
     if (reduced.ok()) {  // otherwise the step is redone after the group recovers
       omni::PhaseScope p(tel, omni::phase::kOptimizer);

@@ -327,7 +327,7 @@ int Run(const TrainFlags& flags) {
       omni::PhaseScope p(tel, omni::phase::kComm);
       reduced = omni::torch_ext::AllReduceGradients(rt, model->parameters());
       if (reduced.ok())
-        reduced = rt.AllReduce(&loss_value, 1, omni::DataType::kFloat32, omni::ReduceOp::kSum);
+        reduced = rt.AllReduce(&loss_value, 1, omni::DType::kF32, omni::ReduceOp::kSum);
     }
     if (reduced.ok()) {
       {

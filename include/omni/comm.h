@@ -8,7 +8,7 @@
 //   o.rank = view.rank; o.size = view.size;
 //   o.store = generation_store.get();         // e.g. MakePrefixStore(store, "gen/7/comm")
 //   auto comm = omni::CreateCommunicator(o);
-//   (*comm)->AllReduce(grads, n, omni::DataType::kFloat32, omni::ReduceOp::kSum,
+//   (*comm)->AllReduce(grads, n, omni::DType::kF32, omni::ReduceOp::kSum,
 //                      absl::Seconds(10));
 //
 // Failure model: every call has a timeout and returns an error instead of
@@ -39,16 +39,22 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "omni/export.h"
+#include "omni/state.h"
 #include "omni/store.h"
 
 namespace omni {
 
-enum class DataType { kFloat32, kFloat64, kInt32, kInt64, kUInt8 };
+// Communicators take omni::DType (state.h), the one dtype enum of Omni, and
+// reduce kF32, kF64, kI32, kI64 and kU8; other dtypes are refused
+// (InvalidArgument naming the dtype). `DataType` is its former name here.
+using DataType = DType;
 enum class ReduceOp { kSum, kAvg, kMin, kMax };
 
-// Bytes per element of `type`.
-OMNI_EXPORT size_t DataTypeSize(DataType type);
-OMNI_EXPORT const char* DataTypeName(DataType type);
+// Bytes per element of `type` when communicators reduce it, else 0.
+OMNI_EXPORT size_t DataTypeSize(DType type);
+// The communicators' name of `type` ("float32", "int64"...), "unsupported"
+// for a dtype they do not reduce.
+OMNI_EXPORT const char* DataTypeName(DType type);
 OMNI_EXPORT const char* ReduceOpName(ReduceOp op);
 
 struct CommOptions {
@@ -79,7 +85,7 @@ class OMNI_EXPORT Communicator {
 
   // In place over `count` elements of `type` at `data`. kAvg divides the sum
   // by size() (integers: truncating).
-  virtual absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
+  virtual absl::Status AllReduce(void* data, size_t count, DType type, ReduceOp op,
                                  absl::Duration timeout) = 0;
   // `bytes` bytes at `data` of rank `root` are copied to every rank's `data`.
   virtual absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) = 0;

@@ -25,8 +25,8 @@
 // communicator, re-synchronises the state (a replica that did commit the
 // failed step hands it to the others) and the caller redoes the step.
 //
-// Thread safety: one training thread calls everything except generation()
-// and stats(), which are thread-safe.
+// Thread safety: one training thread calls everything except generation(),
+// which is thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -92,7 +93,7 @@ class OMNI_EXPORT ElasticGroup {
   virtual absl::StatusOr<std::optional<GroupChange>> AtBoundary(int64_t completed) = 0;
 
   // A collective of the current generation with collective_timeout.
-  virtual absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) = 0;
+  virtual absl::Status AllReduce(void* data, size_t count, DType type, ReduceOp op) = 0;
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
 
   // After a failed collective (`failure`, for the log): agrees on the next
@@ -108,8 +109,13 @@ class OMNI_EXPORT ElasticGroup {
   // communicator: save what is needed and exit. Errors as RequestLeave.
   virtual absl::Status Leave(int64_t completed) = 0;
 
+  // The current generation (Membership::current()); rank -1 after this
+  // replica left.
   virtual Generation generation() const = 0;
+  // The current generation's communicator (replaced at each change: do not
+  // keep the reference across AtBoundary, Recover or Start).
   virtual Communicator& comm() = 0;
+  // The membership underneath (heartbeats, dead peers, store failures).
   virtual Membership& membership() = 0;
 };
 

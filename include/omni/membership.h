@@ -60,6 +60,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -104,13 +105,23 @@ struct MembershipOptions {
   absl::Duration store_retry = absl::Seconds(10);
 };
 
+// How a generation came about. Stored in generation records as its name
+// (GenerationKindName: "initial", "join", "leave", "recover").
+enum class GenerationKind : uint8_t {
+  kInitial,  // first formation, or re-formation after every member died
+  kJoin,     // planned at a step boundary
+  kLeave,    // a graceful leave, planned at a step boundary
+  kRecover,  // after a failure
+};
+// "initial", "join", "leave" or "recover".
+OMNI_EXPORT const char* GenerationKindName(GenerationKind kind);
+// The kind named `name`; InvalidArgument naming it for any other text.
+OMNI_EXPORT absl::StatusOr<GenerationKind> ParseGenerationKind(std::string_view name);
+
 struct OMNI_EXPORT Generation {
   int64_t number = 0;
-  // "initial" (first formation, or re-formation after every member died),
-  // "join" (planned at a step boundary), "leave" (a graceful leave, planned
-  // at a step boundary) or "recover" (after a failure).
-  std::string kind;
-  // For "join": the boundary (number of completed steps) at which every
+  GenerationKind kind = GenerationKind::kInitial;
+  // For kJoin: the boundary (number of completed steps) at which every
   // member switches to this generation. For others: informational (the
   // proposer's completed steps).
   int64_t at_step = 0;

@@ -20,7 +20,8 @@
 //   1. a collective of this step failed (AllReduce returned an error): agree
 //      on the survivors, rebuild, re-synchronise the state, and answer
 //      kRedoStep — nothing of the step is committed (step() is unchanged);
-//   2. otherwise commit: the sampler's cursor and step() advance;
+//   2. otherwise commit: the sampler's cursor and step() advance, and the
+//      OnCommit callbacks run (in the order they were added);
 //   3. periodic checkpoint (ckpt_every), asynchronous with async_ckpt;
 //   4. elastic: a new generation takes effect here (kReconfigured, with the
 //      state already re-synchronised), or this replica's graceful leave did;
@@ -135,7 +136,9 @@ struct OMNI_EXPORT RuntimeOptions {
   // OMNI_MIN_REPLICAS / OMNI_MAX_REPLICAS (else WORLD_SIZE when a store is
   // set); OMNI_CKPT_DIR, OMNI_CKPT_EVERY, OMNI_STEP_LOG, OMNI_TRACE,
   // OMNI_NOTICE_FILE, OMNI_NOTICE_KEY, OMNI_PREEMPT_GRACE_S, OMNI_RACK,
-  // OMNI_SWITCH, OMNI_JOB_ID. Unset variables leave the defaults. Set
+  // OMNI_SWITCH, OMNI_JOB_ID, OMNI_TOTAL_STEPS (→ total_steps, which a
+  // trainer that loops over epochs reads as Runtime::done()). Unset
+  // variables leave the defaults. Set
   // explicit options on the result: they win. InvalidArgument naming the
   // variable for a malformed number.
   static absl::StatusOr<RuntimeOptions> FromEnvironment(const EnvLookup& env = ProcessEnvironment);
@@ -178,6 +181,12 @@ class OMNI_EXPORT Runtime {
   // (FailedPrecondition afterwards).
   virtual absl::Status Register(std::string name, Stateful* object,
                                 StateScope scope = StateScope::kReplicated) = 0;
+  // Calls `fn` at every commit (an EndStep that does not answer kRedoStep),
+  // before the periodic checkpoint, so that what it advances is in that
+  // checkpoint: e.g. a torch::data loader position counting the batch the
+  // step consumed (omni::torch_ext::TrainState::AddLoader). Before Start()
+  // only (FailedPrecondition afterwards).
+  virtual absl::Status OnCommit(std::function<void()> fn) = 0;
   // Restores the newest valid checkpoint (skipped ones are logged), joins the
   // elastic group (a replica behind the others receives their state) and
   // returns step(): the first step to run. Elastic: the replicated state
@@ -193,7 +202,7 @@ class OMNI_EXPORT Runtime {
   // A collective of the current generation (sum of gradients). Without a
   // group: OK, the data untouched. An error latches: EndStep answers
   // kRedoStep; do not commit anything of the step (skip the optimizer).
-  virtual absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) = 0;
+  virtual absl::Status AllReduce(void* data, size_t count, DType type, ReduceOp op) = 0;
   // The boundary (see the file comment). Errors: a failed save, a failed
   // rebuild (fewer than min_replicas for join_timeout), store errors.
   // FailedPrecondition when no step is open.
@@ -209,6 +218,9 @@ class OMNI_EXPORT Runtime {
 
   // Steps committed (the next step to run).
   virtual int64_t step() const = 0;
+  // True when RuntimeOptions::total_steps is set and step() has reached it:
+  // a trainer that loops over epochs of a data loader stops there.
+  virtual bool done() const = 0;
   virtual int rank() const = 0;
   virtual int size() const = 0;
   // Wall time of the last synchronous save in seconds (0 before one).

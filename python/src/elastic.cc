@@ -158,24 +158,12 @@ void DefineStore(py::module_& m) {
 
 // ---------------------------------------------------------------- buffers for collectives
 
-std::optional<omni::DataType> CommDataType(const Py_buffer& v) {
+std::optional<omni::DType> CommDataType(const Py_buffer& v) {
   const std::optional<omni::DType> dtype = BufferDType(v.format, v.itemsize);
   if (!dtype) return std::nullopt;
-  switch (*dtype) {
-    case omni::DType::kF32:
-      return omni::DataType::kFloat32;
-    case omni::DType::kF64:
-      return omni::DataType::kFloat64;
-    case omni::DType::kI32:
-      return omni::DataType::kInt32;
-    case omni::DType::kI64:
-      return omni::DataType::kInt64;
-    case omni::DType::kU8:
-    case omni::DType::kBool:
-      return omni::DataType::kUInt8;
-    default:
-      return std::nullopt;
-  }
+  if (*dtype == omni::DType::kBool) return omni::DType::kU8;  // reduced as bytes
+  if (omni::DataTypeSize(*dtype) == 0) return std::nullopt;   // not reduced by communicators
+  return *dtype;
 }
 
 // A writable C-contiguous buffer of `obj` (TypeError / ValueError naming `what`).
@@ -191,8 +179,8 @@ void AcquireWritable(const char* what, py::handle obj, BufferView* buf) {
   }
 }
 
-omni::DataType CommDataTypeOrThrow(const char* what, const BufferView& buf) {
-  const std::optional<omni::DataType> type = CommDataType(buf.view());
+omni::DType CommDataTypeOrThrow(const char* what, const BufferView& buf) {
+  const std::optional<omni::DType> type = CommDataType(buf.view());
   if (!type) {
     const Py_buffer& v = buf.view();
     const std::optional<omni::DType> dtype = BufferDType(v.format, v.itemsize);
@@ -223,7 +211,7 @@ absl::Status AllReduceBuffer(omni::Communicator& c, py::handle buffer, const std
   const omni::ReduceOp reduce = ReduceOpArg(op);
   BufferView buf;
   AcquireWritable("allreduce: buffer", buffer, &buf);
-  const omni::DataType type = CommDataTypeOrThrow("allreduce: buffer", buf);
+  const omni::DType type = CommDataTypeOrThrow("allreduce: buffer", buf);
   const size_t count = static_cast<size_t>(buf.view().len) / omni::DataTypeSize(type);
   py::gil_scoped_release release;
   return c.AllReduce(buf.view().buf, count, type, reduce, timeout);
@@ -371,7 +359,7 @@ void DefineCommunicator(py::module_& m) {
 py::dict GenerationDict(const omni::Generation& g) {
   py::dict d;
   d["number"] = g.number;
-  d["kind"] = g.kind;
+  d["kind"] = omni::GenerationKindName(g.kind);
   d["at_step"] = g.at_step;
   py::list members;
   for (const omni::ReplicaInfo& r : g.members) {

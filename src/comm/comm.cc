@@ -12,36 +12,38 @@
 
 namespace omni {
 
-size_t DataTypeSize(DataType type) {
+size_t DataTypeSize(DType type) {
   switch (type) {
-    case DataType::kFloat32:
+    case DType::kF32:
       return 4;
-    case DataType::kFloat64:
+    case DType::kF64:
       return 8;
-    case DataType::kInt32:
+    case DType::kI32:
       return 4;
-    case DataType::kInt64:
+    case DType::kI64:
       return 8;
-    case DataType::kUInt8:
+    case DType::kU8:
       return 1;
+    default:  // not reduced by communicators
+      return 0;
   }
-  return 0;
 }
 
-const char* DataTypeName(DataType type) {
+const char* DataTypeName(DType type) {
   switch (type) {
-    case DataType::kFloat32:
+    case DType::kF32:
       return "float32";
-    case DataType::kFloat64:
+    case DType::kF64:
       return "float64";
-    case DataType::kInt32:
+    case DType::kI32:
       return "int32";
-    case DataType::kInt64:
+    case DType::kI64:
       return "int64";
-    case DataType::kUInt8:
+    case DType::kU8:
       return "uint8";
+    default:
+      return "unsupported";
   }
-  return "unknown";
 }
 
 const char* ReduceOpName(ReduceOp op) {
@@ -153,11 +155,15 @@ absl::Status CheckTimeout(absl::Duration timeout, const char* call) {
       absl::StrCat(call, ": timeout ", absl::FormatDuration(timeout), " is not > 0"));
 }
 
-absl::Status CheckAllReduceArgs(const void* data, size_t count, DataType type,
+absl::Status CheckAllReduceArgs(const void* data, size_t count, DType type,
                                 absl::Duration timeout) {
   if (absl::Status s = CheckTimeout(timeout, "AllReduce"); !s.ok()) return s;
   const size_t elem = DataTypeSize(type);
-  if (elem == 0) return absl::InvalidArgumentError("AllReduce: unknown data type");
+  if (elem == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("AllReduce: dtype ", DTypeName(type),
+                                                   " is not reduced by communicators (F32, F64, "
+                                                   "I32, I64, U8)"));
+  }
   if (count > std::numeric_limits<size_t>::max() / elem) {
     return absl::InvalidArgumentError(absl::StrCat("AllReduce: count ", count, " is too large"));
   }

@@ -40,8 +40,7 @@ absl::Status CheckTimeout(absl::Duration timeout, const char* call);
 // The arguments of each collective, checked the same way for every backend:
 // InvalidArgument naming the argument (timeout, data type, null buffer with
 // a non-zero size, root out of range, a size that overflows).
-absl::Status CheckAllReduceArgs(const void* data, size_t count, DataType type,
-                                absl::Duration timeout);
+absl::Status CheckAllReduceArgs(const void* data, size_t count, DType type, absl::Duration timeout);
 absl::Status CheckBroadcastArgs(const void* data, size_t bytes, int root, int size,
                                 absl::Duration timeout);
 absl::Status CheckAllGatherArgs(const void* in, size_t bytes, const void* out, int size,

@@ -295,20 +295,21 @@ ReduceFn ReduceFor(ReduceOp op) {
   return nullptr;
 }
 
-ReduceFn ReduceFor(DataType type, ReduceOp op) {
+ReduceFn ReduceFor(DType type, ReduceOp op) {
   switch (type) {
-    case DataType::kFloat32:
+    case DType::kF32:
       return ReduceFor<float>(op);
-    case DataType::kFloat64:
+    case DType::kF64:
       return ReduceFor<double>(op);
-    case DataType::kInt32:
+    case DType::kI32:
       return ReduceFor<int32_t>(op);
-    case DataType::kInt64:
+    case DType::kI64:
       return ReduceFor<int64_t>(op);
-    case DataType::kUInt8:
+    case DType::kU8:
       return ReduceFor<uint8_t>(op);
+    default:  // refused by CheckAllReduceArgs
+      return nullptr;
   }
-  return nullptr;
 }
 
 // Sum / n in place (integers truncate toward zero).
@@ -324,18 +325,20 @@ void DivideBy(void* data, size_t count, int n) {
   }
 }
 
-void DivideBy(DataType type, void* data, size_t count, int n) {
+void DivideBy(DType type, void* data, size_t count, int n) {
   switch (type) {
-    case DataType::kFloat32:
+    case DType::kF32:
       return DivideBy<float>(data, count, n);
-    case DataType::kFloat64:
+    case DType::kF64:
       return DivideBy<double>(data, count, n);
-    case DataType::kInt32:
+    case DType::kI32:
       return DivideBy<int32_t>(data, count, n);
-    case DataType::kInt64:
+    case DType::kI64:
       return DivideBy<int64_t>(data, count, n);
-    case DataType::kUInt8:
+    case DType::kU8:
       return DivideBy<uint8_t>(data, count, n);
+    default:  // refused by CheckAllReduceArgs
+      return;
   }
 }
 
@@ -500,7 +503,7 @@ class GlooCommunicator final : public Communicator {
   int size() const override { return size_; }
   const char* backend() const override { return "gloo"; }
 
-  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
+  absl::Status AllReduce(void* data, size_t count, DType type, ReduceOp op,
                          absl::Duration timeout) override {
     if (absl::Status s = CheckAllReduceArgs(data, count, type, timeout); !s.ok()) return s;
     const size_t elem = DataTypeSize(type);

@@ -141,20 +141,21 @@ struct DeviceFree {
 };
 using DevicePtr = std::unique_ptr<void, DeviceFree>;
 
-ncclDataType_t ToNccl(DataType t) {
+ncclDataType_t ToNccl(DType t) {
   switch (t) {
-    case DataType::kFloat32:
+    case DType::kF32:
       return ncclFloat32;
-    case DataType::kFloat64:
+    case DType::kF64:
       return ncclFloat64;
-    case DataType::kInt32:
+    case DType::kI32:
       return ncclInt32;
-    case DataType::kInt64:
+    case DType::kI64:
       return ncclInt64;
-    case DataType::kUInt8:
+    case DType::kU8:
+      return ncclUint8;
+    default:  // refused by CheckAllReduceArgs
       return ncclUint8;
   }
-  return ncclUint8;
 }
 
 ncclRedOp_t ToNccl(ReduceOp op) {
@@ -213,7 +214,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   const char* backend() const override { return "nccl"; }
 
-  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
+  absl::Status AllReduce(void* data, size_t count, DType type, ReduceOp op,
                          absl::Duration timeout) override {
     if (absl::Status s = CheckAllReduceArgs(data, count, type, timeout); !s.ok()) return s;
     if (count == 0) return AsyncError();

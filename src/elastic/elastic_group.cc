@@ -226,7 +226,7 @@ class ElasticGroupImpl final : public ElasticGroup {
     return std::optional<GroupChange>(*std::move(change));
   }
 
-  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) override {
+  absl::Status AllReduce(void* data, size_t count, DType type, ReduceOp op) override {
     Communicator* c = Comm();
     if (c == nullptr) return absl::FailedPreconditionError("ElasticGroup: not started");
     return c->AllReduce(data, count, type, op, o_.collective_timeout);

@@ -47,12 +47,36 @@
 
 namespace omni {
 
+const char* GenerationKindName(GenerationKind kind) {
+  switch (kind) {
+    case GenerationKind::kInitial:
+      return "initial";
+    case GenerationKind::kJoin:
+      return "join";
+    case GenerationKind::kLeave:
+      return "leave";
+    case GenerationKind::kRecover:
+      return "recover";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<GenerationKind> ParseGenerationKind(std::string_view name) {
+  for (GenerationKind k : {GenerationKind::kInitial, GenerationKind::kJoin, GenerationKind::kLeave,
+                           GenerationKind::kRecover}) {
+    if (name == GenerationKindName(k)) return k;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("generation kind '", std::string(name),
+                                                 "' is not initial, join, leave or recover"));
+}
+
 std::string Generation::ToString() const {
   std::vector<std::string> ids;
   ids.reserve(members.size());
   for (const ReplicaInfo& m : members) ids.push_back(m.id);
-  std::string s = absl::StrCat("generation ", number, " (", kind, "): ", members.size(), " replica",
-                               members.size() == 1 ? "" : "s", " [", absl::StrJoin(ids, " "), "]");
+  std::string s =
+      absl::StrCat("generation ", number, " (", GenerationKindName(kind), "): ", members.size(),
+                   " replica", members.size() == 1 ? "" : "s", " [", absl::StrJoin(ids, " "), "]");
   if (!joined.empty()) absl::StrAppend(&s, ", joined ", absl::StrJoin(joined, " "));
   if (!left.empty()) absl::StrAppend(&s, ", left ", absl::StrJoin(left, " "));
   if (rank >= 0) absl::StrAppend(&s, ", rank ", rank);
@@ -175,14 +199,15 @@ absl::StatusOr<Generation> ParseGeneration(const std::string& key, int64_t numbe
   if (g.number != number) {
     return BadRecord(key, "number", absl::StrCat("is ", g.number, ", not ", number));
   }
-  if (j.contains("kind")) {
-    if (!j["kind"].is_string()) return BadRecord(key, "kind", "is not a string");
-    g.kind = j["kind"].get<std::string>();
-  }
-  if (g.kind != "initial" && g.kind != "join" && g.kind != "leave" && g.kind != "recover") {
+  if (!j.contains("kind")) return BadRecord(key, "kind", "is missing");
+  if (!j["kind"].is_string()) return BadRecord(key, "kind", "is not a string");
+  const std::string kind = j["kind"].get<std::string>();
+  absl::StatusOr<GenerationKind> parsed = ParseGenerationKind(kind);
+  if (!parsed.ok()) {
     return BadRecord(key, "kind",
-                     absl::StrCat("is '", g.kind, "', not initial, join, leave or recover"));
+                     absl::StrCat("is '", kind, "', not initial, join, leave or recover"));
   }
+  g.kind = *parsed;
   if (auto st = integer("at_step", g.at_step, false); !st.ok()) return st;
   if (!j.contains("members") || !j["members"].is_array()) {
     return BadRecord(key, "members", "is missing or not an array");
@@ -211,8 +236,9 @@ absl::StatusOr<Generation> ParseGeneration(const std::string& key, int64_t numbe
 std::string SerializeGeneration(const Generation& g, const std::string& incarnation) {
   Json members = Json::array();
   for (const ReplicaInfo& m : g.members) members.push_back(InfoToJson(m));
-  return Json{{"number", g.number},        {"kind", g.kind},     {"at_step", g.at_step},
-              {"members", members},        {"joined", g.joined}, {"left", g.left},
+  return Json{{"number", g.number},        {"kind", GenerationKindName(g.kind)},
+              {"at_step", g.at_step},      {"members", members},
+              {"joined", g.joined},        {"left", g.left},
               {"incarnation", incarnation}}
       .dump();
 }
@@ -355,7 +381,7 @@ class MembershipImpl final : public Membership {
         if (n >= o_.min_replicas && (settled || n >= o_.max_replicas)) {
           Generation g;
           g.number = latest->has_value() ? (*latest)->number + 1 : 1;
-          g.kind = "initial";
+          g.kind = GenerationKind::kInitial;
           g.at_step = 0;
           g.members = *joiners;
           if (g.members.size() > static_cast<size_t>(o_.max_replicas)) {
@@ -398,7 +424,7 @@ class MembershipImpl final : public Membership {
       if (joiners->empty()) return std::nullopt;
       Generation g;
       g.number = cur.number + 1;
-      g.kind = "join";
+      g.kind = GenerationKind::kJoin;
       g.at_step = completed + 1;
       const std::vector<std::string> dead = DeadPeers();
       for (const ReplicaInfo& m : cur.members) {
@@ -418,7 +444,8 @@ class MembershipImpl final : public Membership {
       *next = *stored;
     }
     const Generation& g = **next;
-    if ((g.kind == "join" || g.kind == "leave") && g.number == cur.number + 1) {
+    if ((g.kind == GenerationKind::kJoin || g.kind == GenerationKind::kLeave) &&
+        g.number == cur.number + 1) {
       if (g.at_step > completed) return std::nullopt;
       if (g.at_step < completed) {
         return absl::InternalError(
@@ -479,7 +506,7 @@ class MembershipImpl final : public Membership {
         if (!joiners.ok()) return joiners.status();
         Generation g;
         g.number = cur.number + 1;
-        g.kind = "recover";
+        g.kind = GenerationKind::kRecover;
         g.at_step = completed;
         g.members = alive;
         g.left = gone;
@@ -517,7 +544,7 @@ class MembershipImpl final : public Membership {
     }
     Generation g;
     g.number = cur.number + 1;
-    g.kind = "leave";
+    g.kind = GenerationKind::kLeave;
     g.at_step = completed + 1;
     for (const ReplicaInfo& m : cur.members) {
       if (m.id != o_.self.id) g.members.push_back(m);
@@ -525,7 +552,8 @@ class MembershipImpl final : public Membership {
     g.left.push_back(o_.self.id);
     absl::StatusOr<Generation> stored = Propose(g);
     if (!stored.ok()) return stored.status();
-    if (stored->kind != "leave" || stored->left != g.left || stored->at_step != g.at_step) {
+    if (stored->kind != GenerationKind::kLeave || stored->left != g.left ||
+        stored->at_step != g.at_step) {
       return absl::UnavailableError(absl::StrCat(
           "replica '", o_.self.id, "' cannot leave yet: ", stored->ToString(), " is pending"));
     }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -70,9 +71,17 @@ class RuntimeImpl final : public Runtime {
     return all_.Register(std::move(name), object);
   }
 
+  absl::Status OnCommit(std::function<void()> fn) override {
+    if (started_) {
+      return absl::FailedPreconditionError(
+          "Runtime::OnCommit: callbacks must be added before Start");
+    }
+    on_commit_.push_back(std::move(fn));
+    return absl::OkStatus();
+  }
   absl::StatusOr<int64_t> Start() override;
   absl::Status BeginStep() override;
-  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) override;
+  absl::Status AllReduce(void* data, size_t count, DType type, ReduceOp op) override;
   absl::StatusOr<Decision> EndStep() override;
   absl::StatusOr<std::vector<int64_t>> LocalBatch() const override {
     if (!sampler_.has_value()) {
@@ -84,6 +93,7 @@ class RuntimeImpl final : public Runtime {
   absl::Status Finish() override;
 
   int64_t step() const override { return step_; }
+  bool done() const override { return o_.total_steps > 0 && step_ >= o_.total_steps; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   double last_save_s() const override { return last_save_s_; }
@@ -147,6 +157,7 @@ class RuntimeImpl final : public Runtime {
   std::optional<DistributedSampler> sampler_;
   int64_t step_ = 0;  // committed steps (replicated state "runtime/step")
   BytesState step_state_;
+  std::vector<std::function<void()>> on_commit_;
   StateRegistry all_;         // what a checkpoint holds
   StateRegistry replicated_;  // what the group synchronises
   std::unique_ptr<ElasticGroup> group_;
@@ -327,7 +338,7 @@ absl::Status RuntimeImpl::BeginStep() {
   return absl::OkStatus();
 }
 
-absl::Status RuntimeImpl::AllReduce(void* data, size_t count, DataType type, ReduceOp op) {
+absl::Status RuntimeImpl::AllReduce(void* data, size_t count, DType type, ReduceOp op) {
   if (!group_) return absl::OkStatus();
   if (!failure_.ok()) return failure_;  // the step is lost already
   absl::Status st = group_->AllReduce(data, count, type, op);
@@ -446,6 +457,7 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
   worst = std::max(worst, step_s);
   if (sampler_.has_value()) sampler_->Commit();
   step_ = step + 1;
+  for (const std::function<void()>& fn : on_commit_) fn();
   if (recovered_) {
     Log(absl::StrFormat("elastic: committed step %d after recovery t_mono_ns=%d", step,
                         Clock::Real()->NowNanos()));

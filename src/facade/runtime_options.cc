@@ -100,6 +100,7 @@ absl::StatusOr<RuntimeOptions> RuntimeOptions::FromEnvironment(const EnvLookup& 
   ReadString(env, "OMNI_JOB_ID", &o.job_id);
   ReadString(env, "OMNI_CKPT_DIR", &o.ckpt_dir);
   if (auto st = ReadInt(env, {"OMNI_CKPT_EVERY"}, 0, &o.ckpt_every); !st.ok()) return st;
+  if (auto st = ReadInt(env, {"OMNI_TOTAL_STEPS"}, 0, &o.total_steps); !st.ok()) return st;
   ReadString(env, "OMNI_STEP_LOG", &o.telemetry.step_log_path);
   ReadString(env, "OMNI_TRACE", &o.telemetry.trace_path);
   ReadString(env, "OMNI_NOTICE_FILE", &o.preemption.notice_file);

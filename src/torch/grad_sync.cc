@@ -8,16 +8,16 @@
 namespace omni::torch_ext {
 namespace {
 
-absl::StatusOr<DataType> CommType(c10::ScalarType t, size_t index) {
-  if (t == torch::kFloat) return DataType::kFloat32;
-  if (t == torch::kDouble) return DataType::kFloat64;
+absl::StatusOr<DType> CommType(c10::ScalarType t, size_t index) {
+  if (t == torch::kFloat) return DType::kF32;
+  if (t == torch::kDouble) return DType::kF64;
   return absl::InvalidArgumentError(absl::StrCat("AllReduceGradients: parameter ", index,
                                                  " has a gradient of ", c10::toString(t),
                                                  "; float32 and float64 are supported"));
 }
 
 // Reduces one bucket of gradients of one dtype.
-absl::Status ReduceBucket(Runtime& rt, const std::vector<torch::Tensor>& grads, DataType type,
+absl::Status ReduceBucket(Runtime& rt, const std::vector<torch::Tensor>& grads, DType type,
                           bool average) {
   const torch::Tensor& first = grads.front();
   const double scale = average ? 1.0 / rt.size() : 1.0;
@@ -54,7 +54,7 @@ absl::Status AllReduceGradients(Runtime& rt, const std::vector<torch::Tensor>& p
                                 const GradSyncOptions& options) {
   if (rt.group() == nullptr) return absl::OkStatus();
   std::vector<torch::Tensor> bucket;
-  DataType bucket_type = DataType::kFloat32;
+  DType bucket_type = DType::kF32;
   size_t bucket_bytes = 0;
   const auto flush = [&]() -> absl::Status {
     if (bucket.empty()) return absl::OkStatus();
@@ -67,7 +67,7 @@ absl::Status AllReduceGradients(Runtime& rt, const std::vector<torch::Tensor>& p
     const torch::Tensor& p = params[i];
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
     const torch::Tensor& g = p.grad();
-    absl::StatusOr<DataType> type = CommType(g.scalar_type(), i);
+    absl::StatusOr<DType> type = CommType(g.scalar_type(), i);
     if (!type.ok()) return type.status();
     const size_t bytes = g.nbytes();
     if (!bucket.empty() && (*type != bucket_type || bucket_bytes + bytes > options.bucket_bytes ||

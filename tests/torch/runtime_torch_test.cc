@@ -255,5 +255,90 @@ TEST(ResumableSampler, AResumeMidEpochServesExactlyWhatWasNotConsumedDespitePref
   EXPECT_EQ(pos->epoch(), 3);
 }
 
+TEST(ResumableSampler, APositionSavedAtTheEndOfAnEpochResumesWithTheNextEpochShuffledAsItWouldBe) {
+  TempDir dir;
+  FakeClock clock;
+  torch::manual_seed(7);
+  auto ref_pos = std::make_shared<LoaderPosition>();
+  auto ref_loader = MakeLoader(ref_pos);
+  const std::vector<int64_t> reference = Consume(*ref_loader, *ref_pos, 20);  // 2 epochs
+
+  RuntimeOptions o = Options(dir, &clock);
+  o.ckpt_every = 1;
+  torch::manual_seed(7);
+  {
+    auto pos = std::make_shared<LoaderPosition>();
+    auto loader = MakeLoader(pos);
+    auto rt = *Runtime::Create(o);
+    ASSERT_TRUE(rt->Register("loader", pos.get()).ok());
+    RngState rng;
+    ASSERT_TRUE(rt->Register("rng", &rng, StateScope::kPerReplica).ok());
+    ASSERT_TRUE(rt->Start().ok());
+    ASSERT_EQ(Consume(*loader, *pos, 10),
+              std::vector<int64_t>(reference.begin(), reference.begin() + 40));
+    EXPECT_EQ(pos->consumed_samples(), 40);  // all of epoch 1
+    ASSERT_TRUE(rt->BeginStep().ok());
+    ASSERT_TRUE(rt->EndStep().ok());
+  }
+  torch::manual_seed(123);
+  auto pos = std::make_shared<LoaderPosition>();
+  auto loader = MakeLoader(pos);
+  auto rt = *Runtime::Create(o);
+  ASSERT_TRUE(rt->Register("loader", pos.get()).ok());
+  RngState rng;
+  ASSERT_TRUE(rt->Register("rng", &rng, StateScope::kPerReplica).ok());
+  ASSERT_EQ(*rt->Start(), 1);
+  // One pass of the loader: the whole of epoch 2, not an empty epoch 1.
+  std::vector<int64_t> rest;
+  for (auto& batch : *loader) {
+    for (int64_t k = 0; k < batch.data.size(0); ++k) rest.push_back(batch.data[k].item<int64_t>());
+    pos->Consumed();
+  }
+  EXPECT_EQ(std::vector<int64_t>(reference.begin() + 40, reference.end()), rest);
+  EXPECT_EQ(pos->epoch(), 2);
+}
+
+// The DCGAN port's way: MakeDataLoader registers the position through the
+// TrainState, and the Runtime counts a batch consumed at each commit.
+TEST(TrainState, MakeDataLoaderResumesMidEpochCountingOneBatchPerCommittedStep) {
+  TempDir dir;
+  FakeClock clock;
+  auto run = [&](int64_t steps, std::vector<int64_t>* seen) -> int64_t {
+    torch::manual_seed(7);
+    TrainState state;
+    auto loader = MakeDataLoader(state, Numbers(40).map(torch::data::transforms::Stack<>()),
+                                 torch::data::DataLoaderOptions().batch_size(4).workers(2));
+    RuntimeOptions o = Options(dir, &clock);
+    o.ckpt_every = 3;
+    o.total_steps = steps;
+    auto rt = Check(Runtime::Create(o));
+    Check(state.RegisterWith(*rt));
+    const int64_t start = Check(rt->Start());
+    while (!rt->done()) {
+      for (auto& batch : *loader) {
+        Check(rt->BeginStep());
+        seen->push_back(batch.data[0].item<int64_t>());
+        Check(rt->EndStep());
+        if (rt->done()) break;
+      }
+    }
+    return start;
+  };
+  std::vector<int64_t> reference, first, rest;
+  {
+    torch::manual_seed(7);
+    TrainState state;
+    auto loader = MakeDataLoader(state, Numbers(40).map(torch::data::transforms::Stack<>()),
+                                 torch::data::DataLoaderOptions().batch_size(4).workers(2));
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (auto& batch : *loader) reference.push_back(batch.data[0].item<int64_t>());
+    }
+  }
+  EXPECT_EQ(run(13, &first), 0);  // the last checkpoint: step 12, in epoch 2
+  ASSERT_EQ(first, std::vector<int64_t>(reference.begin(), reference.begin() + 13));
+  EXPECT_EQ(run(20, &rest), 12);
+  EXPECT_EQ(rest, std::vector<int64_t>(reference.begin() + 12, reference.end()));
+}
+
 }  // namespace
 }  // namespace omni::torch_ext

@@ -202,9 +202,9 @@ std::string CheckCollectives(Communicator& c) {
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
     DeviceVector<float> f(std::vector<float>(kCount, static_cast<float>(rank + 1)));
     DeviceVector<int64_t> i(std::vector<int64_t>(kCount, rank + 1));
-    absl::Status s = c.AllReduce(f.get(), kCount, DataType::kFloat32, op, t);
+    absl::Status s = c.AllReduce(f.get(), kCount, DType::kF32, op, t);
     RANK_CHECK(s.ok(), s.ToString());
-    s = c.AllReduce(i.get(), kCount, DataType::kInt64, op, t);
+    s = c.AllReduce(i.get(), kCount, DType::kI64, op, t);
     RANK_CHECK(s.ok(), s.ToString());
     const int64_t sum = static_cast<int64_t>(n) * (n + 1) / 2;
     const int64_t want = op == ReduceOp::kSum   ? sum
@@ -257,7 +257,7 @@ TEST_F(CommNcclGpu, SingleGpuInitCollectivesAbortAndReinit) {
     (*c)->Abort();
     DeviceVector<float> f(std::vector<float>(16, 1.0f));
     const absl::Status s =
-        (*c)->AllReduce(f.get(), 16, DataType::kFloat32, ReduceOp::kSum, absl::Seconds(5));
+        (*c)->AllReduce(f.get(), 16, DType::kF32, ReduceOp::kSum, absl::Seconds(5));
     RANK_CHECK(s.code() == absl::StatusCode::kAborted, s.ToString());
     RANK_CHECK((*c)->AsyncError().code() == absl::StatusCode::kAborted, "AsyncError");
     c->reset();
@@ -318,7 +318,7 @@ TEST_F(CommNcclGpu, MultiGpuAbortFromAnotherThreadUnblocksAllReduce) {
     DeviceVector<float> f(std::vector<float>(1 << 20, 1.0f));
     absl::Status s;
     std::thread caller([&] {
-      s = (*c)->AllReduce(f.get(), 1 << 20, DataType::kFloat32, ReduceOp::kSum, absl::Seconds(60));
+      s = (*c)->AllReduce(f.get(), 1 << 20, DType::kF32, ReduceOp::kSum, absl::Seconds(60));
     });
     absl::SleepFor(absl::Milliseconds(500));
     const absl::Time start = absl::Now();

@@ -162,7 +162,7 @@ TEST(ElasticGroup, SurvivorsOfALostReplicaRecoverAndKeepReducing) {
     for (int i = 0; i < kN; ++i) {
       threads.emplace_back([&, i] {
         float v = 1.0F;
-        first[i] = groups[i]->AllReduce(&v, 1, DataType::kFloat32, ReduceOp::kSum);
+        first[i] = groups[i]->AllReduce(&v, 1, DType::kF32, ReduceOp::kSum);
         sums[i] = v;
       });
     }
@@ -178,14 +178,14 @@ TEST(ElasticGroup, SurvivorsOfALostReplicaRecoverAndKeepReducing) {
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back([&, i] {
       float v = 1.0F;
-      absl::Status st = groups[i]->AllReduce(&v, 1, DataType::kFloat32, ReduceOp::kSum);
+      absl::Status st = groups[i]->AllReduce(&v, 1, DType::kF32, ReduceOp::kSum);
       second[i] = st;
       ASSERT_FALSE(st.ok());  // r2 never arrives
       absl::StatusOr<GroupChange> c = groups[i]->Recover(st, 1);
       ASSERT_TRUE(c.ok()) << c.status();
       recovered[i] = *c;
       v = 1.0F;
-      ASSERT_TRUE(groups[i]->AllReduce(&v, 1, DataType::kFloat32, ReduceOp::kSum).ok());
+      ASSERT_TRUE(groups[i]->AllReduce(&v, 1, DType::kF32, ReduceOp::kSum).ok());
       after[i] = v;
     });
   }
@@ -194,7 +194,7 @@ TEST(ElasticGroup, SurvivorsOfALostReplicaRecoverAndKeepReducing) {
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(recovered[i].generation.size(), 2);
-    EXPECT_EQ(recovered[i].generation.kind, "recover");
+    EXPECT_EQ(recovered[i].generation.kind, GenerationKind::kRecover);
     EXPECT_EQ(recovered[i].generation.left, std::vector<std::string>{"r2"});
     EXPECT_EQ(after[i], 2.0F);
   }

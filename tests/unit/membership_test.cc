@@ -88,7 +88,7 @@ TEST(Membership, ReplicasStartingTogetherFormOneGenerationWithDistinctRanks) {
   std::set<int> ranks;
   for (const Generation& x : g) {
     EXPECT_EQ(x.number, 1);
-    EXPECT_EQ(x.kind, "initial");
+    EXPECT_EQ(x.kind, GenerationKind::kInitial);
     EXPECT_EQ(Ids(x), (std::vector<std::string>{"a", "b", "c"}));
     ranks.insert(x.rank);
   }
@@ -115,7 +115,7 @@ TEST(Membership, RestartedReplicasFormANewGenerationInsteadOfTakingUpTheirOldOne
   std::vector<Generation> g = JoinAll({a.get(), b.get()});
   for (const Generation& x : g) {
     EXPECT_EQ(x.number, 2);
-    EXPECT_EQ(x.kind, "initial");
+    EXPECT_EQ(x.kind, GenerationKind::kInitial);
     EXPECT_EQ(Ids(x), (std::vector<std::string>{"a", "b"}));
     EXPECT_EQ(x.left, (std::vector<std::string>{"a", "b"}));  // the earlier processes
   }
@@ -238,7 +238,7 @@ TEST(Membership, AJoinIsAdmittedAtTheSameBoundaryByEveryMember) {
   ASSERT_TRUE(joined.ok()) << joined.status();
   EXPECT_EQ(landed_a, landed_b);
   EXPECT_EQ(ga.number, 2);
-  EXPECT_EQ(ga.kind, "join");
+  EXPECT_EQ(ga.kind, GenerationKind::kJoin);
   EXPECT_EQ(ga.at_step, landed_a);
   EXPECT_EQ(Ids(ga), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(ga.joined, (std::vector<std::string>{"c"}));
@@ -271,7 +271,7 @@ TEST(Membership, AGracefulLeaveTakesEffectForEveryMemberAtTheNextBoundary) {
   }
   for (const Generation& g : next) {
     EXPECT_EQ(g.number, 2);
-    EXPECT_EQ(g.kind, "leave");
+    EXPECT_EQ(g.kind, GenerationKind::kLeave);
     EXPECT_EQ(Ids(g), (std::vector<std::string>{"a", "c"}));
     EXPECT_EQ(g.left, (std::vector<std::string>{"b"}));
   }
@@ -338,7 +338,7 @@ TEST(Membership, ASilentPeerIsDeclaredDeadAndRecoverDropsIt) {
   ASSERT_TRUE(ga.ok()) << ga.status();
   ASSERT_TRUE(gb.ok()) << gb.status();
   EXPECT_EQ(ga->number, 2);
-  EXPECT_EQ(ga->kind, "recover");
+  EXPECT_EQ(ga->kind, GenerationKind::kRecover);
   EXPECT_EQ(Ids(*ga), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(ga->left, (std::vector<std::string>{"c"}));
   EXPECT_EQ(gb->number, 2);

@@ -71,6 +71,7 @@ TEST(RuntimeOptions, OmniVariablesFillTheirOptionsAndOmniStoreWinsOverMaster) {
                                            {"MASTER_PORT", "1"},
                                            {"OMNI_CKPT_DIR", "/ckpt"},
                                            {"OMNI_CKPT_EVERY", "25"},
+                                           {"OMNI_TOTAL_STEPS", "900"},
                                            {"OMNI_STEP_LOG", "/l.jsonl"},
                                            {"OMNI_TRACE", "/t.json"},
                                            {"OMNI_REPLICA_ID", "r7"},
@@ -81,6 +82,7 @@ TEST(RuntimeOptions, OmniVariablesFillTheirOptionsAndOmniStoreWinsOverMaster) {
   EXPECT_EQ(o->store_uri, "file:///tmp/s");
   EXPECT_EQ(o->ckpt_dir, "/ckpt");
   EXPECT_EQ(o->ckpt_every, 25);
+  EXPECT_EQ(o->total_steps, 900);
   EXPECT_EQ(o->telemetry.step_log_path, "/l.jsonl");
   EXPECT_EQ(o->telemetry.trace_path, "/t.json");
   EXPECT_EQ(o->elastic.membership.self.id, "r7");
@@ -94,6 +96,7 @@ TEST(RuntimeOptions, MalformedVariableIsRefusedNamingIt) {
        std::map<std::string, std::string>{{"RANK", "x"},
                                           {"WORLD_SIZE", "0"},
                                           {"OMNI_CKPT_EVERY", "-1"},
+                                          {"OMNI_TOTAL_STEPS", "many"},
                                           {"OMNI_PREEMPT_GRACE_S", "soon"}}) {
     absl::StatusOr<RuntimeOptions> o = RuntimeOptions::FromEnvironment(Env({{name, value}}));
     ASSERT_FALSE(o.ok()) << name;
@@ -310,6 +313,41 @@ TEST(Runtime, RegisterAfterStartIsRefused) {
   EXPECT_TRUE(absl::StrContains(st.message(), "late"));
 }
 
+TEST(Runtime, OnCommitRunsAtEachCommitBeforeThatStepsCheckpointAndDoneFollowsTotalSteps) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  RuntimeOptions o = Local(dir, &clock, &log);
+  o.ckpt_every = 2;
+  o.total_steps = 4;
+  Model m;
+  int64_t commits = 0;
+  BytesState commits_state("n", &commits, sizeof(commits));
+  {
+    auto rt = MustCreate(o, m);
+    ASSERT_TRUE(rt->Register("commits", &commits_state).ok());
+    ASSERT_TRUE(rt->OnCommit([&commits] { ++commits; }).ok());
+    ASSERT_TRUE(rt->Start().ok());
+    EXPECT_EQ(rt->OnCommit([] {}).code(), absl::StatusCode::kFailedPrecondition);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_FALSE(rt->done());
+      Step(*rt, m, clock, 10);
+    }
+    EXPECT_EQ(commits, 3);
+    EXPECT_FALSE(rt->done());
+    Step(*rt, m, clock, 10);
+    EXPECT_TRUE(rt->done());
+    ASSERT_TRUE(rt->Finish().ok());
+  }
+  // The checkpoint of step 2 holds the count of its own commit.
+  commits = -1;
+  Model resumed;
+  auto rt = MustCreate(o, resumed);
+  ASSERT_TRUE(rt->Register("commits", &commits_state).ok());
+  ASSERT_EQ(*rt->Start(), 2);
+  EXPECT_EQ(commits, 2);
+}
+
 TEST(Runtime, EndStepWithoutBeginStepIsRefused) {
   TempDir dir;
   FakeClock clock;
@@ -366,7 +404,7 @@ void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at,
     }
     ASSERT_TRUE(rt.BeginStep().ok());
     float g = static_cast<float>(rt.step());
-    if (rt.AllReduce(&g, 1, DataType::kFloat32, ReduceOp::kSum).ok()) m.Train(g);
+    if (rt.AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok()) m.Train(g);
     absl::StatusOr<Decision> d = rt.EndStep();
     ASSERT_TRUE(d.ok()) << d.status();
     if (d->kind != Decision::kContinue) out->decisions.push_back(*d);
@@ -468,7 +506,7 @@ TEST(RuntimeElastic, AFailedCollectiveIsRedoneByTheSurvivorsWithoutCommitting) {
     for (int s = 0; s < 2; ++s) {
       ASSERT_TRUE((*rt)->BeginStep().ok());
       float g = static_cast<float>((*rt)->step());
-      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DataType::kFloat32, ReduceOp::kSum).ok());
+      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok());
       m.Train(g);
       ASSERT_TRUE((*rt)->EndStep().ok());
     }

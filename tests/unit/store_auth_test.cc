@@ -211,7 +211,7 @@ TEST(AuthenticatedStore, ForgedGenerationRecordIsRefusedAndTheMembersGoOn) {
   ASSERT_TRUE(gc.ok()) << gc.status();
   ASSERT_TRUE(landed.has_value());
   EXPECT_EQ(landed->number, 2);
-  EXPECT_EQ(landed->kind, "join");
+  EXPECT_EQ(landed->kind, GenerationKind::kJoin);
   EXPECT_EQ(landed->size(), 3);
 }
 

@@ -1,23 +1,36 @@
-// Makes a LibTorch `torch::data` data loader resumable without replacing it:
-// wrap its sampler, keep the position handle, register it with the Runtime.
+// Makes a LibTorch `torch::data` data loader resumable without replacing it.
+// The short way (a RandomSampler, like torch::data::make_data_loader's
+// default; the position is registered by the TrainState, see train_state.h):
+//
+//   omni::torch_ext::TrainState state;
+//   auto loader = omni::torch_ext::MakeDataLoader(state, std::move(dataset),
+//       torch::data::DataLoaderOptions().batch_size(32).workers(2));
+//
+// By hand, with any sampler: wrap it, keep the position handle, register it.
 //
 //   auto position = std::make_shared<omni::torch_ext::LoaderPosition>();
 //   auto loader = torch::data::make_data_loader(
 //       dataset, omni::torch_ext::ResumableSampler(RandomSampler(n), position),
 //       torch::data::DataLoaderOptions().batch_size(32).workers(2));
-//   rt->Register("loader", position.get());
+//   state.AddLoader("loader", position);          // or, without a TrainState:
+//   rt->Register("loader", position.get(), omni::StateScope::kPerReplica);
+//   rt->OnCommit([&] { position->Consumed(); });  // one batch per step
 //   rt->Start();                                  // restores the position
 //   for (auto& batch : *loader) {                 // resumes mid-epoch
-//     ... train ...;  if (rt->EndStep()->kind != kRedoStep) position->Consumed();
+//     rt->BeginStep(); ... train ...; rt->EndStep();
 //   }
 //
 // The position is the inner sampler's state at the start of the epoch (its
 // shuffled order, serialized) and the samples the trainer consumed since;
 // batches the loader prefetched but the trainer did not consume are not
-// counted, so they are served again after a resume. A resumed epoch loads
-// the saved order instead of reshuffling, so the torch generator is not
-// drawn from (a resumed run draws the same random numbers as one that never
-// stopped, when the RNGs are restored too: TrainState registers them).
+// counted, so they are served again after a resume. A batch counts as
+// consumed when its step commits (Consumed() from Runtime::OnCommit, before
+// the step's checkpoint), so a redone step does not count twice. A resumed
+// epoch loads the saved order instead of reshuffling, so the torch generator
+// is not drawn from (a resumed run draws the same random numbers as one that
+// never stopped, when the RNGs are restored too: TrainState registers them);
+// a position saved at the very end of an epoch resumes with the next epoch,
+// shuffled as it would have been.
 //
 // Thread safety: the loader calls the sampler from the thread that iterates
 // it (LibTorch's DataLoader does), which must also call Consumed().
@@ -99,8 +112,12 @@ class ResumableSampler final
         if (!b.has_value() || b->empty()) break;
         skipped += static_cast<int64_t>(b->size());
       }
+      if (!Exhausted()) {
+        position_->StartEpoch(std::move(r->epoch_start), r->epoch, r->consumed);
+        return;
+      }
+      // Saved at the very end of epoch r->epoch: the next one starts here.
       position_->StartEpoch(std::move(r->epoch_start), r->epoch, r->consumed);
-      return;
     }
     inner_.reset(new_size);
     torch::serialize::OutputArchive archive;
@@ -120,6 +137,22 @@ class ResumableSampler final
   void load(torch::serialize::InputArchive& archive) override { inner_.load(archive); }
 
  private:
+  // Whether the inner sampler has nothing left in this epoch; leaves its
+  // state as it was (a peek, then the saved state back).
+  bool Exhausted() {
+    torch::serialize::OutputArchive saved;
+    inner_.save(saved);
+    std::ostringstream out;
+    saved.save_to(out);
+    const torch::optional<BatchRequestType> peek = inner_.next(1);
+    if (!peek.has_value() || peek->empty()) return true;
+    std::istringstream in(out.str());
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    inner_.load(archive);
+    return false;
+  }
+
   Inner inner_;
   std::shared_ptr<LoaderPosition> position_;
 };
