@@ -23,6 +23,7 @@ struct TrainFlags {
   int64_t eval_every = 50;     // 0 disables eval
   bool text_only = false;
   double stall_scale = 1.0;
+  bool stall_io = false;  // --stall-io: the decode cost is a blocking wait, not CPU work
   int window = 200;
   bool quiet = false;
   bool help = false;
