@@ -18,7 +18,8 @@
 //
 // Times are CLOCK_MONOTONIC nanoseconds (the writer's and Clock::Real()),
 // comparable on one host. A window that opened and closed between two polls
-// is not seen: the guest does not use it.
+// is not seen: the guest does not use it. A window of a kind the options
+// leave out (ChannelSourceOptions::kinds) is no window for the guest.
 //
 // Thread safety: Current and WaitForChange may be called from any thread;
 // the watcher thread is started by Open and joined by the destructor.
@@ -37,6 +38,7 @@
 #include "omni/colocate_gate.h"
 #include "omni/colocate_guest.h"
 #include "omni/export.h"
+#include "omni/phase.h"
 #include "omni/window_channel.h"
 
 namespace omni::colocate {
@@ -45,10 +47,22 @@ struct ChannelSourceOptions {
   // How often the watcher reads the channel: bounds how late a close reaches
   // the gate (plus the guest's current unit for a cooperative yield).
   absl::Duration poll = absl::Microseconds(500);
+  // The idle kinds whose windows the guest may use, a bit per IdleKind
+  // (KindBit); the others count as no window. On a CPU host only phases in
+  // which the host blocks (data stalls that wait on I/O) free a core: eval
+  // scoring and host-side work are CPU work there (docs/colocation.md).
+  uint32_t kinds = ~uint32_t{0};
 };
+
+constexpr uint32_t KindBit(IdleKind kind) { return uint32_t{1} << static_cast<unsigned>(kind); }
+
+// Parses a comma-separated list of idle kind names ("data_stall,eval"; "all"
+// for every kind) into KindBit flags. InvalidArgument naming an unknown kind.
+OMNI_EXPORT absl::StatusOr<uint32_t> ParseKinds(const std::string& list);
 
 struct ChannelSourceStats {
   int64_t opens = 0;        // windows seen open
+  int64_t skipped = 0;      // windows of a kind not in options.kinds
   int64_t closes = 0;       // closes passed to the gate
   int64_t read_errors = 0;  // reads that found the writer mid-write (retried)
   bool writer_closed = false;
@@ -93,6 +107,7 @@ class OMNI_EXPORT ChannelWindowSource final : public WindowSource {
   OpenWindow window_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t seen_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t skipped_seq_ ABSL_GUARDED_BY(mu_) = 0;
   ChannelSourceStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread watcher_;
 };

@@ -1,10 +1,29 @@
 #include "omni/colocate_channel.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace omni::colocate {
+
+absl::StatusOr<uint32_t> ParseKinds(const std::string& list) {
+  if (list == "all") return ~uint32_t{0};
+  uint32_t bits = 0;
+  const std::vector<std::string> names = absl::StrSplit(list, ',', absl::SkipEmpty());
+  for (const std::string& name : names) {
+    absl::StatusOr<IdleKind> kind = ParseIdleKind(name);
+    if (!kind.ok() || *kind == IdleKind::kNone) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown idle kind '", name, "' in '", list, "' (data_stall, eval, ...)"));
+    }
+    bits |= KindBit(*kind);
+  }
+  if (bits == 0) return absl::InvalidArgumentError("empty idle kind list");
+  return bits;
+}
 
 absl::StatusOr<std::unique_ptr<ChannelWindowSource>> ChannelWindowSource::Open(
     const std::string& name, GuestGate* gate, const ChannelSourceOptions& options) {
@@ -62,6 +81,15 @@ void ChannelWindowSource::Apply(const WindowNotice& n) {
     return;
   }
   if (n.state != WindowState::kOpen) return;
+  if ((options_.kinds & KindBit(n.kind)) == 0) {
+    // Not a window for this guest: the one we held (if any) has ended.
+    if (n.sequence > skipped_seq_) {
+      skipped_seq_ = n.sequence;
+      ++stats_.skipped;
+    }
+    if (window_.open && n.sequence > window_.window_id) CloseOpen(n.opened_ns);
+    return;
+  }
   const int64_t remaining = n.remaining_ns > 0 ? n.remaining_ns : 0;
   if (window_.open && window_.window_id == n.sequence) {
     // The same window: refresh its remainder. Wake a waiting guest only when
