@@ -6,6 +6,7 @@
 //   preemption.cc  PreemptionMonitor
 //   sampler.cc     DistributedSampler
 //   elastic.cc     Store (open_store), Communicator, ElasticGroup
+//   colocate.cc    the co-location guest: GuestGate, window sources, run_guest_loop
 //   common.cc/.h   errors, conversions, keyword options, buffers, live objects
 // python/omni/__init__.py is the documented facade and python/omni/_C.pyi
 // types this module. The conventions every file follows are in common.h.
@@ -28,6 +29,9 @@
 #include "omni/version.h"
 
 namespace omni_python {
+
+void DefineColocate(py::module_& m);  // colocate.cc
+
 namespace {
 
 void AdvanceClock(omni::FakeClock& clock, double seconds) {
@@ -90,6 +94,7 @@ void DefineModule(py::module_& m) {
   DefinePreemption(m);
   DefineSampler(m);
   DefineElastic(m);
+  DefineColocate(m);
   // Closes every live native object (newest first) before the interpreter
   // finalizes: no worker thread then waits for the GIL of a dying interpreter.
   py::module_::import("atexit").attr("register")(py::cpp_function(&CloseAllLiveObjects));
