@@ -1,8 +1,9 @@
 // The guest's view of a host on the same machine: a WindowSource over the
 // host's live window notices (omni/window_channel.h).
 //
-// A watcher thread polls the host's shared-memory channel every `poll` and
-// keeps the window that is open now: its id (the sequence number of the
+// A watcher thread, woken by the host's notices (and every `poll` while a
+// window is open), reads the host's shared-memory channel and keeps the
+// window that is open now: its id (the sequence number of the
 // notice that opened it), when it opened, and the remaining duration at the
 // host's stated confidence, refreshed at every poll (the conditional
 // quantile given the time the window has already lasted, computed by
@@ -17,8 +18,8 @@
 //   RunGuestLoop(*gate, *src, unit, stop, {});
 //
 // Times are CLOCK_MONOTONIC nanoseconds (the writer's and Clock::Real()),
-// comparable on one host. A window that opened and closed between two polls
-// is not seen: the guest does not use it. A window of a kind the options
+// comparable on one host. A window that opened and closed before the watcher
+// woke is not seen: the guest does not use it. A window of a kind the options
 // leave out (ChannelSourceOptions::kinds) is no window for the guest.
 //
 // Thread safety: Current and WaitForChange may be called from any thread;
@@ -44,9 +45,12 @@
 namespace omni::colocate {
 
 struct ChannelSourceOptions {
-  // How often the watcher reads the channel: bounds how late a close reaches
-  // the gate (plus the guest's current unit for a cooperative yield).
+  // The host's notices wake the watcher at once (WindowChannelReader::
+  // WaitForNotice). Between notices it reads the channel every `poll` while a
+  // window is open (the remainder shrinks; a longer window than usual makes it
+  // grow) and every `closed_poll` while none is.
   absl::Duration poll = absl::Microseconds(500);
+  absl::Duration closed_poll = absl::Milliseconds(50);
   // The idle kinds whose windows the guest may use, a bit per IdleKind
   // (KindBit); the others count as no window. On a CPU host only phases in
   // which the host blocks (data stalls that wait on I/O) free a core: eval
@@ -65,6 +69,7 @@ struct ChannelSourceStats {
   int64_t skipped = 0;      // windows of a kind not in options.kinds
   int64_t closes = 0;       // closes passed to the gate
   int64_t read_errors = 0;  // reads that found the writer mid-write (retried)
+  int64_t wakeups = 0;      // times the watcher read the channel
   bool writer_closed = false;
 };
 
@@ -74,7 +79,8 @@ class OMNI_EXPORT ChannelWindowSource final : public WindowSource {
   // not owned, must outlive the source) receives HostClosed. Errors: those of
   // WindowChannelReader::Open (NotFound naming the channel when no host
   // created it; InvalidArgument for a bad name; FailedPrecondition for a
-  // corrupt channel or another version); InvalidArgument for poll <= 0.
+  // corrupt channel or another version); InvalidArgument for poll or
+  // closed_poll <= 0.
   static absl::StatusOr<std::unique_ptr<ChannelWindowSource>> Open(
       const std::string& name, GuestGate* gate, const ChannelSourceOptions& options = {});
 

@@ -1,11 +1,13 @@
 #include "omni/colocate_channel.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "runtime/window_doorbell.h"
 
 namespace omni::colocate {
 
@@ -27,8 +29,8 @@ absl::StatusOr<uint32_t> ParseKinds(const std::string& list) {
 
 absl::StatusOr<std::unique_ptr<ChannelWindowSource>> ChannelWindowSource::Open(
     const std::string& name, GuestGate* gate, const ChannelSourceOptions& options) {
-  if (options.poll <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("ChannelSourceOptions.poll must be positive");
+  if (options.poll <= absl::ZeroDuration() || options.closed_poll <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ChannelSourceOptions.poll and closed_poll must be positive");
   }
   absl::StatusOr<std::unique_ptr<WindowChannelReader>> reader = WindowChannelReader::Open(name);
   if (!reader.ok()) return reader.status();
@@ -47,15 +49,27 @@ ChannelWindowSource::~ChannelWindowSource() {
 }
 
 void ChannelWindowSource::Watch() {
-  do {
-    absl::StatusOr<WindowNotice> n = reader_->Read();
-    absl::MutexLock l(&mu_);
-    if (n.ok()) {
-      Apply(*n);
-    } else {
-      ++stats_.read_errors;
+  // The host's notices wake the watcher at once (the channel's doorbell);
+  // between them it wakes every `poll` while a window is open (to refresh its
+  // remainder) and every `closed_poll` otherwise, and at least every 50 ms to
+  // see whether it should stop.
+  absl::StatusOr<WindowNotice> n = reader_->Read();
+  for (;;) {
+    bool open = false;
+    {
+      absl::MutexLock l(&mu_);
+      ++stats_.wakeups;
+      if (n.ok()) {
+        Apply(*n);
+      } else {
+        ++stats_.read_errors;
+      }
+      open = window_.open;
     }
-  } while (!stop_.WaitForNotificationWithTimeout(options_.poll));
+    if (stop_.HasBeenNotified()) return;
+    n = internal::WaitForNotice(
+        *reader_, std::min(open ? options_.poll : options_.closed_poll, absl::Milliseconds(50)));
+  }
 }
 
 void ChannelWindowSource::CloseOpen(int64_t closed_ns) {
