@@ -292,8 +292,9 @@ class ReaderImpl final : public WindowChannelReader {
 
   absl::StatusOr<WindowNotice> WaitForNotice(absl::Duration timeout) {
     const uint32_t bell = __atomic_load_n(Doorbell(l_->notice.seq), __ATOMIC_ACQUIRE);
+    // A closed writer rings no more: the wait then lasts the whole timeout.
     if (l_->notice.sequence.load(std::memory_order_acquire) == last_sequence_ &&
-        l_->writer_closed.load(std::memory_order_acquire) == 0 && timeout > absl::ZeroDuration()) {
+        timeout > absl::ZeroDuration()) {
       const timespec ts = absl::ToTimespec(timeout);
       ::syscall(SYS_futex, Doorbell(l_->notice.seq), FUTEX_WAIT, bell, &ts, nullptr, 0);
     }
