@@ -56,6 +56,7 @@ void ChannelWindowSource::Watch() {
   absl::StatusOr<WindowNotice> n = reader_->Read();
   for (;;) {
     bool open = false;
+    bool writer_closed = false;
     {
       absl::MutexLock l(&mu_);
       ++stats_.wakeups;
@@ -65,8 +66,13 @@ void ChannelWindowSource::Watch() {
         ++stats_.read_errors;
       }
       open = window_.open;
+      writer_closed = stats_.writer_closed;
     }
     if (stop_.HasBeenNotified()) return;
+    if (writer_closed) {  // no more notices: wait only to be stopped
+      stop_.WaitForNotification();
+      return;
+    }
     n = internal::WaitForNotice(
         *reader_, std::min(open ? options_.poll : options_.closed_poll, absl::Milliseconds(50)));
   }
