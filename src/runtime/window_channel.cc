@@ -296,7 +296,12 @@ class ReaderImpl final : public WindowChannelReader {
     if (l_->notice.sequence.load(std::memory_order_acquire) == last_sequence_ &&
         timeout > absl::ZeroDuration()) {
       const timespec ts = absl::ToTimespec(timeout);
-      ::syscall(SYS_futex, Doorbell(l_->notice.seq), FUTEX_WAIT, bell, &ts, nullptr, 0);
+      if (::syscall(SYS_futex, Doorbell(l_->notice.seq), FUTEX_WAIT, bell, &ts, nullptr, 0) != 0 &&
+          errno != EAGAIN && errno != EINTR && errno != ETIMEDOUT) {
+        // No futex on this mapping (a kernel that refuses one on a read-only
+        // page): sleep a poll's worth instead of returning at once.
+        absl::SleepFor(std::min(timeout, absl::Microseconds(500)));
+      }
     }
     return Read();
   }
