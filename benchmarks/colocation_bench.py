@@ -26,6 +26,7 @@ reported as critical_alone_spread_pct, the noise floor of the machine).
 """
 
 import argparse
+import bisect
 import json
 import os
 import pathlib
@@ -41,10 +42,29 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 FINAL_RE = re.compile(r"final step=(\d+) params_xxh3=([0-9a-f]{16}) loss=(-?[\d.]+)")
 SAVED_RE = re.compile(r"saved step=(\d+) params_xxh3=([0-9a-f]{16})")
 GATE_RE = re.compile(r"units=(\d+) waits=(\d+) yields=(\d+) yield_p99_ms=([\d.]+) "
-                     r"yield_max_ms=([\d.]+) deadline_misses=(\d+)")
+                     r"yield_max_ms=([\d.]+) deadline_misses=(\d+)(?: overruns=(\d+))?")
+SUPER_RE = re.compile(r"supervisor resumes=\d+ run_ms=[\d.]+ cpu_ms=([\d.]+)")
+# --stall-io: the critical job's data stalls block (a fetch from remote
+# storage), so they free its core: on a CPU host that is the idle time a guest
+# can have (eval scoring and host-side work are CPU work here; the guest reads
+# data_stall windows only). --stall-scale 4: a data-loading-bound job, whose
+# stalls last a few to tens of milliseconds. docs/colocation.md, "What is
+# idle on a CPU host".
 CRITICAL = ["--seed", "1", "--batch", "8", "--eval-every", "10", "--quiet", "--max-replicas", "2",
-            "--heartbeat-ms", "50", "--peer-timeout-ms", "600"]
-GUEST = ["--hidden", "64", "--batch", "32", "--seed", "7", "--guard-ms", "2", "--unit-ms", "5"]
+            "--heartbeat-ms", "50", "--peer-timeout-ms", "600", "--stall-io", "--stall-scale", "4"]
+GUEST = ["--hidden", "64", "--batch", "32", "--seed", "7", "--guard-ms", "1", "--unit-ms", "5"]
+# The gated guest: stopped and continued by its supervisor by window
+# (colocate_guest --pause), data stalls only.
+GATED = ["--kinds", "data_stall", "--poll-ms", "20", "--yield-bound-ms", "1"]
+# The supervisor runs the guest from the open of a stall to its close
+# (SIGSTOP then), woken by the host's notices (no polling; the remainder is
+# not needed: --poll-ms 20): a blocked host's wake-up preempts the guest.
+PAUSE = ["--pause", "--until-close"]
+CPU_IDLE_PHASES = {"data_wait"}  # the critical job's real idle time on a CPU host
+# Cores: r0 and the guest share core 0 (the guest uses r0's windows, as a GPU
+# guest uses its host's device); r1 has core 1. None when fewer than 2 cores.
+CORES = sorted(os.sched_getaffinity(0))
+PIN = {"r0": CORES[0], "r1": CORES[1], "guest": CORES[0]} if len(CORES) >= 2 else {}
 WARMUP_STEPS = 10  # excluded from step-time means (the runtime's own warm-up)
 
 
@@ -55,11 +75,15 @@ def log(msg):
 class Proc:
     """A child process with its stdout/stderr in files under `d`."""
 
-    def __init__(self, d, name, args, sched_idle=False):
+    def __init__(self, d, name, args, sched_idle=False, core=None):
         self.name, self.d = name, d
         self.out, self.err = d / f"{name}.out", d / f"{name}.err"
-        pre = (lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))) \
-            if sched_idle else None
+
+        def pre():
+            if core is not None:
+                os.sched_setaffinity(0, {core})
+            if sched_idle:
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         with open(self.out, "w") as o, open(self.err, "w") as e:
             self.p = subprocess.Popen([str(a) for a in args], stdout=o, stderr=e, preexec_fn=pre)
 
@@ -95,7 +119,7 @@ class Critical:
             args += ["--loss-log", self.d / "r0.loss"]
             if self.channel:
                 args += ["--window-channel", self.channel]
-        return Proc(self.d, rid + tag, args)
+        return Proc(self.d, rid + tag, args, core=PIN.get(rid))
 
     def step(self):
         f = self.d / "r0.loss"
@@ -115,10 +139,10 @@ class Critical:
 
 
 def guest_args(b, d, channel, notice=None, steps=1_000_000):
-    args = [b / "colocate_guest", "--ckpt-dir", d / "guest_ckpt", "--steps", steps, *GUEST,
-            "--log", d / "guest.jsonl"]
+    args = [b / "colocate_guest"] + (PAUSE if channel else []) + [
+        "--ckpt-dir", d / "guest_ckpt", "--steps", steps, *GUEST, "--log", d / "guest.jsonl"]
     if channel:
-        args += ["--channel", channel]
+        args += ["--channel", channel, *GATED, "--runs-log", d / "guest_runs.jsonl"]
     if notice:
         args += ["--notice-file", notice]
     return args
@@ -138,14 +162,14 @@ def step_records(path):
     return [r for r in rows if r.get("type") == "step"], idle
 
 
-def idle_intervals(steps, idle):
+def idle_intervals(steps, idle, phases=None):
     """Idle time under the innermost-phase rule: an idle span minus the deeper
-    spans nested in it."""
+    spans nested in it; only `phases` when given."""
     out = []
     for r in steps:
         spans = r["spans"]
         for s in spans:
-            if not idle.get(s["phase"], False):
+            if not idle.get(s["phase"], False) or (phases and s["phase"] not in phases):
                 continue
             pieces = [(s["start_ns"], s["end_ns"])]
             for c in spans:
@@ -164,31 +188,64 @@ def idle_intervals(steps, idle):
     return out
 
 
-def harvest(idle, units, nominal_ns):
+def overlap(spans, idle):
+    """Total overlap of sorted-or-not (a, e) spans with idle (a, e, _) intervals."""
+    idle = sorted(idle)
+    starts = [a for a, _, _ in idle]
+    total = 0
+    for a, e in spans:
+        i = max(0, bisect.bisect_right(starts, a) - 1)
+        while i < len(idle) and idle[i][0] < e:
+            total += max(0, min(e, idle[i][1]) - max(a, idle[i][0]))
+            i += 1
+    return total
+
+
+def harvest(idle, units, nominal_ns, runs=None):
+    """Share of the idle time the guest's work covered. Units gated at their
+    boundaries: each unit's overlap, weighted min(1, nominal / wall). Paused
+    and resumed (runs given): the runs' overlap, weighted by the guest's speed
+    while it ran (units done x nominal / run time). Also the guest's run time
+    outside the idle time (ns): the host's busy time it was on the cores."""
     total = sum(e - a for a, e, _ in idle)
-    used = 0.0
+    if runs is not None:
+        spans = [(r["resume_ns"], r["stop_ns"]) for r in runs]
+        run_ns = sum(e - a for a, e in spans)
+        speed = min(1.0, len(units) * nominal_ns / run_ns) if run_ns else 0.0
+        inside = overlap(spans, idle)
+        return (speed * inside / total if total else 0.0), total, run_ns - inside
+    used, outside = 0.0, 0
     for u in units:
         a, e = u["start_ns"], u["end_ns"]
         w = min(1.0, nominal_ns / max(1, e - a))
-        for ia, ie, _ in idle:
-            used += w * max(0, min(e, ie) - max(a, ia))
-    return used / total if total else 0.0, total
+        o = overlap([(a, e)], idle)
+        used += w * o
+        outside += (e - a) - o
+    return used / total if total else 0.0, total, outside
 
 
-def mean_step_ms(steps, skip=()):
+def mean_step_ms(steps, skip=(), stat=statistics.mean):
     ds = [(r["end_ns"] - r["start_ns"]) / 1e6 for r in steps
           if r["step"] >= WARMUP_STEPS and r["step"] not in skip]
-    return statistics.mean(ds)
+    return stat(ds)
+
+
+def median_step_ms(steps, skip=()):
+    """The median step: robust to the bursts of other processes on a shared
+    machine, which hit a few steps hard (the mean moves with them)."""
+    return mean_step_ms(steps, skip, statistics.median)
 
 
 def gate_stats(errs):
-    s = {"units": 0, "yields": 0, "yield_p99_ms": 0.0, "deadline_misses": 0}
+    s = {"units": 0, "yields": 0, "yield_p99_ms": 0.0, "deadline_misses": 0, "overruns": 0,
+         "supervisor_cpu_ms": sum(float(x) for e in errs for x in SUPER_RE.findall(e))}
     for err in errs:
         for m in GATE_RE.finditer(err):
             s["units"] += int(m.group(1))
             s["yields"] += int(m.group(3))
             s["yield_p99_ms"] = max(s["yield_p99_ms"], float(m.group(4)))
             s["deadline_misses"] += int(m.group(6))
+            s["overruns"] += int(m.group(7) or 0)
     return s
 
 
@@ -241,7 +298,8 @@ def colocated(b, d, steps, mode, channel, hooks_fn=None):
     c = Critical(b, d, steps, channel if mode == "gated" else None)
     notice = d / "notice.json"
     g = {"proc": Proc(d, "guest0", guest_args(b, d, channel if mode == "gated" else None, notice),
-                      sched_idle=(mode == "idle")), "errs": [], "runs": 1, "marks": []}
+                      sched_idle=(mode == "idle"), core=PIN.get("guest")),
+         "errs": [], "runs": 1, "marks": []}
     hooks = hooks_fn(c, g, notice) if hooks_fn else ()
     progress(c, d / "guest.jsonl", hooks=hooks)
     digest = c.finish()
@@ -250,12 +308,17 @@ def colocated(b, d, steps, mode, channel, hooks_fn=None):
         p.p.send_signal(signal.SIGTERM)
     rc, _, err = p.wait()
     g["errs"].append(err)
-    if rc != 75:
+    if rc == -signal.SIGTERM and mode == "idle" and not (d / "guest.jsonl").exists():
+        pass  # in SCHED_IDLE on busy cores it never ran, not even to install its handler
+    elif rc != 75:
         sys.exit(f"guest exited {rc}: {err[-2000:]}")
     step, gdigest = last_saved(err)
+    runs = d / "guest_runs.jsonl"
     return {"critical_digest": digest, "steps": step_records(d / "r0.jsonl"), "guest_steps": step,
             "guest_digest": gdigest, "gate": gate_stats(g["errs"]), "guest_runs": g["runs"],
-            "units": read_jsonl(d / "guest.jsonl"), "marks": g["marks"], "d": d}
+            "units": read_jsonl(d / "guest.jsonl") if (d / "guest.jsonl").exists() else [],
+            "marks": g["marks"], "d": d,
+            "runs": read_jsonl(runs) if runs.exists() else None}
 
 
 def now_ns():
@@ -293,7 +356,8 @@ def demo_hooks(kill_at, preempt_at):
             notice.unlink()
             log(f"    >> guest exited 75 after saving step {step}; started again (resumes)")
             g["marks"].append((now_ns(), "guest resumed"))
-            g["proc"] = Proc(c.d, "guest1", guest_args(c.b, c.d, c.channel, notice))
+            g["proc"] = Proc(c.d, "guest1", guest_args(c.b, c.d, c.channel, notice),
+                             core=PIN.get("guest"))
             g["runs"] += 1
         return [(kill_at, kill), (preempt_at, preempt)]
     return make
@@ -321,18 +385,30 @@ def write_trace(path, d, res):
     for u in res["units"]:
         ev.append({"ph": "X", "pid": 2, "tid": 0, "name": f"guest step {u['step']}",
                    "ts": u["start_ns"] / 1e3, "dur": (u["end_ns"] - u["start_ns"]) / 1e3})
+    for r in res["runs"] or ():
+        ev.append({"ph": "X", "pid": 2, "tid": 1, "name": "running (SIGCONT to SIGSTOP)",
+                   "ts": r["resume_ns"] / 1e3, "dur": (r["stop_ns"] - r["resume_ns"]) / 1e3})
     for t, label in res["marks"]:
         ev.append({"ph": "i", "s": "g", "pid": 1, "tid": 0, "name": label, "ts": t / 1e3})
     path.write_text(json.dumps({"traceEvents": ev, "displayTimeUnit": "ms"}))
 
 
 def summary(alone, res, ref_guest, nominal, skip=(), alone_ms=None):
-    idle = idle_intervals(*res["steps"])
-    h, idle_ns = harvest(idle, res["units"], nominal)
-    t0 = alone_ms if alone_ms is not None else mean_step_ms(alone[1][0], skip)
-    t1 = mean_step_ms(res["steps"][0], skip)
+    steps, idle_phases = res["steps"]
+    idle = idle_intervals(steps, idle_phases, CPU_IDLE_PHASES)
+    h, idle_ns, outside_ns = harvest(idle, res["units"], nominal, res["runs"])
+    offered = (overlap([(r["resume_ns"], r["stop_ns"]) for r in res["runs"]], idle) / idle_ns
+               if res["runs"] is not None and idle_ns else None)
+    t0 = alone_ms if alone_ms is not None else median_step_ms(alone[1][0], skip)
+    t1 = median_step_ms(steps, skip)
+    m0, m1 = mean_step_ms(alone[1][0], skip), mean_step_ms(steps, skip)
+    n = len([r for r in steps if r["step"] >= WARMUP_STEPS])
     return {"alone_ms": t0, "with_ms": t1, "slowdown_pct": 100 * (t1 - t0) / t0, "harvest": h,
-            "idle_s": idle_ns / 1e9, "critical_bit_exact": res["critical_digest"] == alone[0],
+            "slowdown_mean_pct": 100 * (m1 - m0) / m0, "offered": offered,
+            "idle_s": idle_ns / 1e9, "idle_share": idle_ns / sum(r["end_ns"] - r["start_ns"]
+                                                                 for r in steps),
+            "outside_ms_per_step": outside_ns / 1e6 / max(1, n),
+            "critical_bit_exact": res["critical_digest"] == alone[0],
             "guest_bit_exact": res["guest_digest"] == ref_guest}
 
 
@@ -373,14 +449,20 @@ def demo(b, out, steps):
     crit_eq = "yes (bit-exact)" if s["critical_bit_exact"] else \
         f"no: rel. L2 {s.get('critical_rel_l2', 0):.1e} (elastic tolerance 7e-4: summation order)"
     rows = [
-        ("critical step time alone / with guest", f"{s['alone_ms']:.1f} ms / {s['with_ms']:.1f} ms"),
-        ("critical slowdown", f"{s['slowdown_pct']:+.2f} %"),
-        ("critical real idle time (r0)", f"{s['idle_s']:.2f} s"),
+        ("critical median step alone / with guest",
+         f"{s['alone_ms']:.1f} ms / {s['with_ms']:.1f} ms"),
+        ("critical slowdown (of medians; of means)",
+         f"{s['slowdown_pct']:+.2f} %; {s['slowdown_mean_pct']:+.2f} %"),
+        ("critical real idle time (r0's blocked data stalls)",
+         f"{s['idle_s']:.2f} s ({100 * s['idle_share']:.1f} % of its steps)"),
         ("harvest (share of it the guest used)", f"{s['harvest']:.3f}"),
+        ("  share in which the guest was running", f"{s['offered'] or 0:.3f}"),
+        ("guest on the cores outside it", f"{s['outside_ms_per_step']:.2f} ms per critical step"),
         ("guest steps done", f"{res['guest_steps']} (in {res['guest_runs']} runs)"),
         ("yields / p99 latency", f"{g['yields']} / {g['yield_p99_ms']:.2f} ms"),
         ("preemptions (guest exit 75, resumed)", "1"),
-        ("deadline misses (guest unit past a close)", f"{g['deadline_misses']}"),
+        ("deadline misses (stopped > yield bound after a close)", f"{g['deadline_misses']}"),
+        ("stops after a close (any delay)", f"{g['overruns']}"),
         ("critical final params = undisturbed run", crit_eq),
         ("guest final params = undisturbed run", "yes (bit-exact)" if s["guest_bit_exact"] else "NO"),
     ]
@@ -391,41 +473,67 @@ def demo(b, out, steps):
     return 0 if s["guest_bit_exact"] else 1
 
 
-def bench(b, out, steps):
+def bench(b, out, steps, pairs):
+    """Alternating pairs (alone, gated), the order flipped every pair so that
+    a drift of the machine does not favour one side; slowdown per pair, the
+    median reported. The noise floor: the same comparison between the alone
+    runs of consecutive pairs (the job against itself)."""
     if out.exists():
         shutil.rmtree(out)
     t_start = time.monotonic()
-    log(f"colocation bench: critical job alone, then with the guest gated / plain / SCHED_IDLE "
-        f"({steps} steps each)")
-    alone = run_critical_alone(b, out / "alone", steps)
+    log(f"colocation bench: {pairs} alternating pairs (critical alone, with the gated guest), "
+        f"then the guest plain and in SCHED_IDLE ({steps} steps each; cores {PIN or 'unpinned'})")
     ch = f"omni-bench-{os.getpid()}"
+    alone, gated = [], []
+    for i in range(pairs):
+        for mode in (("alone", "gated") if i % 2 == 0 else ("gated", "alone")):
+            log(f"  pair {i + 1}/{pairs}: {mode}")
+            if mode == "alone":
+                alone.append(run_critical_alone(b, out / f"alone{i}", steps))
+            else:
+                gated.append(colocated(b, out / f"gated{i}", steps, "gated", ch))
     results = {}
-    for mode in ("gated", "plain", "idle"):
+    for mode in ("plain", "idle"):
         log(f"  guest: {mode}")
         results[mode] = colocated(b, out / mode, steps, mode, ch)
-    log("  the critical job alone again (the noise floor of this machine)")
-    again = run_critical_alone(b, out / "alone_again", steps)
-    gated = results["gated"]
-    ref_guest, nominal = guest_reference(b, out / "guest_alone", gated["guest_steps"])
-    a0, a1 = mean_step_ms(alone[1][0]), mean_step_ms(again[1][0])
-    s = {m: summary(alone, r, ref_guest, nominal, alone_ms=(a0 + a1) / 2)
-         for m, r in results.items()}
+    ref_guest, nominal = guest_reference(b, out / "guest_alone", gated[0]["guest_steps"])
+    a_ms = [median_step_ms(a[1][0]) for a in alone]
+    per_pair = [summary(alone[i], gated[i], ref_guest, nominal, alone_ms=a_ms[i])
+                for i in range(pairs)]
+    noise = [100 * (a_ms[i + 1] - a_ms[i]) / a_ms[i] for i in range(pairs - 1)]
+    a_med = statistics.median(a_ms)
+    base = {m: summary(alone[0], r, ref_guest, nominal, alone_ms=a_med) for m, r in results.items()}
+    med = statistics.median
+    g0 = gated[0]
     line = {
-        "benchmark": "colocation", "steps": steps, "replicas": 2,
-        "critical_step_ms_alone": round(s["gated"]["alone_ms"], 2),
-        "critical_step_ms_with_guest": round(s["gated"]["with_ms"], 2),
-        "critical_slowdown_pct": round(s["gated"]["slowdown_pct"], 2),
-        "critical_alone_spread_pct": round(100 * abs(a1 - a0) / ((a0 + a1) / 2), 2),
-        "harvest_fraction": round(s["gated"]["harvest"], 3),
-        "critical_idle_s": round(s["gated"]["idle_s"], 2),
-        "guest_steps": gated["guest_steps"],
-        "guest_yields": gated["gate"]["yields"],
-        "guest_yield_p99_ms": round(gated["gate"]["yield_p99_ms"], 2),
-        "deadline_misses": gated["gate"]["deadline_misses"],
-        "critical_bit_exact": s["gated"]["critical_bit_exact"] and again[0] == alone[0],
-        "guest_bit_exact": s["gated"]["guest_bit_exact"],
-        "baselines": {m: {"critical_slowdown_pct": round(s[m]["slowdown_pct"], 2),
-                          "harvest_fraction": round(s[m]["harvest"], 3),
+        "benchmark": "colocation", "steps": steps, "replicas": 2, "pairs": pairs,
+        "cores": PIN or None,
+        "critical_step_ms_alone": round(a_med, 2),
+        "critical_step_ms_with_guest": round(med(s["with_ms"] for s in per_pair), 2),
+        "critical_slowdown_pct": round(med(s["slowdown_pct"] for s in per_pair), 2),
+        "critical_slowdown_pct_pairs": [round(s["slowdown_pct"], 2) for s in per_pair],
+        "critical_slowdown_pct_of_means_pairs": [round(s["slowdown_mean_pct"], 2)
+                                                 for s in per_pair],
+        "noise_floor_pct": round(med(abs(x) for x in noise), 2) if noise else None,
+        "noise_pairs_pct": [round(x, 2) for x in noise],
+        "harvest_fraction": round(med(s["harvest"] for s in per_pair), 3),
+        "harvest_pairs": [round(s["harvest"], 3) for s in per_pair],
+        "harvest_offered": round(med(s["offered"] for s in per_pair), 3),
+        "critical_idle_s": round(med(s["idle_s"] for s in per_pair), 2),
+        "critical_idle_share": round(med(s["idle_share"] for s in per_pair), 4),
+        "guest_outside_idle_ms_per_step": round(med(s["outside_ms_per_step"] for s in per_pair), 3),
+        "guest_steps": g0["guest_steps"],
+        "guest_yields": sum(g["gate"]["yields"] for g in gated),
+        "guest_yield_p99_ms": round(max(g["gate"]["yield_p99_ms"] for g in gated), 2),
+        "deadline_misses": sum(g["gate"]["deadline_misses"] for g in gated),
+        "guest_overruns": sum(g["gate"]["overruns"] for g in gated),
+        "supervisor_cpu_ms_per_critical_step": round(med(
+            g["gate"]["supervisor_cpu_ms"] / max(1, len(g["steps"][0])) for g in gated), 3),
+        "critical_bit_exact": all(s["critical_bit_exact"] for s in per_pair) and
+        len({a[0] for a in alone}) == 1,
+        "guest_bit_exact": per_pair[0]["guest_bit_exact"],
+        "baselines": {m: {"critical_slowdown_pct": round(base[m]["slowdown_pct"], 2),
+                          "harvest_fraction": round(base[m]["harvest"], 3),
                           "guest_steps": results[m]["guest_steps"]}
                       for m in ("plain", "idle")},
         "wall_s": round(time.monotonic() - t_start, 1),
@@ -440,6 +548,7 @@ def main(argv=None, mode="bench"):
     ap.add_argument("build", nargs="?", default=str(REPO / "build"))
     ap.add_argument("--out", default=None)
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--pairs", type=int, default=3, help="bench: alternating pairs (default 3)")
     a = ap.parse_args(argv)
     b = pathlib.Path(a.build).resolve() / "bin"
     for exe in ("omni_train", "colocate_guest", "omni"):
@@ -448,7 +557,7 @@ def main(argv=None, mode="bench"):
     out = pathlib.Path(a.out or pathlib.Path(a.build) / mode / "colocation").resolve()
     if mode == "demo":
         return demo(b, out, a.steps or 120)
-    return bench(b, out, a.steps or 100)
+    return bench(b, out, a.steps or 100, max(1, a.pairs))
 
 
 if __name__ == "__main__":

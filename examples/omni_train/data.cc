@@ -1,11 +1,13 @@
 #include "data.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -134,7 +136,12 @@ void MakeSample(const DataConfig& config, uint64_t stream, uint64_t index, bool 
   if (decode) {
     const int64_t n = DecodePasses(config, stream, index);
     *passes = n;
-    *checksum = Decode(source, n);
+    if (config.stall_io) {
+      std::this_thread::sleep_for(std::chrono::nanoseconds(n * kPassNs));
+      *checksum = 0;
+    } else {
+      *checksum = Decode(source, n);
+    }
   }
 
   // Box-downsample to 16x16 and normalize.

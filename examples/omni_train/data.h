@@ -47,7 +47,14 @@ struct DataConfig {
   int batch = 8;
   bool text_only = false;
   double stall_scale = 1.0;  // multiplies the decode pass count; 0 = none
+  // The decode cost as a blocking wait of the same modelled length (kPassNs
+  // per pass: a fetch from remote storage) instead of CPU work, so that a data
+  // stall leaves the core idle (what a CPU host can lend a guest).
+  bool stall_io = false;
 };
+
+// The modelled cost of one decode pass (one 3x3 smoothing of 64x64x3 on one core).
+inline constexpr int64_t kPassNs = 35'000;
 
 // Sample streams: training samples and the held-out eval set never overlap.
 inline constexpr uint64_t kTrainStream = 0;

@@ -59,6 +59,8 @@ with Omni telemetry. The same command gives bit-identical parameters.
   --eval-every M    evaluate in every step s with s % M == M-1 (default 50; 0 = never)
   --text-only       text-only training: no images, no heavy-tailed decoding
   --stall-scale X   multiplies the per-sample decode cost (default 1; 0 = no decode cost)
+  --stall-io        the decode cost is a blocking wait of the same modelled length (a fetch
+                    from remote storage), not CPU work: a data stall leaves the core idle
   --window N        rolling statistics window in steps (default 200)
   --window-channel NAME
                     publish live window notices ("idle now" / "busy again") on the
@@ -130,7 +132,7 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
 
     // Boolean flags.
     if (name == "text-only" || name == "quiet" || name == "help" || name == "async-ckpt" ||
-        name == "leave-on-preempt" || name == "start-fresh") {
+        name == "leave-on-preempt" || name == "start-fresh" || name == "stall-io") {
       if (has_value) {
         return absl::InvalidArgumentError(absl::StrCat("flag --", name, " takes no value"));
       }
@@ -139,6 +141,7 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
       if (name == "help") f.help = true;
       if (name == "async-ckpt") f.async_ckpt = true;
       if (name == "start-fresh") f.start_fresh = true;
+      if (name == "stall-io") f.stall_io = true;
       if (name == "leave-on-preempt") f.leave_on_preempt = true;
       continue;
     }

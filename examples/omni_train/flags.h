@@ -22,6 +22,7 @@ struct TrainFlags {
   std::string window_channel;  // --window-channel: live window notices channel
   int64_t eval_every = 50;     // 0 disables eval
   bool text_only = false;
+  bool stall_io = false;  // --stall-io: the decode cost is a blocking wait, not CPU work
   double stall_scale = 1.0;
   int window = 200;
   bool quiet = false;

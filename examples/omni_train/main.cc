@@ -247,6 +247,7 @@ int Run(const TrainFlags& flags) {
   data.batch = flags.batch;
   data.text_only = flags.text_only;
   data.stall_scale = flags.stall_scale;
+  data.stall_io = flags.stall_io;
   DataConfig eval_data = data;
   eval_data.batch = kEvalSamples;
   Batch eval_batch = MakeBatch(eval_data, kEvalStream, 0, /*decode=*/false);

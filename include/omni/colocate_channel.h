@@ -1,8 +1,9 @@
 // The guest's view of a host on the same machine: a WindowSource over the
 // host's live window notices (omni/window_channel.h).
 //
-// A watcher thread polls the host's shared-memory channel every `poll` and
-// keeps the window that is open now: its id (the sequence number of the
+// A watcher thread, woken by the host's notices (and every `poll` while a
+// window is open), reads the host's shared-memory channel and keeps the
+// window that is open now: its id (the sequence number of the
 // notice that opened it), when it opened, and the remaining duration at the
 // host's stated confidence, refreshed at every poll (the conditional
 // quantile given the time the window has already lasted, computed by
@@ -17,8 +18,9 @@
 //   RunGuestLoop(*gate, *src, unit, stop, {});
 //
 // Times are CLOCK_MONOTONIC nanoseconds (the writer's and Clock::Real()),
-// comparable on one host. A window that opened and closed between two polls
-// is not seen: the guest does not use it.
+// comparable on one host. A window that opened and closed before the watcher
+// woke is not seen: the guest does not use it. A window of a kind the options
+// leave out (ChannelSourceOptions::kinds) is no window for the guest.
 //
 // Thread safety: Current and WaitForChange may be called from any thread;
 // the watcher thread is started by Open and joined by the destructor.
@@ -37,20 +39,37 @@
 #include "omni/colocate_gate.h"
 #include "omni/colocate_guest.h"
 #include "omni/export.h"
+#include "omni/phase.h"
 #include "omni/window_channel.h"
 
 namespace omni::colocate {
 
 struct ChannelSourceOptions {
-  // How often the watcher reads the channel: bounds how late a close reaches
-  // the gate (plus the guest's current unit for a cooperative yield).
+  // The host's notices wake the watcher at once (WindowChannelReader::
+  // WaitForNotice). Between notices it reads the channel every `poll` while a
+  // window is open (the remainder shrinks; a longer window than usual makes it
+  // grow) and every `closed_poll` while none is.
   absl::Duration poll = absl::Microseconds(500);
+  absl::Duration closed_poll = absl::Milliseconds(50);
+  // The idle kinds whose windows the guest may use, a bit per IdleKind
+  // (KindBit); the others count as no window. On a CPU host only phases in
+  // which the host blocks (data stalls that wait on I/O) free a core: eval
+  // scoring and host-side work are CPU work there (docs/colocation.md).
+  uint32_t kinds = ~uint32_t{0};
 };
+
+constexpr uint32_t KindBit(IdleKind kind) { return uint32_t{1} << static_cast<unsigned>(kind); }
+
+// Parses a comma-separated list of idle kind names ("data_stall,eval"; "all"
+// for every kind) into KindBit flags. InvalidArgument naming an unknown kind.
+OMNI_EXPORT absl::StatusOr<uint32_t> ParseKinds(const std::string& list);
 
 struct ChannelSourceStats {
   int64_t opens = 0;        // windows seen open
+  int64_t skipped = 0;      // windows of a kind not in options.kinds
   int64_t closes = 0;       // closes passed to the gate
   int64_t read_errors = 0;  // reads that found the writer mid-write (retried)
+  int64_t wakeups = 0;      // times the watcher read the channel
   bool writer_closed = false;
 };
 
@@ -60,7 +79,8 @@ class OMNI_EXPORT ChannelWindowSource final : public WindowSource {
   // not owned, must outlive the source) receives HostClosed. Errors: those of
   // WindowChannelReader::Open (NotFound naming the channel when no host
   // created it; InvalidArgument for a bad name; FailedPrecondition for a
-  // corrupt channel or another version); InvalidArgument for poll <= 0.
+  // corrupt channel or another version); InvalidArgument for poll or
+  // closed_poll <= 0.
   static absl::StatusOr<std::unique_ptr<ChannelWindowSource>> Open(
       const std::string& name, GuestGate* gate, const ChannelSourceOptions& options = {});
 
@@ -93,6 +113,7 @@ class OMNI_EXPORT ChannelWindowSource final : public WindowSource {
   OpenWindow window_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t seen_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t skipped_seq_ ABSL_GUARDED_BY(mu_) = 0;
   ChannelSourceStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread watcher_;
 };

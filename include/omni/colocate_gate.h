@@ -61,13 +61,20 @@ struct GateOptions {
   absl::Duration guard = absl::Milliseconds(1);
   // Windows stated at a lower confidence are not used.
   double min_confidence = 0.9;
+  // A unit that ends within this time after the host's close is a yield
+  // within its bound, not a deadline miss (GateStats::overruns counts it).
+  // 0 (the default) for units run to their boundary; a supervisor that pauses
+  // the guest states its own bound: one poll + the stop latency.
+  absl::Duration miss_tolerance = absl::ZeroDuration();
 };
 
 struct GateStats {
   int64_t units_started = 0;
   int64_t waits = 0;
-  // Units that ended after the host's window closed (the host was delayed).
+  // Units that ended more than miss_tolerance after the host's window
+  // closed (the host was delayed beyond the bound).
   int64_t deadline_misses = 0;
+  int64_t overruns = 0;    // units that ended after the close at all
   int64_t overrun_ns = 0;  // total time units ran past the close
   // Yields: from the host's close to the guest's stop.
   int64_t yields = 0;
@@ -78,8 +85,8 @@ struct GateStats {
 
 class OMNI_EXPORT GuestGate {
  public:
-  // InvalidArgument for a null clock, a negative guard, a min_confidence
-  // outside [0, 1].
+  // InvalidArgument for a null clock, a negative guard or miss_tolerance, a
+  // min_confidence outside [0, 1].
   static absl::StatusOr<std::unique_ptr<GuestGate>> Create(const GateOptions& options,
                                                            const Clock* clock = Clock::Real());
 
@@ -111,6 +118,7 @@ class OMNI_EXPORT GuestGate {
   GateOptions options_;
   const Clock* clock_;
   int64_t guard_ns_;
+  int64_t miss_tolerance_ns_;
   // Written by HostClosed (any thread): the highest closed window id + 1
   // (0: none) and when it closed.
   std::atomic<uint64_t> closed_upto_{0};

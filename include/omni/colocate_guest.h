@@ -87,4 +87,50 @@ OMNI_EXPORT GuestLoopResult RunGuestLoop(GuestGate& gate, WindowSource& source,
                                          const GuestLoopOptions& options,
                                          const Clock* clock = Clock::Real());
 
+// Pausing instead of yielding at a unit boundary: a guest process whose
+// units may not fit a window (or that does not use units at all) is resumed
+// while a window is open and stopped from outside before it closes
+// (ProcessPauser, omni/colocate_pause.h). The controller decides; the
+// supervisor (e.g. `colocate_guest --pause`) acts, calling Tick every poll:
+//  - kResume when the guest is stopped and the gate would start a unit of one
+//    `slice` (the poll period) in the open window: the remainder at the
+//    stated confidence covers slice + guard;
+//  - kPause when it runs and the next slice no longer fits, the window closed,
+//    or another window replaced it (the host was busy in between); after the
+//    stop the supervisor calls Paused with the time the guest stopped, and
+//    the gate records a yield (and a deadline miss when the host closed
+//    before the stop) as for a unit that ended then.
+// So the guest uses a window whatever the length of its own units, and is
+// gone within one poll plus the stop latency of a close it did not foresee.
+//
+// With `until_close` the remainder is no constraint: the guest runs from the
+// first poll of an open window until its close (the whole window, not only
+// its part guaranteed at the stated confidence) and every window ends with a
+// stop after the close, within the supervisor's yield bound. That suits a
+// host whose wake-up preempts the guest at once (a CPU host blocked on I/O:
+// the kernel runs the woken host before the running guest), not one that
+// waits for the guest to stop (an accelerator's queue).
+//
+// Thread safety: one thread (the supervisor's) at a time; the gate's
+// HostClosed may be called concurrently by the window source.
+class OMNI_EXPORT PauseController {
+ public:
+  enum class Action : uint8_t { kNone = 0, kResume = 1, kPause = 2 };
+  // `gate` (not owned) must outlive the controller. The guest starts stopped.
+  PauseController(GuestGate* gate, int64_t slice_ns, bool until_close = false)
+      : gate_(gate), slice_ns_(slice_ns), until_close_(until_close) {}
+  Action Tick(const OpenWindow& window);
+  // The guest was resumed / stopped (at stopped_ns on the gate's clock).
+  void Resumed();
+  void Paused(int64_t stopped_ns);
+  bool running() const { return running_; }
+
+ private:
+  GuestGate* gate_;
+  int64_t slice_ns_;
+  bool until_close_;
+  bool running_ = false;
+  uint64_t window_id_ = 0;  // the window the guest runs in
+};
+
 }  // namespace omni::colocate

@@ -36,8 +36,11 @@ namespace omni::colocate {
 class OMNI_EXPORT ProcessPauser {
  public:
   // Pauses and resumes the process `pid` (the caller must be allowed to
-  // signal it). Resumes it on destruction when it is paused.
-  explicit ProcessPauser(pid_t pid) : pid_(pid) {}
+  // signal it). Resumes it on destruction when it is paused. With
+  // `is_child` (pid is the caller's child and nobody else waits for it) the
+  // stop and the continue are awaited with waitpid (WUNTRACED / WCONTINUED),
+  // which the kernel wakes at the change, instead of polling /proc.
+  explicit ProcessPauser(pid_t pid, bool is_child = false) : pid_(pid), is_child_(is_child) {}
   ~ProcessPauser();
   ProcessPauser(const ProcessPauser&) = delete;
   ProcessPauser& operator=(const ProcessPauser&) = delete;
@@ -58,6 +61,7 @@ class OMNI_EXPORT ProcessPauser {
 
  private:
   pid_t pid_;
+  bool is_child_;
   bool paused_ = false;
 };
 

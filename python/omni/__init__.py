@@ -36,7 +36,9 @@ objects for Python's, numpy's and torch's RNGs, numpy arrays and torch modules
 in ``omni.state``): see ``omni.checkpoint``. The torch glue
 (``omni.TrainState``, ``omni.ResumableBatchSampler``; torch imported lazily):
 see ``omni.train``. Elastic data parallelism (``omni.open_store``,
-``omni.Communicator``, ``omni.ElasticGroup``): see ``omni.elastic``. The whole
+``omni.Communicator``, ``omni.ElasticGroup``): see ``omni.elastic``. A guest
+that runs in a critical job's idle windows (``omni.GuestGate``,
+``omni.ChannelWindowSource``, ``omni.run_guest_loop``): docs/colocation.md. The whole
 API: docs/python.md.
 """
 
@@ -68,6 +70,17 @@ from ._C import (
     probe_nccl,
     read_step_log,
     version,
+)
+
+from ._C import (
+    ChannelWindowSource,
+    GuestGate,
+    GuestStop,
+    ManualWindowSource,
+    OpenWindow,
+    UnitCostBound,
+    WindowSource,
+    run_guest_loop,
 )
 
 from . import state
@@ -156,6 +169,15 @@ __all__ = [
     "as_buffer",
     "default_comm_options",
     "default_elastic_options",
+    # co-location guest (docs/colocation.md)
+    "OpenWindow",
+    "GuestGate",
+    "UnitCostBound",
+    "WindowSource",
+    "ManualWindowSource",
+    "ChannelWindowSource",
+    "GuestStop",
+    "run_guest_loop",
 ]
 
 Phase = Union[int, str]

@@ -9,6 +9,7 @@
 //   store.cc       an omni::Store over a Python object (tcp://, env:// via torch)
 //   runtime.cc     Runtime, the one door (omni::Runtime)
 //   options.h      the keyword options of each class, listed once
+//   colocate.cc    the co-location guest: GuestGate, window sources, run_guest_loop
 //   common.cc/.h   errors, conversions, keyword options, buffers, live objects
 // python/omni/__init__.py is the documented facade and python/omni/_C.pyi
 // types this module. The conventions every file follows are in common.h.
@@ -32,6 +33,9 @@
 #include "omni/version.h"
 
 namespace omni_python {
+
+void DefineColocate(py::module_& m);  // colocate.cc
+
 namespace {
 
 // XXH3-64 over the bytes of each buffer in turn, as 16 hex digits (the
@@ -115,6 +119,7 @@ void DefineModule(py::module_& m) {
   DefineRuntime(m);
   // tcp:// and env:// stores through the user's torch (omni._torch_store).
   RegisterPythonStoreSchemes();
+  DefineColocate(m);
   // Closes every live native object (newest first) before the interpreter
   // finalizes: no worker thread then waits for the GIL of a dying interpreter.
   py::module_::import("atexit").attr("register")(py::cpp_function(&CloseAllLiveObjects));

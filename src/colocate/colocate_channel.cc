@@ -1,15 +1,36 @@
 #include "omni/colocate_channel.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "runtime/window_doorbell.h"
 
 namespace omni::colocate {
 
+absl::StatusOr<uint32_t> ParseKinds(const std::string& list) {
+  if (list == "all") return ~uint32_t{0};
+  uint32_t bits = 0;
+  const std::vector<std::string> names = absl::StrSplit(list, ',', absl::SkipEmpty());
+  for (const std::string& name : names) {
+    absl::StatusOr<IdleKind> kind = ParseIdleKind(name);
+    if (!kind.ok() || *kind == IdleKind::kNone) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown idle kind '", name, "' in '", list, "' (data_stall, eval, ...)"));
+    }
+    bits |= KindBit(*kind);
+  }
+  if (bits == 0) return absl::InvalidArgumentError("empty idle kind list");
+  return bits;
+}
+
 absl::StatusOr<std::unique_ptr<ChannelWindowSource>> ChannelWindowSource::Open(
     const std::string& name, GuestGate* gate, const ChannelSourceOptions& options) {
-  if (options.poll <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("ChannelSourceOptions.poll must be positive");
+  if (options.poll <= absl::ZeroDuration() || options.closed_poll <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ChannelSourceOptions.poll and closed_poll must be positive");
   }
   absl::StatusOr<std::unique_ptr<WindowChannelReader>> reader = WindowChannelReader::Open(name);
   if (!reader.ok()) return reader.status();
@@ -28,15 +49,33 @@ ChannelWindowSource::~ChannelWindowSource() {
 }
 
 void ChannelWindowSource::Watch() {
-  do {
-    absl::StatusOr<WindowNotice> n = reader_->Read();
-    absl::MutexLock l(&mu_);
-    if (n.ok()) {
-      Apply(*n);
-    } else {
-      ++stats_.read_errors;
+  // The host's notices wake the watcher at once (the channel's doorbell);
+  // between them it wakes every `poll` while a window is open (to refresh its
+  // remainder) and every `closed_poll` otherwise, and at least every 50 ms to
+  // see whether it should stop.
+  absl::StatusOr<WindowNotice> n = reader_->Read();
+  for (;;) {
+    bool open = false;
+    bool writer_closed = false;
+    {
+      absl::MutexLock l(&mu_);
+      ++stats_.wakeups;
+      if (n.ok()) {
+        Apply(*n);
+      } else {
+        ++stats_.read_errors;
+      }
+      open = window_.open;
+      writer_closed = stats_.writer_closed;
     }
-  } while (!stop_.WaitForNotificationWithTimeout(options_.poll));
+    if (stop_.HasBeenNotified()) return;
+    if (writer_closed) {  // no more notices: wait only to be stopped
+      stop_.WaitForNotification();
+      return;
+    }
+    n = internal::WaitForNotice(
+        *reader_, std::min(open ? options_.poll : options_.closed_poll, absl::Milliseconds(50)));
+  }
 }
 
 void ChannelWindowSource::CloseOpen(int64_t closed_ns) {
@@ -62,6 +101,15 @@ void ChannelWindowSource::Apply(const WindowNotice& n) {
     return;
   }
   if (n.state != WindowState::kOpen) return;
+  if ((options_.kinds & KindBit(n.kind)) == 0) {
+    // Not a window for this guest: the one we held (if any) has ended.
+    if (n.sequence > skipped_seq_) {
+      skipped_seq_ = n.sequence;
+      ++stats_.skipped;
+    }
+    if (window_.open && n.sequence > window_.window_id) CloseOpen(n.opened_ns);
+    return;
+  }
   const int64_t remaining = n.remaining_ns > 0 ? n.remaining_ns : 0;
   if (window_.open && window_.window_id == n.sequence) {
     // The same window: refresh its remainder. Wake a waiting guest only when

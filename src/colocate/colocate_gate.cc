@@ -25,6 +25,9 @@ absl::StatusOr<std::unique_ptr<GuestGate>> GuestGate::Create(const GateOptions& 
   if (options.guard < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("guest gate: guard is negative");
   }
+  if (options.miss_tolerance < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("guest gate: miss_tolerance is negative");
+  }
   if (!(options.min_confidence >= 0 && options.min_confidence <= 1)) {
     return absl::InvalidArgumentError("guest gate: min_confidence is outside [0, 1]");
   }
@@ -32,7 +35,10 @@ absl::StatusOr<std::unique_ptr<GuestGate>> GuestGate::Create(const GateOptions& 
 }
 
 GuestGate::GuestGate(const GateOptions& options, const Clock* clock)
-    : options_(options), clock_(clock), guard_ns_(absl::ToInt64Nanoseconds(options.guard)) {}
+    : options_(options),
+      clock_(clock),
+      guard_ns_(absl::ToInt64Nanoseconds(options.guard)),
+      miss_tolerance_ns_(absl::ToInt64Nanoseconds(options.miss_tolerance)) {}
 
 void GuestGate::HostClosed(uint64_t window_id, int64_t closed_ns) {
   // The time first, then (release) the id it belongs to; a reader that sees
@@ -88,8 +94,9 @@ void GuestGate::UnitDone(int64_t end_ns) {
   yielded_window_ = unit_window_ + 1;
   const int64_t latency = std::max<int64_t>(0, end_ns - closed_ns);
   if (end_ns > closed_ns) {
-    ++stats_.deadline_misses;
+    ++stats_.overruns;
     stats_.overrun_ns += end_ns - closed_ns;
+    if (end_ns - closed_ns > miss_tolerance_ns_) ++stats_.deadline_misses;
   }
   RecordYield(latency);
 }

@@ -1,5 +1,7 @@
 #include "omni/colocate_guest.h"
 
+#include <limits>
+
 namespace omni::colocate {
 
 void ManualWindowSource::Open(const OpenWindow& window) {
@@ -62,6 +64,31 @@ GuestLoopResult RunGuestLoop(GuestGate& gate, WindowSource& source,
   }
   r.stats = gate.Stats();
   return r;
+}
+
+PauseController::Action PauseController::Tick(const OpenWindow& window) {
+  if (running_ && window.open && window.window_id != window_id_) {
+    return Action::kPause;  // replaced: the host was busy between the two
+  }
+  OpenWindow w = window;
+  if (until_close_ && w.open) {
+    // Not bounded by the remainder: stopped at the close instead.
+    w.remaining_ns = std::numeric_limits<int64_t>::max() / 2;
+    w.as_of_ns = 0;
+  }
+  const GateDecision d = gate_->BeforeUnit(w, slice_ns_);
+  if (d.start()) {
+    window_id_ = window.window_id;
+    return running_ ? Action::kNone : Action::kResume;
+  }
+  return running_ ? Action::kPause : Action::kNone;
+}
+
+void PauseController::Resumed() { running_ = true; }
+
+void PauseController::Paused(int64_t stopped_ns) {
+  running_ = false;
+  gate_->UnitDone(stopped_ns);
 }
 
 }  // namespace omni::colocate

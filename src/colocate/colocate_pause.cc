@@ -1,6 +1,7 @@
 #include "omni/colocate_pause.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include <cerrno>
@@ -49,6 +50,23 @@ absl::StatusOr<absl::Duration> WaitState(pid_t pid, bool stopped, int64_t sent_n
   }
 }
 
+// The same for the caller's child, blocking in waitpid until the kernel
+// reports the stop or the continue.
+absl::StatusOr<absl::Duration> WaitChild(pid_t pid, bool stopped, int64_t sent_ns) {
+  int st = 0;
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &st, stopped ? WUNTRACED : WCONTINUED);
+    if (r == pid && (stopped ? WIFSTOPPED(st) : WIFCONTINUED(st))) break;
+    if (r == pid && (WIFEXITED(st) || WIFSIGNALED(st))) {
+      return absl::FailedPreconditionError(absl::StrCat("process ", pid, " has exited"));
+    }
+    if (r < 0 && errno != EINTR) {
+      return internal::ErrnoStatus(errno, absl::StrCat("waitpid(", pid, ")"));
+    }
+  }
+  return absl::Nanoseconds(Clock::Real()->NowNanos() - sent_ns);
+}
+
 }  // namespace
 
 absl::StatusOr<char> ProcessState(pid_t pid) {
@@ -75,6 +93,7 @@ absl::StatusOr<absl::Duration> ProcessPauser::Pause(absl::Duration timeout) {
   const int64_t sent = Clock::Real()->NowNanos();
   if (absl::Status s = Signal(pid_, SIGSTOP, "SIGSTOP"); !s.ok()) return s;
   paused_ = true;
+  if (is_child_) return WaitChild(pid_, /*stopped=*/true, sent);
   return WaitState(pid_, /*stopped=*/true, sent, timeout);
 }
 
@@ -82,6 +101,7 @@ absl::StatusOr<absl::Duration> ProcessPauser::Resume(absl::Duration timeout) {
   const int64_t sent = Clock::Real()->NowNanos();
   if (absl::Status s = Signal(pid_, SIGCONT, "SIGCONT"); !s.ok()) return s;
   paused_ = false;
+  if (is_child_) return WaitChild(pid_, /*stopped=*/false, sent);
   return WaitState(pid_, /*stopped=*/false, sent, timeout);
 }
 

@@ -1,13 +1,17 @@
 #include "omni/window_channel.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -17,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
+#include "runtime/window_doorbell.h"
 #include "runtime/window_layout.h"
 
 namespace omni {
@@ -93,6 +98,19 @@ bool TryReadPhase(const internal::PhasesRecord& r, PhaseId phase, int ordinal, P
   return r.seq.load(std::memory_order_relaxed) == s1;
 }
 
+// The notice record's seqlock word doubles as a doorbell: the writer wakes
+// the readers waiting on it (a futex on its low 32 bits, shared between
+// processes) after each notice, so a reader learns of an open or a close
+// without polling. Little-endian: the low half is at the word's address.
+uint32_t* Doorbell(const std::atomic<uint64_t>& seq) {
+  static_assert(sizeof(std::atomic<uint64_t>) == 8);
+  return reinterpret_cast<uint32_t*>(const_cast<std::atomic<uint64_t>*>(&seq));  // NOLINT
+}
+
+void RingDoorbell(const std::atomic<uint64_t>& seq) {
+  ::syscall(SYS_futex, Doorbell(seq), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
 // A consistent notice with the remaining duration computed at `now_ns`.
 absl::StatusOr<WindowNotice> ReadLayout(const WindowLayout& l, int64_t now_ns,
                                         const std::string& what) {
@@ -165,6 +183,7 @@ class WriterImpl final : public WindowChannelWriter {
     r.kind.store(static_cast<uint32_t>(kind), std::memory_order_relaxed);
     r.ordinal.store(static_cast<uint32_t>(std::max(0, ordinal)), std::memory_order_relaxed);
     EndWrite(r.seq, notice_seq_);
+    if (!name_.empty()) RingDoorbell(r.seq);
   }
 
   void CloseWindow(int64_t now_ns) override {
@@ -174,6 +193,7 @@ class WriterImpl final : public WindowChannelWriter {
     r.closed_ns.store(now_ns, std::memory_order_relaxed);
     r.state.store(static_cast<uint32_t>(WindowState::kClosed), std::memory_order_relaxed);
     EndWrite(r.seq, notice_seq_);
+    if (!name_.empty()) RingDoorbell(r.seq);
   }
 
   void PublishWindowQuantiles(const PhaseCatalog& catalog,
@@ -204,7 +224,10 @@ class WriterImpl final : public WindowChannelWriter {
     EndWrite(r.seq, phases_seq_);
   }
 
-  void MarkClosed() override { l_->writer_closed.store(1, std::memory_order_release); }
+  void MarkClosed() override {
+    l_->writer_closed.store(1, std::memory_order_release);
+    if (!name_.empty()) RingDoorbell(l_->notice.seq);
+  }
 
   WindowNotice Latest(int64_t now_ns) const override {
     // The writer's own record is never mid-write from another thread's view
@@ -265,6 +288,22 @@ class ReaderImpl final : public WindowChannelReader {
     auto n = ReadLayout(*l_, clock_->NowNanos(), what_);
     if (n.ok()) last_sequence_ = n->sequence;
     return n;
+  }
+
+  absl::StatusOr<WindowNotice> WaitForNotice(absl::Duration timeout) {
+    const uint32_t bell = __atomic_load_n(Doorbell(l_->notice.seq), __ATOMIC_ACQUIRE);
+    // A closed writer rings no more: the wait then lasts the whole timeout.
+    if (l_->notice.sequence.load(std::memory_order_acquire) == last_sequence_ &&
+        timeout > absl::ZeroDuration()) {
+      const timespec ts = absl::ToTimespec(timeout);
+      if (::syscall(SYS_futex, Doorbell(l_->notice.seq), FUTEX_WAIT, bell, &ts, nullptr, 0) != 0 &&
+          errno != EAGAIN && errno != EINTR && errno != ETIMEDOUT) {
+        // No futex on this mapping (a kernel that refuses one on a read-only
+        // page): sleep a poll's worth instead of returning at once.
+        absl::SleepFor(std::min(timeout, absl::Microseconds(500)));
+      }
+    }
+    return Read();
   }
 
   absl::StatusOr<WindowNotice> WaitForChange(absl::Duration timeout, absl::Duration poll) override {
@@ -439,5 +478,17 @@ absl::StatusOr<std::unique_ptr<WindowChannelReader>> WindowChannelReader::Open(
   }
   return std::make_unique<ReaderImpl>(name, l, clock);
 }
+
+namespace internal {
+
+absl::StatusOr<WindowNotice> WaitForNotice(WindowChannelReader& reader, absl::Duration timeout) {
+  auto* impl = dynamic_cast<ReaderImpl*>(&reader);
+  if (impl == nullptr) {
+    return absl::InvalidArgumentError("WaitForNotice: not a reader from WindowChannelReader::Open");
+  }
+  return impl->WaitForNotice(timeout);
+}
+
+}  // namespace internal
 
 }  // namespace omni

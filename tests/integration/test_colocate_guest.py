@@ -102,3 +102,36 @@ def test_a_gated_guest_starts_steps_only_in_the_hosts_idle_windows(tmp_path):
     outside = [u for u in done
                if not any(a <= u["start_ns"] < e + slack for a, e, _ in windows)]
     assert not outside, f"{len(outside)} of {len(done)} steps started outside the windows"
+
+
+def test_a_paused_guest_runs_only_from_a_stalls_open_to_its_close(tmp_path):
+    """--pause --until-close beside a host whose data stalls block: the
+    supervisor continues the trainer at a stall's open and stops it at the
+    close; every run starts inside one of the host's data stalls, and the
+    guest saves and exits 75 when the host finishes."""
+    channel = f"omni-it-pause-{os.getpid()}"
+    host = subprocess.Popen([str(HOST), "--steps", "40", "--eval-every", "10", "--quiet",
+                             "--stall-io", "--stall-scale", "4",
+                             "--log", str(tmp_path / "host.jsonl"), "--window-channel", channel],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs_log = tmp_path / "runs.jsonl"
+    g = subprocess.Popen([str(GUEST), "--pause", "--until-close",
+                          *guest(tmp_path, "--channel", channel, "--kinds", "data_stall",
+                                 "--poll-ms", 20, "--runs-log", runs_log, steps=10**6)[1:]],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, herr = host.communicate(timeout=240)
+    assert host.returncode == 0, herr
+    _, gerr = g.communicate(timeout=60)
+    assert g.returncode == 75, gerr
+    steps, idle = step_records(tmp_path / "host.jsonl")
+    stalls = idle_intervals(steps, idle, {"data_wait"})
+    runs = [json.loads(x) for x in runs_log.read_text().splitlines() if x.strip()]
+    assert runs, f"the guest never ran: {gerr}"
+    # A run starts after a stall opened and before it closed (the doorbell
+    # wakes the supervisor; 5 ms allowed for a loaded machine's scheduler).
+    slack = 5_000_000
+    outside = [r for r in runs
+               if not any(a <= r["resume_ns"] < e + slack for a, e, _ in stalls)]
+    assert not outside, f"{len(outside)} of {len(runs)} runs began outside the host's stalls"
+    assert all(r["stop_ns"] >= r["resume_ns"] for r in runs)
+    assert "supervisor resumes=" in gerr

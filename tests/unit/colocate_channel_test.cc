@@ -156,5 +156,37 @@ TEST(ChannelWindowSource, AHostThatShutsDownClosesItsOpenWindow) {
   EXPECT_EQ((*gate)->BeforeUnit((*src)->Current(), kMs).verdict, GateVerdict::kWaitNoWindow);
 }
 
+TEST(ChannelWindowSource, AWindowOfAKindLeftOutIsNoWindowAndEndsTheOneHeld) {
+  auto host = Host(UniqueChannel());
+  auto gate = GuestGate::Create({});
+  ASSERT_TRUE(gate.ok());
+  ChannelSourceOptions o;
+  o.kinds = KindBit(IdleKind::kDataStall);  // a CPU host: eval scoring is CPU work
+  auto src = ChannelWindowSource::Open(host->name(), gate->get(), o);
+  ASSERT_TRUE(src.ok()) << src.status();
+  host->OpenWindow(phase::kDataWait, IdleKind::kDataStall, 1, Now());
+  ASSERT_TRUE(WaitUntil(**src, [](const OpenWindow& w) { return w.open; }));
+  host->OpenWindow(phase::kEval, IdleKind::kEval, 1, Now());  // the stall ended, eval began
+  ASSERT_TRUE(WaitUntil(**src, [](const OpenWindow& w) { return !w.open; }));
+  const absl::Time until = absl::Now() + kBound;
+  while ((*src)->Stats().skipped == 0 && absl::Now() < until) {
+    (*src)->WaitForChange(absl::Milliseconds(10));
+  }
+  EXPECT_EQ((*src)->Stats().skipped, 1);
+  EXPECT_EQ((*src)->Stats().closes, 1) << "the stall's window ends when the eval opens";
+  EXPECT_EQ((*gate)->BeforeUnit((*src)->Current(), kMs).verdict, GateVerdict::kWaitNoWindow);
+}
+
+TEST(ParseKinds, ReadsNamesAndAllAndNamesAnUnknownKind) {
+  EXPECT_EQ(ParseKinds("data_stall").value(), KindBit(IdleKind::kDataStall));
+  EXPECT_EQ(ParseKinds("data_stall,eval").value(),
+            KindBit(IdleKind::kDataStall) | KindBit(IdleKind::kEval));
+  EXPECT_EQ(ParseKinds("all").value(), ~uint32_t{0});
+  const absl::Status bad = ParseKinds("data_stall,coffee").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("coffee"), std::string::npos) << bad;
+  EXPECT_FALSE(ParseKinds("").ok());
+}
+
 }  // namespace
 }  // namespace omni::colocate

@@ -137,5 +137,118 @@ TEST(ManualWindowSourceTest, WaitForChangeSeesAnOpenOrCloseSinceTheLastLook) {
   EXPECT_FALSE(src.Current().open);
 }
 
+// The supervisor's view of a paused guest: ticks at a fake poll of 1 ms.
+class PauseControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto g = GuestGate::Create({}, &clock_);  // guard 1 ms
+    ASSERT_TRUE(g.ok());
+    gate_ = *std::move(g);
+  }
+  OpenWindow Window(uint64_t id, int64_t remaining_ns) {
+    return {true, id, clock_.NowNanos(), remaining_ns, clock_.NowNanos(), 0.95};
+  }
+  void Advance(int64_t ns) { clock_.Advance(std::chrono::nanoseconds(ns)); }
+  FakeClock clock_;
+  std::unique_ptr<GuestGate> gate_;
+};
+
+TEST_F(PauseControllerTest, ResumesOnlyWhenASliceAndTheGuardFitThenPausesBeforeTheClose) {
+  PauseController c(gate_.get(), kMs);
+  EXPECT_EQ(c.Tick(OpenWindow{}), PauseController::Action::kNone) << "no window: stays stopped";
+  EXPECT_EQ(c.Tick(Window(1, kMs)), PauseController::Action::kNone) << "1 ms < slice + guard";
+  const OpenWindow w = Window(2, 5 * kMs);
+  ASSERT_EQ(c.Tick(w), PauseController::Action::kResume);
+  c.Resumed();
+  Advance(kMs);
+  EXPECT_EQ(c.Tick(w), PauseController::Action::kNone) << "4 ms left: keeps running";
+  Advance(2 * kMs);
+  EXPECT_EQ(c.Tick(w), PauseController::Action::kNone) << "2 ms left: slice + guard still fit";
+  Advance(kMs);
+  ASSERT_EQ(c.Tick(w), PauseController::Action::kPause) << "1 ms left: the next slice does not fit";
+  Advance(100'000);
+  c.Paused(clock_.NowNanos());
+  EXPECT_FALSE(c.running());
+  const GateStats s = gate_->Stats();
+  EXPECT_EQ(s.yields, 0) << "it left before the host closed";
+  EXPECT_EQ(s.deadline_misses, 0);
+}
+
+TEST_F(PauseControllerTest, AnEarlyCloseIsAYieldMeasuredToTheStop) {
+  PauseController c(gate_.get(), kMs);
+  const OpenWindow w = Window(3, 50 * kMs);
+  ASSERT_EQ(c.Tick(w), PauseController::Action::kResume);
+  c.Resumed();
+  Advance(2 * kMs);
+  const int64_t closed = clock_.NowNanos();
+  gate_->HostClosed(3, closed);
+  Advance(500'000);  // the next poll
+  OpenWindow gone = w;
+  gone.open = false;
+  ASSERT_EQ(c.Tick(gone), PauseController::Action::kPause);
+  Advance(200'000);  // the stop latency
+  c.Paused(clock_.NowNanos());
+  const GateStats s = gate_->Stats();
+  EXPECT_EQ(s.yields, 1);
+  EXPECT_EQ(s.yield_max_ns, 700'000);
+  EXPECT_EQ(s.deadline_misses, 1) << "it ran past the host's close";
+  EXPECT_EQ(s.overruns, 1);
+}
+
+TEST_F(PauseControllerTest, UntilCloseRunsTheWholeWindowWhateverItsRemainder) {
+  PauseController c(gate_.get(), kMs, /*until_close=*/true);
+  ASSERT_EQ(c.Tick(Window(8, 0)), PauseController::Action::kResume) << "no claim needed";
+  c.Resumed();
+  Advance(40 * kMs);
+  EXPECT_EQ(c.Tick(Window(8, 0)), PauseController::Action::kNone) << "runs on to the close";
+  gate_->HostClosed(8, clock_.NowNanos());
+  Advance(300'000);
+  ASSERT_EQ(c.Tick(OpenWindow{}), PauseController::Action::kPause);
+  c.Paused(clock_.NowNanos());
+  EXPECT_EQ(gate_->Stats().yields, 1);
+  EXPECT_EQ(gate_->Stats().yield_max_ns, 300'000);
+  OpenWindow doubtful = Window(9, 0);
+  doubtful.confidence = 0.5;
+  EXPECT_EQ(c.Tick(doubtful), PauseController::Action::kNone) << "still below min_confidence";
+}
+
+TEST_F(PauseControllerTest, AStopWithinTheStatedBoundIsAnOverrunNotADeadlineMiss) {
+  GateOptions o;
+  o.miss_tolerance = absl::Milliseconds(1);  // one poll + the stop latency
+  auto g = GuestGate::Create(o, &clock_);
+  ASSERT_TRUE(g.ok());
+  PauseController c(g->get(), kMs);
+  ASSERT_EQ(c.Tick(Window(3, 50 * kMs)), PauseController::Action::kResume);
+  c.Resumed();
+  // Stopped 0.7 ms after the close of window 3, then 1.3 ms after that of window 5.
+  (*g)->HostClosed(3, clock_.NowNanos());
+  Advance(700'000);
+  ASSERT_EQ(c.Tick(OpenWindow{}), PauseController::Action::kPause);
+  c.Paused(clock_.NowNanos());
+  ASSERT_EQ(c.Tick(Window(5, 50 * kMs)), PauseController::Action::kResume);
+  c.Resumed();
+  (*g)->HostClosed(5, clock_.NowNanos());
+  Advance(1'300'000);
+  ASSERT_EQ(c.Tick(OpenWindow{}), PauseController::Action::kPause);
+  c.Paused(clock_.NowNanos());
+  const GateStats s = (*g)->Stats();
+  EXPECT_EQ(s.yields, 2);
+  EXPECT_EQ(s.overruns, 2);
+  EXPECT_EQ(s.deadline_misses, 1) << "only the stop beyond the 1 ms bound";
+}
+
+TEST_F(PauseControllerTest, AWindowReplacedBetweenTwoTicksPausesTheGuestFirst) {
+  PauseController c(gate_.get(), kMs);
+  ASSERT_EQ(c.Tick(Window(4, 50 * kMs)), PauseController::Action::kResume);
+  c.Resumed();
+  Advance(kMs);
+  gate_->HostClosed(4, clock_.NowNanos());  // closed and reopened between two polls
+  ASSERT_EQ(c.Tick(Window(6, 50 * kMs)), PauseController::Action::kPause)
+      << "the host was busy in between: the guest must not simply run on";
+  c.Paused(clock_.NowNanos());
+  EXPECT_EQ(gate_->Stats().yields, 1);
+  EXPECT_EQ(c.Tick(Window(6, 50 * kMs)), PauseController::Action::kResume);
+}
+
 }  // namespace
 }  // namespace omni::colocate

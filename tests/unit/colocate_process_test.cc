@@ -100,6 +100,19 @@ TEST(ProcessPauserTest, PauseStopsARealGuestProcessAndResumeContinuesIt) {
   RecordProperty("pause_max_us", static_cast<int>(pause_us.back()));
 }
 
+TEST(ProcessPauserTest, APauserOfItsOwnChildWaitsForTheKernelsReportOfTheStop) {
+  SpinningChild child;
+  ASSERT_TRUE(child.Advances(0));
+  ProcessPauser pauser(child.pid(), /*is_child=*/true);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(pauser.Pause().ok());
+    EXPECT_EQ(*ProcessState(child.pid()), 'T') << "stopped when Pause returns";
+    const int64_t frozen = child.count();
+    ASSERT_TRUE(pauser.Resume().ok());
+    EXPECT_TRUE(child.Advances(frozen)) << "the guest did not continue";
+  }
+}
+
 TEST(ProcessPauserTest, DestroyingAPauserResumesTheGuest) {
   SpinningChild child;
   ASSERT_TRUE(child.Advances(0));

@@ -21,6 +21,7 @@
 #include "omni/sinks.h"
 #include "omni/store.h"
 #include "omni/telemetry.h"
+#include "runtime/window_doorbell.h"
 
 namespace omni {
 namespace {
@@ -413,6 +414,35 @@ TEST(WindowChannel, WaitForChangeReturnsEachNewNoticeAndTimesOutOtherwise) {
   std::thread closer([&] { (*w)->CloseWindow(clock.NowNanos()); });
   n = (*r)->WaitForChange(absl::Seconds(10), absl::Microseconds(20));
   closer.join();
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->state, WindowState::kClosed);
+}
+
+TEST(WindowChannel, WaitForNoticeSleepsUntilTheWriterRingsAndReturnsAtOnceForANewerNotice) {
+  auto w = WindowChannelWriter::Create(UniqueChannel());
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto r = WindowChannelReader::Open((*w)->name());
+  ASSERT_TRUE(r.ok());
+  (*w)->OpenWindow(phase::kDataWait, IdleKind::kDataStall, 1, Clock::Real()->NowNanos());
+  auto n = internal::WaitForNotice(**r, absl::Seconds(10));
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->state, WindowState::kOpen) << "a notice not yet returned: no wait";
+  // The writer writes while the reader sleeps: the reader wakes long before
+  // its timeout (a bounded wait; the writer thread starts after the reader
+  // may have begun to sleep, or before: both must return the close).
+  std::thread closer([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    (*w)->CloseWindow(Clock::Real()->NowNanos());
+  });
+  const absl::Time t0 = absl::Now();
+  n = internal::WaitForNotice(**r, absl::Seconds(30));
+  const absl::Duration waited = absl::Now() - t0;
+  closer.join();
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->state, WindowState::kClosed);
+  EXPECT_LT(waited, absl::Seconds(10)) << "woken by the writer, not by the timeout";
+  // Nothing new: the timeout returns the current notice.
+  n = internal::WaitForNotice(**r, absl::Milliseconds(1));
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(n->state, WindowState::kClosed);
 }

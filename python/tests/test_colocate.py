@@ -1,0 +1,123 @@
+"""The co-location guest API from Python: the gate, the loop and the live
+window source (docs/colocation.md)."""
+
+import os
+import time
+
+import omni
+import pytest
+
+MS = 1_000_000
+
+
+def window(clock, wid, remaining_ms, confidence=0.95):
+    now = clock.now_ns()
+    return omni.OpenWindow(open=True, window_id=wid, opened_at_ns=now,
+                           remaining_ns=remaining_ms * MS, as_of_ns=now, confidence=confidence)
+
+
+def test_the_gate_starts_a_unit_only_when_the_remainder_covers_cost_and_guard(clock):
+    gate = omni.GuestGate(guard_s=0.001, min_confidence=0.9, clock=clock)
+    w = window(clock, 1, 10)
+    assert gate.before_unit(w, 0.005) == ("start", 10 * MS)
+    gate.unit_done(clock.now_ns())
+    assert gate.before_unit(w, 0.0095)[0] == "wait_too_short"  # 9.5 + 1 > 10
+    assert gate.before_unit(window(clock, 2, 10, confidence=0.5), 0.001)[0] == \
+        "wait_low_confidence"
+    assert gate.before_unit(omni.OpenWindow(), 0.001)[0] == "wait_no_window"
+    clock.advance(0.004)
+    assert gate.before_unit(w, 0.005) == ("start", 6 * MS), "the remainder shrinks with time"
+    stats = gate.stats()
+    assert stats["units_started"] == 2 and stats["waits"] == 3
+
+
+def test_the_loop_runs_python_units_in_the_window_until_max_units(clock):
+    gate = omni.GuestGate(clock=clock)
+    source = omni.ManualWindowSource(gate)
+    source.open(window(clock, 1, 100))
+    done = []
+
+    def unit():
+        clock.advance(0.002)
+        done.append(clock.now_ns())
+
+    r = omni.run_guest_loop(gate, source, unit, max_units=3, initial_unit_s=0.002, clock=clock)
+    assert r["why"] == "max_units" and r["units"] == 3 and len(done) == 3
+    assert r["stats"]["units_started"] == 3 and r["stats"]["deadline_misses"] == 0
+
+
+def test_a_close_during_a_unit_is_a_yield_and_the_stop_ends_the_loop(clock):
+    gate = omni.GuestGate(clock=clock)
+    source = omni.ManualWindowSource(gate)
+    source.open(window(clock, 7, 100))
+    stop = omni.GuestStop()
+
+    def unit():
+        clock.advance(0.001)
+        source.close(7, clock.now_ns())  # the host is busy again mid-unit
+        clock.advance(0.002)
+        stop.set()
+
+    r = omni.run_guest_loop(gate, source, unit, stop=stop, initial_unit_s=0.003, clock=clock)
+    assert r["why"] == "stop_requested" and r["units"] == 1
+    assert r["stats"]["yields"] == 1
+    assert r["stats"]["yield_max_ns"] == 2 * MS
+    assert r["stats"]["deadline_misses"] == 1
+    assert stop.is_set()
+
+
+def test_an_exception_in_a_unit_stops_the_loop_and_is_raised(clock):
+    gate = omni.GuestGate(clock=clock)
+    source = omni.ManualWindowSource(gate)
+    source.open(window(clock, 1, 100))
+
+    def unit():
+        raise KeyError("the unit's own error")
+
+    with pytest.raises(KeyError, match="the unit's own error"):
+        omni.run_guest_loop(gate, source, unit, initial_unit_s=0.001, clock=clock)
+
+
+def test_bad_arguments_raise_clear_errors(clock):
+    with pytest.raises(ValueError):
+        omni.GuestGate(guard_s=-1.0)
+    with pytest.raises(TypeError, match="callable"):
+        omni.run_guest_loop(omni.GuestGate(), omni.ManualWindowSource(), 3)
+    name = f"omni-pytest-missing-{os.getpid()}"
+    with pytest.raises(FileNotFoundError, match=name):
+        omni.ChannelWindowSource.open(name)
+
+
+def wait_until(source, pred, timeout_s=5.0):
+    until = time.monotonic() + timeout_s
+    while not pred(source.current()):
+        if time.monotonic() > until:
+            return False
+        source.wait_for_change(0.01)
+    return True
+
+
+def test_a_guest_sees_a_python_hosts_live_windows_of_the_kinds_it_uses():
+    name = f"omni-pytest-coloc-{os.getpid()}"
+    tel = omni.Telemetry(window_channel=name)
+    try:
+        gate = omni.GuestGate()
+        stalls = omni.ChannelWindowSource.open(name, gate, kinds="data_stall")
+        evals = omni.ChannelWindowSource.open(name, kinds="eval")
+        with pytest.raises(ValueError, match="coffee"):
+            omni.ChannelWindowSource.open(name, kinds="coffee")
+        assert not stalls.current().open
+        with tel.step():
+            with tel.phase(omni.DATA_WAIT):
+                assert wait_until(stalls, lambda w: w.open), "the host's data stall is a window"
+                opened = stalls.current().window_id
+                assert wait_until(evals, lambda w: evals.stats()["skipped"] == 1)
+                assert not evals.current().open, "a guest of eval windows does not use it"
+            with tel.phase(omni.COMPUTE):
+                assert wait_until(stalls, lambda w: not w.open), "busy again"
+        assert stalls.stats()["opens"] == 1 and stalls.stats()["closes"] == 1
+        assert gate.before_unit(stalls.current(), 0.001)[0] == "wait_no_window"
+        assert opened > 0
+    finally:
+        tel.close()
+    assert wait_until(stalls, lambda w: stalls.stats()["writer_closed"])
