@@ -22,6 +22,7 @@ struct TrainFlags {
   std::string window_channel;  // --window-channel: live window notices channel
   int64_t eval_every = 50;     // 0 disables eval
   bool text_only = false;
+  bool float64 = false;  // --float64: parameters, activations and gradients in double
   double stall_scale = 1.0;
   int window = 200;
   bool quiet = false;
