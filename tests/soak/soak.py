@@ -8,10 +8,10 @@ restarted as they die:
   kill     SIGKILL of a replica; the driver restarts it at once (same id, same
            --ckpt-dir: it restores its own newest checkpoint and rejoins,
            receiving the group's state).
-  stop     SIGSTOP of a replica for 0.1 .. 2 s, then SIGCONT (below the peer
+  stop     SIGSTOP of a replica for 0.1 .. 1.2 s, then SIGCONT (below the peer
            timeout a stall, above it an eviction and a rejoin).
   stall    store latency: the driver takes the FileStore's own lock
-           (<store>/.lock, flock) for 0.05 .. 1.5 s, so every write of every
+           (<store>/.lock, flock) for 0.05 .. 0.8 s (one at a time), so every write of every
            replica (heartbeats, generation records, rendezvous, stop
            agreement) waits for it, as behind a slow or contended store
            server. Reads are not delayed.
@@ -21,7 +21,7 @@ restarted as they die:
            the driver then restarts the whole job, which resumes.
 
 Faults come every few committed steps (--steps-per-failure k: a random k-2 ..
-k+2, default 5; the job has k x --failures + 150 steps),
+k+2, default 3; the job has k x --failures + 150 steps),
 and with probability 0.15 one follows the previous after 0.05 .. 0.5 s
 whatever the progress, so faults also land during recoveries. The driver
 never leaves the job without a healthy replica holding the state: a kill or a
@@ -61,6 +61,10 @@ Figures (one JSON line, last line of stdout):
       the first step that began after it: the newest step seen just before
       injecting, plus 2 (the next one may have been in flight). It includes
       the ~10 ms read interval and up to one step time. p50 and per kind too.
+
+SIGUSR1 to the driver stops the injection early: the job then finishes and
+the figures are printed for the faults injected so far (the exit status says
+the target was missed).
 
 Exit status 0 when all of: the target number of faults was injected, no
 committed step was lost, final_match, no replica hung; 1 otherwise.
@@ -186,6 +190,7 @@ class Soak:
         self.hung = False
         self.stall_threads = []
         self.pending_cont = []  # (time, replica) to SIGCONT
+        self.enough = False  # SIGUSR1: inject no more, let the job finish
 
     # ---- processes
     def train_cmd(self, *extra, steps=None, lr=None):
@@ -312,10 +317,12 @@ class Soak:
             else:
                 target.stopped = True
                 target.signal(signal.SIGSTOP)
-                fault["stop_s"] = round(self.rng.uniform(0.1, 2.0), 3)
+                fault["stop_s"] = round(self.rng.uniform(0.1, 1.2), 3)
                 self.pending_cont.append((now() + fault["stop_s"], target))
         elif kind == "stall":
-            fault["stall_s"] = round(self.rng.uniform(0.05, 1.5), 3)
+            if any(th.is_alive() for th in self.stall_threads):
+                return False  # one at a time: queued holders would starve the store for good
+            fault["stall_s"] = round(self.rng.uniform(0.05, 0.8), 3)
             self.stall_store(fault["stall_s"])
         else:
             if any(not self.healthy(r) for r in self.replicas.values()) or self.pending_cont:
@@ -324,6 +331,9 @@ class Soak:
             self.preempt(fault)
             return True
         self.injected.append(fault)
+        if len(self.injected) % 50 == 0:
+            print(f"soak: {len(self.injected)} faults, step {self.frontier}", file=sys.stderr,
+                  flush=True)
         return True
 
     def finding(self, r, what):
@@ -357,7 +367,7 @@ class Soak:
             self.start(f"r{i}")
         next_step = 20
         next_time = None
-        while len(self.injected) < a.failures:
+        while len(self.injected) < a.failures and not self.enough:
             self.poll()
             t = now()
             for due, r in list(self.pending_cont):
@@ -430,7 +440,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--failures", type=int, default=500)
     ap.add_argument("--replicas", type=int, default=3)
-    ap.add_argument("--steps-per-failure", type=int, default=5,
+    ap.add_argument("--steps-per-failure", type=int, default=3,
                     help="mean committed steps between faults (sets --steps)")
     ap.add_argument("--steps", type=int, default=0, help="job length (default from the above)")
     ap.add_argument("--ckpt-every", type=int, default=25)
@@ -441,6 +451,7 @@ def main():
     ap.add_argument("--out", default=str(REPO / "build" / "soak"))
     args = ap.parse_args()
     soak = Soak(args)
+    signal.signal(signal.SIGUSR1, lambda *_: setattr(soak, "enough", True))
     if not soak.trainer.exists():
         print(f"soak: {soak.trainer} not built", file=sys.stderr)
         return 2
