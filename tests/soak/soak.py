@@ -67,7 +67,8 @@ the figures are printed for the faults injected so far (the exit status says
 the target was missed).
 
 Exit status 0 when all of: the target number of faults was injected, no
-committed step was lost, final_match, no replica hung; 1 otherwise.
+committed step was lost (not checked with --gate harness), final_match, no
+replica hung; 1 otherwise.
 Artifacts (every replica's stdout/stderr/loss log, the references) stay in
 --out.
 """
@@ -449,6 +450,10 @@ def main():
     ap.add_argument("--lr", type=float, default=0.003)
     ap.add_argument("--bin-dir", default=os.environ.get("OMNI_BIN_DIR", str(REPO / "build/bin")))
     ap.add_argument("--out", default=str(REPO / "build" / "soak"))
+    ap.add_argument("--gate", choices=("all", "harness"), default="all",
+                    help="all: exit 1 unless every goal is met; harness: only when the run "
+                         "itself failed (too few faults, a hang, no match), not for lost "
+                         "steps, while those are an open finding (docs/elastic.md)")
     args = ap.parse_args()
     soak = Soak(args)
     signal.signal(signal.SIGUSR1, lambda *_: setattr(soak, "enough", True))
@@ -509,8 +514,10 @@ def main():
                   f, indent=1)
     for f in soak.findings:
         print("finding:", json.dumps(f), file=sys.stderr)
-    ok = (len(soak.injected) >= args.failures and not soak.lost and result["final_match"]
+    ok = (len(soak.injected) >= args.failures and result["final_match"]
           and not soak.hung and lr_rel is not None and lr_rel > tolerance)
+    if args.gate == "all":
+        ok = ok and not soak.lost
     print(json.dumps(result), flush=True)
     return 0 if ok else 1
 
