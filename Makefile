@@ -6,7 +6,7 @@ PRESET ?= dev
 JOBS ?= $(shell nproc)
 BUILD_DIR := build
 
-.PHONY: all deps configure build demo test test-fast bench lint format clean
+.PHONY: all deps configure build demo test test-fast bench soak lint format clean
 
 all: build
 
@@ -32,6 +32,14 @@ test-fast: build
 
 bench: build
 	@bash scripts/bench.sh $(BUILD_DIR)
+
+# The elastic job's soak test (tests/soak/soak.py, docs/elastic.md "Soak"):
+# 500 injected failures, about 15-20 minutes on 2 cores; one JSON line.
+# SOAK_ARGS passes options, e.g. SOAK_ARGS="--failures 50".
+SOAK_ARGS ?=
+soak: configure
+	@cmake --build --preset $(PRESET) -j $(JOBS) --target omni_train
+	@/usr/bin/python3 tests/soak/soak.py --bin-dir $(BUILD_DIR)/bin --out $(BUILD_DIR)/soak $(SOAK_ARGS)
 
 lint: configure
 	@bash scripts/lint.sh $(BUILD_DIR)

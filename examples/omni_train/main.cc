@@ -74,6 +74,7 @@ constexpr int64_t kWarmupSteps = 20;
 std::string JobId(const TrainFlags& f) {
   return absl::StrCat("omni_train seed=", f.seed, " batch=", f.batch, " lr=", f.lr,
                       " steps=", f.steps, f.text_only ? " text-only" : "",
+                      f.float64 ? " float64" : "",
                       f.dropout > 0 ? absl::StrCat(" dropout=", f.dropout) : "");
 }
 
@@ -82,12 +83,12 @@ struct BatchTensors {
   torch::Tensor text;
 };
 
-BatchTensors ToTensors(Batch& b, const torch::Device& device) {
+BatchTensors ToTensors(Batch& b, const torch::Device& device, torch::Dtype dtype) {
   BatchTensors t;
   if (!b.images.empty()) {
     t.images = torch::from_blob(b.images.data(), {b.size, kChannels, kImageSize, kImageSize},
                                 torch::kFloat)
-                   .to(device, /*non_blocking=*/false, /*copy=*/true);
+                   .to(device, dtype, /*non_blocking=*/false, /*copy=*/true);
   }
   t.text = torch::from_blob(b.text.data(), {b.size, kTextLen}, torch::kLong)
                .to(device, /*non_blocking=*/false, /*copy=*/true);
@@ -212,7 +213,8 @@ int Run(const TrainFlags& flags) {
   model_config.text_len = kTextLen;
   model_config.dropout = flags.dropout;
   MultimodalLm model(model_config);
-  model->to(device);
+  const torch::Dtype dtype = flags.float64 ? torch::kDouble : torch::kFloat;
+  model->to(device, dtype);
   torch::optim::AdamW optimizer(model->parameters(),
                                 torch::optim::AdamWOptions(flags.lr).weight_decay(0.01));
   omni::torch_ext::WarmupCosineSchedule schedule(optimizer, flags.lr, kWarmupSteps, flags.steps);
@@ -251,7 +253,7 @@ int Run(const TrainFlags& flags) {
   DataConfig eval_data = data;
   eval_data.batch = kEvalSamples;
   Batch eval_batch = MakeBatch(eval_data, kEvalStream, 0, /*decode=*/false);
-  const BatchTensors eval_tensors = ToTensors(eval_batch, device);
+  const BatchTensors eval_tensors = ToTensors(eval_batch, device, dtype);
 
   std::FILE* loss_log = nullptr;
   if (!flags.loss_log.empty()) {
@@ -287,11 +289,11 @@ int Run(const TrainFlags& flags) {
         absl::StatusOr<std::vector<int64_t>> indices = rt.LocalBatch();
         if (!indices.ok()) return Fail(indices.status());
         Batch b = MakeBatchOf(data, kTrainStream, step, *indices, /*decode=*/true);
-        batch = ToTensors(b, device);
+        batch = ToTensors(b, device, dtype);
       } else {
         absl::StatusOr<Batch> next = loader->Next();
         if (!next.ok()) return Fail(next.status());
-        batch = ToTensors(*next, device);
+        batch = ToTensors(*next, device, dtype);
       }
     }
 

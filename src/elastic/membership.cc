@@ -268,6 +268,7 @@ struct Observed {
   bool read = false;     // `value` was read from the store (not just watching)
   int64_t since_ns = 0;  // when `value` was first seen (or watching began)
   int changes = 0;       // changes seen since watching began
+  int64_t read_ns = 0;   // when `value` was last read
 };
 
 class MembershipImpl final : public Membership {
@@ -935,11 +936,21 @@ class MembershipImpl final : public Membership {
             // been silent for at least peer_timeout) or it was deleted.
             o.value = value;
             o.since_ns = std::min(o.since_ns, now - absl::ToInt64Nanoseconds(o_.peer_timeout));
+          } else if (value != o.value &&
+                     now - o.read_ns >= absl::ToInt64Nanoseconds(o_.peer_timeout)) {
+            // This observer did not look for a peer timeout or longer (it was
+            // frozen, or starved): the change may be older than that, e.g.
+            // the last beats of a replica killed meanwhile. It is no sign of
+            // life: a new start, from which a change must be seen again.
+            o.value = value;
+            o.since_ns = now;
+            o.changes = 0;
           } else if (value != o.value) {
             o.value = value;
             o.since_ns = now;
             ++o.changes;
           }
+          o.read_ns = now;
         }
         for (const ReplicaInfo& m : current_.members) {
           if (m.id == o_.self.id || dead_.count(m.id) > 0) continue;

@@ -63,8 +63,21 @@ absl::Status AllReduceGradients(Runtime& rt, const std::vector<torch::Tensor>& p
     bucket_bytes = 0;
     return st;
   };
+  // Which parameters have a gradient on any replica: those that have none
+  // anywhere keep none (the optimizer skips them, as in a single process);
+  // the others get zeros where they have none.
+  std::vector<float> has_grad(params.size());
+  for (size_t i = 0; i < params.size(); ++i) has_grad[i] = params[i].grad().defined() ? 1 : 0;
+  if (!has_grad.empty()) {
+    if (auto st =
+            rt.AllReduce(has_grad.data(), has_grad.size(), DataType::kFloat32, ReduceOp::kSum);
+        !st.ok()) {
+      return st;
+    }
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     const torch::Tensor& p = params[i];
+    if (has_grad[i] == 0) continue;
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
     const torch::Tensor& g = p.grad();
     absl::StatusOr<DType> type = CommType(g.scalar_type(), i);

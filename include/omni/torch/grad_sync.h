@@ -33,9 +33,14 @@ struct GradSyncOptions {
   bool average = false;
 };
 
-// Sums the gradients of `params` over the Runtime's replicas, in place. A
-// parameter without a gradient gets a zero gradient first (every replica
-// must reduce the same layout). Without an elastic group: OK, untouched.
+// Sums the gradients of `params` over the Runtime's replicas, in place.
+// The replicas first agree (one small collective: a float per parameter)
+// on which parameters have a gradient anywhere: a parameter without one on
+// some replicas counts as zeros there (every replica reduces the same
+// layout); a parameter without one on every replica (unused by the step
+// everywhere, e.g. an image encoder in a text-only step) keeps none, so the
+// optimizer skips it exactly as in a single process (AdamW then applies no
+// weight decay to it). Without an elastic group: OK, untouched.
 // Errors: InvalidArgument naming the parameter index for a dtype other than
 // float32 / float64; a failed collective (latched by the Runtime: skip the
 // optimizer step, EndStep answers kRedoStep).
