@@ -84,7 +84,7 @@ absl::StatusOr<JobSaveStats> JobSaves::SaveTogether(
   const auto ino = static_cast<int64_t>(ino_ & 0x3fffffffffffffffull);
   std::vector<int64_t> v = {dev, ino, -dev, -ino,
                             -static_cast<int64_t>(nonce & 0x3fffffffffffffffull)};
-  if (auto st = group.AllReduce(v.data(), v.size(), DataType::kInt64, ReduceOp::kMin); !st.ok()) {
+  if (auto st = group.AllReduce(v.data(), v.size(), DType::kI64, ReduceOp::kMin); !st.ok()) {
     // Aborted whatever the collective's code: a peer is gone, nothing was
     // written; the group recovers at its next collective.
     return absl::AbortedError(absl::StrCat(

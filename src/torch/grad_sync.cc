@@ -70,7 +70,7 @@ absl::Status AllReduceGradients(Runtime& rt, const std::vector<torch::Tensor>& p
   for (size_t i = 0; i < params.size(); ++i) has_grad[i] = params[i].grad().defined() ? 1 : 0;
   if (!has_grad.empty()) {
     if (auto st =
-            rt.AllReduce(has_grad.data(), has_grad.size(), DataType::kFloat32, ReduceOp::kSum);
+            rt.AllReduce(has_grad.data(), has_grad.size(), DType::kF32, ReduceOp::kSum);
         !st.ok()) {
       return st;
     }

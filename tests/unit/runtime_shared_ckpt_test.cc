@@ -108,7 +108,7 @@ void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at,
     }
     ASSERT_TRUE(rt.BeginStep().ok());
     float g = static_cast<float>(rt.step() + t.counter[0] % 97);
-    if (rt.AllReduce(&g, 1, DataType::kFloat32, ReduceOp::kSum).ok()) {
+    if (rt.AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok()) {
       for (float& x : t.w) x = x * 0.5F + g;
       t.counter[0] += rt.rank() + 1;
     }
@@ -260,7 +260,7 @@ TEST(RuntimeSharedCheckpoint, AReplicaLostAtASaveBoundaryAbandonsThatSaveAndTheS
     for (int s = 0; s < 3; ++s) {
       ASSERT_TRUE((*rt)->BeginStep().ok());
       float g = static_cast<float>((*rt)->step() + t.counter[0] % 97);
-      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DataType::kFloat32, ReduceOp::kSum).ok());
+      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok());
       if (s == 2) break;
       absl::StatusOr<Decision> d = (*rt)->EndStep();
       ASSERT_TRUE(d.ok()) << d.status();
