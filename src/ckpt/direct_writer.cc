@@ -15,9 +15,9 @@ using internal::kDirectIoAlign;
 
 namespace {
 
-// Copied then hashed in pieces this large, so that the hash reads the
-// piece from the CPU cache the copy just filled.
-constexpr size_t kCopyPiece = size_t{256} << 10;
+// Pieces at least this large are copied by the writer threads (in parallel
+// with the caller's hashing); smaller ones by the caller at once.
+constexpr size_t kDeferBytes = size_t{256} << 10;
 
 }  // namespace
 
@@ -93,26 +93,34 @@ void DirectWriter::Submit(size_t len) {
     for (int i = 0; i < depth_; ++i) threads_.emplace_back([this] { WriterLoop(); });
   }
   absl::MutexLock l(&mu_);
-  queue_.push_back({b, offset, len});
+  if (!deferred_.empty()) ++copies_pending_;
+  queue_.push_back({b, offset, len, std::move(deferred_)});
+  deferred_.clear();
 }
 
 void DirectWriter::WriterLoop() {
   while (true) {
     Job job;
-    const char* data = nullptr;
+    char* data = nullptr;
     {
       absl::MutexLock l(&mu_);
       mu_.Await(absl::Condition(this, &DirectWriter::HasJob));
       if (queue_.empty()) return;  // stopping
-      job = queue_.front();
+      job = std::move(queue_.front());
       queue_.pop_front();
       data = blocks_[job.block].data;
       ++in_flight_;
       if (!error_.ok()) {  // a write failed: drop the rest
+        if (!job.copies.empty()) --copies_pending_;
         free_.push_back(job.block);
         --in_flight_;
         continue;
       }
+    }
+    if (!job.copies.empty()) {
+      for (const Copy& c : job.copies) std::memcpy(data + c.at, c.from, c.len);
+      absl::MutexLock l(&mu_);
+      --copies_pending_;  // the caller's bytes may change from here on
     }
     absl::Status st = fs_.Write(fd_, data, job.len, job.offset, path_);
     absl::MutexLock l(&mu_);
@@ -127,24 +135,50 @@ absl::Status DirectWriter::Append(const void* data, size_t n, Xxh3& hash) {
   while (n > 0) {
     if (current_ < 0) {
       absl::StatusOr<size_t> b = TakeFree();
-      if (!b.ok()) return b.status();
+      if (!b.ok()) {
+        // A write failed: nothing more is written, but no writer may still
+        // be copying the caller's bytes when this returns.
+        deferred_.clear();
+        absl::MutexLock l(&mu_);
+        mu_.Await(absl::Condition(this, &DirectWriter::Copied));
+        return b.status();
+      }
       current_ = static_cast<int64_t>(*b);
     }
-    char* dst = nullptr;
-    {
-      absl::MutexLock l(&mu_);  // blocks_ grows only on this thread; the lock orders the read
-      dst = blocks_[static_cast<size_t>(current_)].data + filled_;
+    const size_t take = std::min(n, block_bytes_ - filled_);
+    if (take >= kDeferBytes) {
+      deferred_.push_back({p, filled_, take});
+    } else {
+      char* dst = nullptr;
+      {
+        absl::MutexLock l(&mu_);  // blocks_ grows only on this thread; the lock orders the read
+        dst = blocks_[static_cast<size_t>(current_)].data + filled_;
+      }
+      std::memcpy(dst, p, take);
     }
-    const size_t take = std::min({n, block_bytes_ - filled_, kCopyPiece});
-    std::memcpy(dst, p, take);
-    hash.Update(dst, take);
+    hash.Update(p, take);
     p += take;
     n -= take;
     filled_ += take;
     appended_ += take;
     if (filled_ == block_bytes_) Submit(block_bytes_);
   }
+  // The caller's bytes must not be needed after this returns.
+  CopyDeferred();
+  absl::MutexLock l(&mu_);
+  mu_.Await(absl::Condition(this, &DirectWriter::Copied));
   return absl::OkStatus();
+}
+
+void DirectWriter::CopyDeferred() {
+  if (deferred_.empty()) return;
+  char* block = nullptr;
+  {
+    absl::MutexLock l(&mu_);
+    block = blocks_[static_cast<size_t>(current_)].data;
+  }
+  for (const Copy& c : deferred_) std::memcpy(block + c.at, c.from, c.len);
+  deferred_.clear();
 }
 
 absl::Status DirectWriter::Finish() {

@@ -1,17 +1,17 @@
 // Streams a file's bytes with direct I/O (private; the bulk of a shard).
 //
-// The bytes given to Append are copied into one of a bounded number of
-// aligned blocks (and hashed there, while cache-warm); each full block is
-// written with O_DIRECT at its offset by one of `depth` writer threads while
-// the caller fills the next one, so serialization and hashing overlap the
-// disk, several requests stay in flight, and no byte goes through the page
-// cache (the buffered path copied every byte there and left the kernel's
-// write-back to issue the requests; benchmarks/checkpoint_bench.cc compares
-// both with the best O_DIRECT stream). Finish writes the last aligned part
-// the same way, switches the file back to buffered I/O and writes the
-// unaligned tail (less than kDirectIoAlign bytes) through the page cache; the
-// caller's fsync then makes it all durable. The file keeps its exact length:
-// nothing is padded.
+// The bytes given to Append fill one of a bounded number of aligned blocks;
+// each full block is copied (large pieces; small ones are copied at once)
+// and written with O_DIRECT at its offset by one of `depth` writer threads,
+// while the caller hashes the next block's bytes. Append returns once every
+// byte it was given is copied (the caller may then free or change them), so
+// copying, hashing and writing overlap, several requests stay in flight, and
+// no byte goes through the page cache (the buffered path copied every byte there and left the
+// kernel's write-back to issue the requests; benchmarks/checkpoint_bench.cc compares both with the
+// best O_DIRECT stream). Finish writes the last aligned part the same way, switches the file back
+// to buffered I/O and writes the unaligned tail (less than kDirectIoAlign bytes) through the page
+// cache; the caller's fsync then makes it all durable. The file keeps its exact length: nothing is
+// padded.
 //
 // Every write goes through the FileSystem seam (common/fs.h), so the fault
 // injection of tests sees and fails them like any other; the first error is
@@ -76,11 +76,21 @@ class DirectWriter {
     char* data = nullptr;
     size_t size = 0;
   };
+  // Bytes of the caller's still to be copied into a block (at `at`).
+  struct Copy {
+    const char* from = nullptr;
+    size_t at = 0;
+    size_t len = 0;
+  };
   struct Job {
     size_t block = 0;  // index into blocks_
     uint64_t offset = 0;
     size_t len = 0;
+    std::vector<Copy> copies;  // done by the writer before it writes
   };
+  // Copies the current block's deferred pieces on this thread.
+  void CopyDeferred();
+  bool Copied() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return copies_pending_ == 0; }
   // Hands the current block's first `len` bytes to the writers.
   void Submit(size_t len);
   // The index of a free block (maps one while fewer than depth + 1 exist,
@@ -106,8 +116,9 @@ class DirectWriter {
 
   // Owned by the calling thread.
   uint64_t appended_ = 0;
-  int64_t current_ = -1;  // the block being filled, or -1
-  size_t filled_ = 0;     // bytes in it
+  int64_t current_ = -1;        // the block being filled, or -1
+  size_t filled_ = 0;           // bytes in it
+  std::vector<Copy> deferred_;  // pieces of it not copied yet
   bool finished_ = false;
 
   absl::Mutex mu_;
@@ -115,6 +126,7 @@ class DirectWriter {
   std::vector<size_t> free_ ABSL_GUARDED_BY(mu_);
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int copies_pending_ ABSL_GUARDED_BY(mu_) = 0;  // submitted jobs not yet copied
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;  // started with the first full block
