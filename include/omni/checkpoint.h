@@ -101,13 +101,15 @@ struct CheckpointOptions {
   // true returns NotFound as for an empty directory (start from scratch).
   bool start_fresh = false;
   // Write shards with direct I/O where the file system allows it: the bytes
-  // are copied into a few aligned 8 MiB blocks (hashed there) and written
-  // with O_DIRECT by background threads, four requests in flight, bypassing
-  // the page cache (at most 40 MiB of extra memory per save; the unaligned
-  // last bytes go through the page cache). Where O_DIRECT is refused (e.g.
-  // an old tmpfs), or with false, shards are written through the page cache.
+  // are split into a few aligned 8 MiB blocks, copied and written with
+  // O_DIRECT by background threads (four requests in flight) while the
+  // caller hashes, bypassing the page cache (at most 40 MiB of extra memory
+  // per save; the unaligned last bytes go through the page cache). Off by
+  // default: on this project's benchmark disk it measured slower than the
+  // buffered path (docs/preemption.md, "Benchmarks"). Where O_DIRECT is
+  // refused (e.g. an old tmpfs) shards are written through the page cache.
   // The files are the same either way.
-  bool direct_io = true;
+  bool direct_io = false;
   // Read-only: Open neither creates the directory nor takes the writer lock
   // (so it works beside a live writer, and on a directory nobody may write
   // to), removes no temporary files, and no retention ever runs; Save and

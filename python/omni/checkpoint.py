@@ -114,7 +114,8 @@ class CheckpointManager(_ClosingContext):
     ``wait_for_pending`` (``save_async`` while one is being written: wait, or
     skip the new one), ``shard_timeout_s``, ``start_fresh`` (see
     ``restore``), ``direct_io`` (write shards with O_DIRECT where the file
-    system allows it; the files are the same either way).
+    system allows it; off by default, see docs/preemption.md; the files are
+    the same either way).
 
     ``read_only=True`` opens ``dir`` only to read it: no lock (so it works
     beside a live writer, or on a directory nobody may write to), no clean-up
@@ -158,7 +159,7 @@ class CheckpointManager(_ClosingContext):
         shard_timeout_s: float = 300.0,
         keep_snapshot_memory: bool = True,
         start_fresh: bool = False,
-        direct_io: bool = True,
+        direct_io: bool = False,
         read_only: bool = False,
         config: Optional[Mapping[str, Any]] = None,
     ) -> None:

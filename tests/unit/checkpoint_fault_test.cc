@@ -61,7 +61,8 @@ CheckpointOptions Options(const std::string& dir) {
   CheckpointOptions o;
   o.dir = dir;
   o.job_id = "job";
-  o.keep_last = 2;  // saving 3 drops 1: retention's operations are enumerated too
+  o.keep_last = 2;     // saving 3 drops 1: retention's operations are enumerated too
+  o.direct_io = true;  // off by default; its switching is enumerated too
   return o;
 }
 
