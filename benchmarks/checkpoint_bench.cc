@@ -21,7 +21,9 @@
 // taken in alternating order (A B, then B A), and the pairs' ratios are
 // reduced with a median. *_min / *_max give the spread of the pairs.
 //
-// Usage: bench_checkpoint [MiB=1024] [dir=build/bench/ckpt] [trials=7]
+// Usage: bench_checkpoint [MiB=1024] [dir=build/bench/ckpt] [trials=7] [direct_io]
+// (direct_io 1: omni saves with O_DIRECT, 0: through the page cache; default:
+// CheckpointOptions::direct_io's)
 #include <fcntl.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -224,6 +226,7 @@ int main(int argc, char** argv) {
   const int64_t mib = argc > 1 ? std::atoll(argv[1]) : 1024;
   const std::string dir = argc > 2 ? argv[2] : "build/bench/ckpt";
   const int trials = argc > 3 ? std::max(1, std::atoi(argv[3])) : 7;
+  const bool direct_io = argc > 4 ? std::atoi(argv[4]) != 0 : omni::CheckpointOptions().direct_io;
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   std::filesystem::create_directories(dir);
@@ -239,6 +242,7 @@ int main(int argc, char** argv) {
   omni::CheckpointOptions co;
   co.dir = dir + "/omni";
   co.keep_last = 1000;  // retention's deletions would run during the next timing
+  co.direct_io = direct_io;
   auto mgr = omni::CheckpointManager::Open(co);
   if (!mgr.ok()) {
     std::fprintf(stderr, "%s\n", std::string(mgr.status().message()).c_str());
@@ -487,15 +491,17 @@ int main(int argc, char** argv) {
       sr.median, sr.min, sr.max, save_ratio.size(), rr.median, rr.min, rr.max, restore_ratio.size(),
       ar.median, ar.min, ar.max, stall_ratio.size(), tr.median, tr.min, tr.max);
   std::printf(
-      "{\"benchmark\":\"checkpoint\",\"state_gib\":%.3f,\"save_vs_raw\":%.3f,\"restore_vs_raw\":%."
+      "{\"benchmark\":\"checkpoint\",\"direct_io\":%s,\"state_gib\":%.3f,\"save_vs_raw\":%.3f,"
+      "\"restore_vs_raw\":%."
       "3f,\"save_vs_torch_save\":%.3f,\"save_peak_extra_mib\":%.1f,\"async_stall_vs_memcpy\":%."
       "3f,\"async_first_stall_s\":%.3f,\"ratio_method\":\"median_of_pairs\",\"trials\":%d,"
       "\"restore_pairs\":%zu,\"save_vs_raw_min\":%.3f,\"save_vs_raw_max\":%.3f,"
       "\"restore_vs_raw_min\":%.3f,\"restore_vs_raw_max\":%.3f,\"async_stall_vs_memcpy_min\":%.3f,"
       "\"async_stall_vs_memcpy_max\":%.3f,\"async_stall_s\":%.3f,\"memcpy_s\":%.3f%s}\n",
-      gib, sr.median, rr.median, tr.median, static_cast<double>(peak_extra_kb) / 1024.0, ar.median,
-      first_stall, trials, restore_ratio.size(), sr.min, sr.max, rr.min, rr.max, ar.min, ar.max,
-      Median(stall), Median(memcpy_s), direct_json.c_str());
+      direct_io ? "true" : "false", gib, sr.median, rr.median, tr.median,
+      static_cast<double>(peak_extra_kb) / 1024.0, ar.median, first_stall, trials,
+      restore_ratio.size(), sr.min, sr.max, rr.min, rr.max, ar.min, ar.max, Median(stall),
+      Median(memcpy_s), direct_json.c_str());
   mgr->reset();  // joins the writer before the files go
   std::filesystem::remove_all(dir, ec);
   return 0;

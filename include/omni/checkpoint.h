@@ -100,6 +100,23 @@ struct CheckpointOptions {
   // each one and why), so that a job never silently starts over from step 0;
   // true returns NotFound as for an empty directory (start from scratch).
   bool start_fresh = false;
+  // Write shards with direct I/O where the file system allows it: the bytes
+  // are split into a few aligned 8 MiB blocks, copied and written with
+  // O_DIRECT by background threads (four requests in flight) while the
+  // caller hashes, bypassing the page cache (at most 40 MiB of extra memory
+  // per save; the unaligned last bytes go through the page cache). Off by
+  // default: on this project's benchmark disk it measured slower than the
+  // buffered path (docs/preemption.md, "Benchmarks"). Where O_DIRECT is
+  // refused (e.g. an old tmpfs) shards are written through the page cache.
+  // The files are the same either way.
+  bool direct_io = false;
+  // Read-only: Open neither creates the directory nor takes the writer lock
+  // (so it works beside a live writer, and on a directory nobody may write
+  // to), removes no temporary files, and no retention ever runs; Save and
+  // SaveAsync fail with FailedPrecondition. List and Restore work as usual
+  // (rank and world_size pick the shard; job_id and start_fresh apply).
+  // Open fails with NotFound when the directory does not exist.
+  bool read_only = false;
 };
 
 struct CheckpointInfo {
@@ -136,7 +153,8 @@ class OMNI_EXPORT CheckpointManager {
   // that the kernel releases when a writer dies, so a crash never leaves it
   // stuck; FailedPrecondition naming the directory when another live process
   // holds it — and removes temporary and orphaned files left by crashed
-  // writers.
+  // writers. With read_only, none of that: the directory is only opened
+  // (NotFound when missing) and nothing in it is ever changed.
   //
   // Nothing inside `dir` is followed out of it: every entry is opened
   // relative to the directory without following symbolic links, and only
@@ -149,7 +167,8 @@ class OMNI_EXPORT CheckpointManager {
   virtual ~CheckpointManager() = default;
 
   // Saves `state` as checkpoint `step` (0 <= step < 10^12), durable when
-  // this returns OK; a checkpoint of the same step is replaced. A process
+  // this returns OK; a checkpoint of the same step is replaced
+  // (FailedPrecondition, writing nothing, when read_only). A process
   // over its file size limit (RLIMIT_FSIZE) gets ResourceExhausted (EFBIG)
   // here like any full disk: Open ignores SIGXFSZ when its disposition is
   // the default (which would kill the process without a word). Tensors are
@@ -170,6 +189,7 @@ class OMNI_EXPORT CheckpointManager {
   // (wait_for_pending) or returns OK at once with skipped = true and
   // bytes = 0. Errors of a background write latch: the next SaveAsync (or
   // WaitForPending) returns the error once, without starting a new save.
+  // FailedPrecondition, copying nothing, when read_only.
   virtual absl::StatusOr<SaveStats> SaveAsync(
       int64_t step, const StateRegistry& state,
       const std::map<std::string, std::string>& metadata) = 0;

@@ -144,6 +144,8 @@ class CheckpointManager:
         shard_timeout_s: float = 300.0,
         keep_snapshot_memory: bool = True,
         start_fresh: bool = False,
+        direct_io: bool = False,
+        read_only: bool = False,
     ) -> None: ...
     def save(self, step: int, state: StateRegistry, metadata: Optional[Dict[str, str]] = None) -> Dict[str, Any]: ...
     def save_async(

@@ -113,7 +113,16 @@ class CheckpointManager(_ClosingContext):
     memory for the next ``save_async``, or return it after every write),
     ``wait_for_pending`` (``save_async`` while one is being written: wait, or
     skip the new one), ``shard_timeout_s``, ``start_fresh`` (see
-    ``restore``).
+    ``restore``), ``direct_io`` (write shards with O_DIRECT where the file
+    system allows it; off by default, see docs/preemption.md; the files are
+    the same either way).
+
+    ``read_only=True`` opens ``dir`` only to read it: no lock (so it works
+    beside a live writer, or on a directory nobody may write to), no clean-up
+    of a crashed writer's temporary files, no retention; ``save`` and
+    ``save_async`` raise ``RuntimeError`` saying the directory is read-only;
+    ``list`` and ``restore`` work as usual. ``dir`` must exist
+    (``FileNotFoundError`` otherwise).
 
     ``config``: the run's configuration (a JSON-like mapping, nested dicts
     allowed). Every save records it (metadata key ``config``); ``restore``
@@ -124,7 +133,7 @@ class CheckpointManager(_ClosingContext):
     Step ids are unique: saving a step that already exists in ``dir`` raises
     ``FileExistsError`` unless ``overwrite=True`` is passed.
 
-    Opening takes a writer lock on (dir, rank): ``RuntimeError`` naming the
+    Opening (unless ``read_only``) takes a writer lock on (dir, rank): ``RuntimeError`` naming the
     directory when another live process holds it. Use from one thread.
     ``save``, ``restore`` and ``wait_for_pending`` release the GIL; the state
     objects' ``save`` / ``load`` run on the calling thread, holding it.
@@ -150,6 +159,8 @@ class CheckpointManager(_ClosingContext):
         shard_timeout_s: float = 300.0,
         keep_snapshot_memory: bool = True,
         start_fresh: bool = False,
+        direct_io: bool = False,
+        read_only: bool = False,
         config: Optional[Mapping[str, Any]] = None,
     ) -> None:
         self._config = None if config is None else _flatten_config(config)
@@ -161,7 +172,9 @@ class CheckpointManager(_ClosingContext):
             keep_every=keep_every, max_snapshot_bytes=max_snapshot_bytes,
             wait_for_pending=wait_for_pending, shard_timeout_s=shard_timeout_s,
             keep_snapshot_memory=keep_snapshot_memory, start_fresh=start_fresh,
+            direct_io=direct_io, read_only=read_only,
         )
+        self.read_only = read_only
 
     @classmethod
     def open(cls, dir: _Path, **options: Any) -> "CheckpointManager":
@@ -202,6 +215,8 @@ class CheckpointManager(_ClosingContext):
                  overwrite: bool) -> Optional[Dict[str, str]]:
         """The metadata to save (with the config), after refusing an
         existing step id."""
+        if self.read_only:
+            self._c.save(step, StateRegistry(), {})  # raises the core's read-only error
         if self._steps is None:
             self._steps = {info["step"] for info in self._c.list()}
         if not overwrite and step in self._steps:

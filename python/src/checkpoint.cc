@@ -35,6 +35,8 @@ void VisitCheckpointOptions(omni::CheckpointOptions& o, Visitor& v) {
   v.Bool("keep_snapshot_memory", &o.keep_snapshot_memory);
   v.Bool("wait_for_pending", &o.wait_for_pending);
   v.Bool("start_fresh", &o.start_fresh);
+  v.Bool("direct_io", &o.direct_io);
+  v.Bool("read_only", &o.read_only);
   v.Duration("shard_timeout_s", &o.shard_timeout);
 }
 

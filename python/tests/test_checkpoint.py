@@ -392,3 +392,58 @@ def test_restore_with_an_object_the_checkpoint_lacks_raises_naming_it_and_loads_
             ckpt.wait_for_pending(timeout_s=-1.0)
         with pytest.raises(TypeError, match="mapping"):
             ckpt.save(1, [JsonState()])
+
+
+def _tree(root):
+    """Every entry under root: its kind, and for files their bytes and mtime."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        if path.is_file() and not path.is_symlink():
+            out[str(path)] = ("file", path.read_bytes(), st.st_mtime_ns)
+        else:
+            out[str(path)] = ("dir" if path.is_dir() else "other", None, st.st_mtime_ns)
+    out[str(root)] = ("dir", None, root.stat().st_mtime_ns)
+    return out
+
+
+def test_a_read_only_manager_restores_beside_a_live_writer_and_leaves_the_directory_byte_identical(
+    tmp_path,
+):
+    ckpt_dir = tmp_path / "ckpt"
+    arrays = {"w": np.arange(8.0)}
+    writer = omni.CheckpointManager(ckpt_dir, keep_last=3)
+    for step in (1, 2, 3):
+        arrays["w"][:] = step
+        writer.save(step, {"model": ArrayState(arrays)})
+    # What a crashed writer leaves, which a writable Open would remove.
+    (ckpt_dir / ".tmp-step-000000000004").mkdir()
+    (ckpt_dir / ".tmp-step-000000000004" / "rank-00000.safetensors").write_bytes(b"half")
+    before = _tree(ckpt_dir)
+    try:
+        # The writer's lock is held: only a read-only manager may open.
+        with pytest.raises(RuntimeError, match="in use"):
+            omni.CheckpointManager(ckpt_dir)
+        # keep_last=1 would delete steps 1 and 2 at a writer's next save.
+        with omni.CheckpointManager(ckpt_dir, read_only=True, keep_last=1) as reader:
+            assert [info["step"] for info in reader.list()] == [3, 2, 1]
+            back = {"w": np.zeros(8)}
+            assert reader.restore({"model": ArrayState(back)})["step"] == 3
+            assert back["w"].tolist() == [3.0] * 8
+            assert reader.restore({"model": ArrayState(back)}, step=1)["step"] == 1
+            assert back["w"].tolist() == [1.0] * 8
+            with pytest.raises(RuntimeError, match="read-only"):
+                reader.save(5, {"model": ArrayState(back)})
+            with pytest.raises(RuntimeError, match="read-only"):
+                reader.save_async(5, {"model": ArrayState(back)})
+        for step in (1, 2, 3):
+            omni.verify_checkpoint(ckpt_dir / f"step-{step:012d}")
+        assert _tree(ckpt_dir) == before
+    finally:
+        writer.close()
+
+
+def test_a_read_only_manager_of_a_missing_directory_raises_and_creates_nothing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing"):
+        omni.CheckpointManager(tmp_path / "missing", read_only=True)
+    assert not (tmp_path / "missing").exists()

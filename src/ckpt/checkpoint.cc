@@ -888,12 +888,15 @@ class SnapshotWriter final : public StateWriter {
 class CheckpointManagerImpl final : public CheckpointManager {
  public:
   CheckpointManagerImpl(CheckpointOptions options, FileSystem& fs, Fd dir, Fd lock,
-                        struct timespec session)
+                        struct timespec session, ckpt::DirectIoOptions direct)
       : opt_(std::move(options)),
         fs_(fs),
         dir_(std::move(dir)),
         lock_(std::move(lock)),
-        session_(session) {}
+        session_(session),
+        direct_(direct) {
+    direct_.enabled = direct_.enabled && opt_.direct_io;
+  }
   ~CheckpointManagerImpl() override;
 
   absl::Status CleanUp();
@@ -926,6 +929,8 @@ class CheckpointManagerImpl final : public CheckpointManager {
   void DeleteLater(const std::string& name);
   void RemoveAbortedTmpDirs(int64_t except_step);
   absl::Status CheckStepNumber(int64_t step) const;
+  // FailedPrecondition when read-only.
+  absl::Status CheckWritable() const;
   // Waits until no asynchronous save is pending (the latched error stays).
   void WaitIdle();
   void WorkerLoop();
@@ -942,6 +947,7 @@ class CheckpointManagerImpl final : public CheckpointManager {
   const Fd dir_;  // opt_.dir: every name below is opened relative to it
   Fd lock_;
   const struct timespec session_;  // the lock file's mtime at Open (rank 0)
+  ckpt::DirectIoOptions direct_;   // how shards are written
   std::atomic<uint64_t> header_reserve_{kDefaultHeaderReserve};
 
   absl::Mutex mu_;
@@ -977,6 +983,13 @@ CheckpointManagerImpl::~CheckpointManagerImpl() {
   }
   // The worker finishes a pending write and the deletions first.
   if (worker.joinable()) worker.join();
+}
+
+absl::Status CheckpointManagerImpl::CheckWritable() const {
+  if (!opt_.read_only) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("checkpoint directory ", opt_.dir,
+                   " was opened read-only (CheckpointOptions::read_only): saving is refused"));
 }
 
 absl::Status CheckpointManagerImpl::CheckStepNumber(int64_t step) const {
@@ -1134,8 +1147,8 @@ absl::StatusOr<SaveStats> CheckpointManagerImpl::Write(int64_t step, const Metad
 
   const std::string shard_name = ShardFileName(opt_.rank);
   absl::StatusOr<ShardSummary> summary = [&]() -> absl::StatusOr<ShardSummary> {
-    absl::StatusOr<std::unique_ptr<ckpt::ShardWriter>> w =
-        ckpt::ShardWriter::Create(fs_, tmp_fd->get(), shard_name, Join(tmp, shard_name), reserve);
+    absl::StatusOr<std::unique_ptr<ckpt::ShardWriter>> w = ckpt::ShardWriter::Create(
+        fs_, tmp_fd->get(), shard_name, Join(tmp, shard_name), reserve, direct_);
     if (!w.ok()) return w.status();
     if (absl::Status st = Guard("saving", [&] { return fill(**w); }); !st.ok()) return st;
     return (*w)->Finish(shard_md);
@@ -1368,6 +1381,7 @@ void CheckpointManagerImpl::WaitIdle() {
 
 absl::StatusOr<SaveStats> CheckpointManagerImpl::Save(int64_t step, const StateRegistry& state,
                                                       const Metadata& metadata) {
+  if (absl::Status st = CheckWritable(); !st.ok()) return st;
   if (absl::Status st = CheckStepNumber(step); !st.ok()) return st;
   WaitIdle();
   return Write(
@@ -1376,6 +1390,7 @@ absl::StatusOr<SaveStats> CheckpointManagerImpl::Save(int64_t step, const StateR
 
 absl::StatusOr<SaveStats> CheckpointManagerImpl::SaveAsync(int64_t step, const StateRegistry& state,
                                                            const Metadata& metadata) {
+  if (absl::Status st = CheckWritable(); !st.ok()) return st;
   if (absl::Status st = CheckStepNumber(step); !st.ok()) return st;
   std::vector<HostBlock> pool;
   {
@@ -1622,9 +1637,24 @@ void IgnoreSigxfsz() {
   }
 }
 
+// Read-only: the directory opened, nothing else (no lock, no clean-up).
+absl::StatusOr<std::unique_ptr<CheckpointManager>> OpenReadOnly(
+    const CheckpointOptions& options, FileSystem& fs, const ckpt::DirectIoOptions& direct) {
+  absl::StatusOr<Fd> dir = fs.OpenDir(AT_FDCWD, options.dir, options.dir);
+  if (!dir.ok()) {
+    return absl::Status(dir.status().code(),
+                        absl::StrCat("checkpoint directory ", options.dir,
+                                     " (read-only): ", dir.status().message()));
+  }
+  return std::make_unique<CheckpointManagerImpl>(options, fs, *std::move(dir), Fd(), timespec{},
+                                                 direct);
+}
+
 absl::StatusOr<std::unique_ptr<CheckpointManager>> OpenOn(const CheckpointOptions& options,
-                                                          FileSystem& fs) {
+                                                          FileSystem& fs,
+                                                          const ckpt::DirectIoOptions& direct) {
   if (absl::Status st = ValidateOptions(options); !st.ok()) return st;
+  if (options.read_only) return OpenReadOnly(options, fs, direct);
   IgnoreSigxfsz();
   std::error_code ec;
   std::filesystem::create_directories(options.dir, ec);
@@ -1674,7 +1704,7 @@ absl::StatusOr<std::unique_ptr<CheckpointManager>> OpenOn(const CheckpointOption
   struct stat st;
   if (::fstat(lock.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", lock_path));
   auto mgr = std::make_unique<CheckpointManagerImpl>(options, fs, *std::move(dir), std::move(lock),
-                                                     st.st_mtim);
+                                                     st.st_mtim, direct);
   if (absl::Status cleaned = mgr->CleanUp(); !cleaned.ok()) return cleaned;
   mgr->LearnHeaderReserve();
   return mgr;
@@ -1684,13 +1714,13 @@ absl::StatusOr<std::unique_ptr<CheckpointManager>> OpenOn(const CheckpointOption
 
 absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(
     const CheckpointOptions& options) {
-  return OpenOn(options, internal::RealFileSystem());
+  return OpenOn(options, internal::RealFileSystem(), ckpt::DirectIoOptions());
 }
 
 namespace internal {
 absl::StatusOr<std::unique_ptr<CheckpointManager>> OpenCheckpointManagerOn(
-    const CheckpointOptions& options, FileSystem& fs) {
-  return OpenOn(options, fs);
+    const CheckpointOptions& options, FileSystem& fs, const ckpt::DirectIoOptions& direct) {
+  return OpenOn(options, fs, direct);
 }
 }  // namespace internal
 

@@ -129,7 +129,8 @@ ShardWriter::ShardWriter(internal::FileSystem& fs, std::string path, Fd fd, uint
 absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(internal::FileSystem& fs, int dir,
                                                                  const std::string& name,
                                                                  std::string path,
-                                                                 uint64_t header_reserve) {
+                                                                 uint64_t header_reserve,
+                                                                 const DirectIoOptions& direct) {
   if (header_reserve < 16 || header_reserve % 8 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("header reserve ", header_reserve, " is not a multiple of 8 >= 16"));
@@ -137,6 +138,18 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(internal::FileS
   // Read-write: a header that outgrows its reserve moves the data.
   absl::StatusOr<Fd> fd = fs.OpenWrite(dir, name, /*truncate=*/true, /*exclusive=*/false, path);
   if (!fd.ok()) return fd.status();
+  if (direct.enabled) {
+    const uint64_t align = internal::kDirectIoAlign;
+    const uint64_t reserve = (header_reserve + align - 1) / align * align;
+    absl::StatusOr<std::unique_ptr<DirectWriter>> d =
+        DirectWriter::Start(fs, fd->get(), path, reserve, direct);
+    if (d.ok()) {
+      auto w = std::make_unique<ShardWriter>(fs, std::move(path), *std::move(fd), reserve);
+      w->direct_ = *std::move(d);
+      return w;
+    }
+    // Refused (no O_DIRECT here): buffered, as below.
+  }
   return std::make_unique<ShardWriter>(fs, std::move(path), *std::move(fd), header_reserve);
 }
 
@@ -193,6 +206,11 @@ absl::Status ShardWriter::PutBytes(std::string_view key, std::string_view bytes)
 }
 
 absl::Status ShardWriter::Append(const void* data, size_t n, Xxh3& hash) {
+  if (direct_ != nullptr) {
+    if (absl::Status st = direct_->Append(data, n, hash); !st.ok()) return st;
+    data_end_ += n;
+    return absl::OkStatus();
+  }
   const char* p = static_cast<const char*>(data);
   if (n < kDirectBytes) {
     if (stage_.size() + n > kStageBytes) {
@@ -268,7 +286,12 @@ absl::Status ShardWriter::MoveData(uint64_t new_start) {
 absl::StatusOr<ShardSummary> ShardWriter::Finish(
     const std::map<std::string, std::string>& metadata) {
   if (!error_.ok()) return error_;
-  absl::Status st = FlushStage();
+  absl::Status st;
+  if (direct_ != nullptr) {
+    st = direct_->Finish();  // leaves the file in buffered mode
+    direct_.reset();
+  }
+  if (st.ok()) st = FlushStage();
   std::string json_text;
   if (st.ok()) {
     json_text = HeaderJson(entries_, metadata);

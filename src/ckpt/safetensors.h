@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "ckpt/direct_writer.h"
 #include "common/fs.h"
 #include "omni/hash.h"
 #include "omni/state.h"
@@ -82,19 +83,26 @@ uint64_t HeaderBytesFor(size_t json_size);
 
 // Writes one shard. Tensors go to the file as they are put (data section at
 // `header_reserve`, the header written last at offset 0; when it outgrows
-// the reserve the data is moved once), each hashed on the way; small ones are
-// gathered into an 8 MiB staging buffer, large ones written from the caller's
-// memory in 8 MiB pieces, with writeback started every 32 MiB so the final
-// fsync has little left to do.
+// the reserve the data is moved once), each hashed on the way.
+//
+// With direct I/O (the default where the file system has it), the data
+// section starts at a multiple of kDirectIoAlign and streams through a
+// DirectWriter (ckpt/direct_writer.h): copied into a few aligned blocks,
+// hashed there, written with O_DIRECT by background threads, the unaligned
+// tail buffered. Without it (direct.enabled false, or the file system
+// refuses O_DIRECT, e.g. an old tmpfs): small tensors are gathered into an
+// 8 MiB staging buffer, large ones written from the caller's memory in 8 MiB
+// pieces through the page cache, with writeback started every 32 MiB so the
+// final fsync has little left to do. The file is the same either way.
 class ShardWriter final : public StateWriter {
  public:
   // Creates (truncates) the regular file `name` under the directory `dir`
   // (at `path`) through `fs`, which every write and the fsync go through.
-  // header_reserve: a multiple of 8, >= 16.
-  static absl::StatusOr<std::unique_ptr<ShardWriter>> Create(internal::FileSystem& fs, int dir,
-                                                             const std::string& name,
-                                                             std::string path,
-                                                             uint64_t header_reserve);
+  // header_reserve: a multiple of 8, >= 16 (rounded up to kDirectIoAlign
+  // for direct I/O).
+  static absl::StatusOr<std::unique_ptr<ShardWriter>> Create(
+      internal::FileSystem& fs, int dir, const std::string& name, std::string path,
+      uint64_t header_reserve, const DirectIoOptions& direct = DirectIoOptions());
   ShardWriter(internal::FileSystem& fs, std::string path, Fd fd,
               uint64_t reserve);  // use Create
   absl::Status PutTensor(std::string_view key, DType dtype, std::vector<int64_t> shape,
@@ -105,6 +113,8 @@ class ShardWriter final : public StateWriter {
   absl::StatusOr<ShardSummary> Finish(const std::map<std::string, std::string>& metadata);
   uint64_t data_bytes() const { return data_end_; }
   const std::string& path() const { return path_; }
+  // Whether the data goes out with direct I/O.
+  bool direct() const { return direct_ != nullptr; }
 
  private:
   absl::Status Append(const void* data, size_t n, Xxh3& hash);
@@ -123,6 +133,8 @@ class ShardWriter final : public StateWriter {
   std::vector<TensorEntry> entries_;
   std::unordered_set<std::string> keys_;
   absl::Status error_;  // first I/O error: the file is unusable after it
+  // Last: its writer threads stop before fd_ closes.
+  std::unique_ptr<DirectWriter> direct_;
 };
 
 // A parsed and validated header: entries in file order, metadata.

@@ -111,6 +111,10 @@ absl::Status CheckWritableDir(const std::string& path) {
 
 // ---------------------------------------------------------------- the seam
 
+absl::Status FileSystem::SetDirectIo(int /*fd*/, bool /*on*/, const std::string& path) {
+  return absl::UnimplementedError(absl::StrCat(path, ": no direct I/O on this file system"));
+}
+
 namespace {
 
 FileType TypeOf(mode_t m) {
@@ -167,6 +171,12 @@ absl::StatusOr<Fd> CheckRegular(Fd fd, const std::string& path) {
   return fd;
 }
 
+// Switches O_DIRECT off; false when it was not on (or cannot be changed).
+bool ClearDirectIo(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  return flags >= 0 && (flags & O_DIRECT) != 0 && ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) == 0;
+}
+
 class RealFs final : public FileSystem {
  public:
   absl::StatusOr<Fd> OpenDir(int dir, const std::string& name, const std::string& path) override {
@@ -218,12 +228,25 @@ class RealFs final : public FileSystem {
       const ssize_t w = ::pwrite(fd, p, std::min(n, size_t{1} << 30), static_cast<off_t>(offset));
       if (w < 0) {
         if (errno == EINTR) continue;
+        // Direct I/O refused for its alignment (a device with larger
+        // blocks, or the rest of a short write): the same bytes through the
+        // page cache instead.
+        if (errno == EINVAL && ClearDirectIo(fd)) continue;
         return ErrnoStatus(errno, absl::StrCat("write ", path));
       }
       if (w == 0) return ErrnoStatus(EIO, absl::StrCat("write ", path));
       p += w;
       n -= static_cast<size_t>(w);
       offset += static_cast<uint64_t>(w);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status SetDirectIo(int fd, bool on, const std::string& path) override {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0) return ErrnoStatus(errno, absl::StrCat("fcntl ", path));
+    if (((flags & O_DIRECT) != 0) == on) return absl::OkStatus();
+    if (::fcntl(fd, F_SETFL, on ? (flags | O_DIRECT) : (flags & ~O_DIRECT)) != 0) {
+      return ErrnoStatus(errno, absl::StrCat(on ? "direct I/O on " : "direct I/O off ", path));
     }
     return absl::OkStatus();
   }

@@ -132,7 +132,21 @@ class FileSystem {
   virtual absl::Status Mkdir(int dir, const std::string& name, const std::string& path) = 0;
   // The entries of an open directory (without . and ..), sorted by name.
   virtual absl::StatusOr<std::vector<DirEntry>> List(int dir, const std::string& path) = 0;
+
+  // Optional: switches direct I/O (O_DIRECT: writes bypass the page cache)
+  // on or off for the open file `fd`. While it is on, every Write must pass
+  // a buffer, offset and length that are multiples of kDirectIoAlign (a
+  // Write the file system still refuses for its alignment is retried
+  // without direct I/O). Unimplemented where this file system cannot (the
+  // default); the kernel's refusal (EINVAL: a file system without direct
+  // I/O, e.g. an old tmpfs) as an ErrnoStatus. Callers treat any error of
+  // switching it on as "use buffered I/O".
+  virtual absl::Status SetDirectIo(int fd, bool on, const std::string& path);
 };
+
+// Alignment of buffers, offsets and lengths for direct I/O (the largest
+// logical block size of common devices).
+inline constexpr size_t kDirectIoAlign = 4096;
 
 // The operating system's file system.
 FileSystem& RealFileSystem();

@@ -68,6 +68,27 @@ void FaultFileSystem::Arm(Mode mode, int64_t at, int err) {
   fired_ = false;
 }
 
+void FaultFileSystem::RefuseMutations(bool refuse) {
+  absl::MutexLock l(&mu_);
+  refuse_mutations_ = refuse;
+}
+
+int64_t FaultFileSystem::refused() const {
+  absl::MutexLock l(&mu_);
+  return refused_;
+}
+
+absl::Status FaultFileSystem::BeforeMutation(const char* what, const std::string& path) {
+  {
+    absl::MutexLock l(&mu_);
+    if (refuse_mutations_) {
+      ++refused_;
+      return ErrnoStatus(EROFS, absl::StrCat("refused: ", what, " ", path));
+    }
+  }
+  return Before(what, path);
+}
+
 int64_t FaultFileSystem::ops() const {
   absl::MutexLock l(&mu_);
   return ops_;
@@ -107,7 +128,7 @@ absl::StatusOr<Fd> FaultFileSystem::OpenDir(int dir, const std::string& name,
 
 absl::StatusOr<Fd> FaultFileSystem::OpenWrite(int dir, const std::string& name, bool truncate,
                                               bool exclusive, const std::string& path) {
-  if (absl::Status st = Before("create", path); !st.ok()) return st;
+  if (absl::Status st = BeforeMutation("create", path); !st.ok()) return st;
   struct stat before;
   const bool existed = ::fstatat(dir, name.c_str(), &before, AT_SYMLINK_NOFOLLOW) == 0;
   absl::StatusOr<Fd> fd = real_.OpenWrite(dir, name, truncate, exclusive, path);
@@ -140,7 +161,7 @@ absl::StatusOr<internal::FileStat> FaultFileSystem::Stat(int dir, const std::str
 
 absl::Status FaultFileSystem::Write(int fd, const void* data, size_t n, uint64_t offset,
                                     const std::string& path) {
-  if (absl::Status st = Before("write", path); !st.ok()) return st;
+  if (absl::Status st = BeforeMutation("write", path); !st.ok()) return st;
   {
     absl::MutexLock l(&mu_);
     if (auto k = KeyOfFd(fd)) dirty_.insert(*k);
@@ -149,7 +170,7 @@ absl::Status FaultFileSystem::Write(int fd, const void* data, size_t n, uint64_t
 }
 
 absl::Status FaultFileSystem::Sync(int fd, const std::string& path) {
-  if (absl::Status st = Before("fsync", path); !st.ok()) return st;
+  if (absl::Status st = BeforeMutation("fsync", path); !st.ok()) return st;
   if (absl::Status st = real_.Sync(fd, path); !st.ok()) return st;
   struct stat st;
   if (::fstat(fd, &st) != 0) return absl::OkStatus();
@@ -170,7 +191,7 @@ absl::Status FaultFileSystem::Sync(int fd, const std::string& path) {
 absl::Status FaultFileSystem::Rename(int from_dir, const std::string& from, int to_dir,
                                      const std::string& to, bool exchange,
                                      const std::string& path) {
-  if (absl::Status st = Before(exchange ? "exchange" : "rename", path); !st.ok()) return st;
+  if (absl::Status st = BeforeMutation(exchange ? "exchange" : "rename", path); !st.ok()) return st;
   DirOp op{exchange ? Op::kExchange : Op::kRename,
            DirPath(from_dir),
            from,
@@ -205,7 +226,7 @@ absl::Status FaultFileSystem::Rename(int from_dir, const std::string& from, int 
 
 absl::Status FaultFileSystem::Remove(int dir, const std::string& name, bool directory,
                                      const std::string& path) {
-  if (absl::Status st = Before("remove", path); !st.ok()) return st;
+  if (absl::Status st = BeforeMutation("remove", path); !st.ok()) return st;
   DirOp op{directory ? Op::kRemoveDir : Op::kRemoveFile,
            DirPath(dir),
            name,
@@ -231,7 +252,7 @@ absl::Status FaultFileSystem::Remove(int dir, const std::string& name, bool dire
 }
 
 absl::Status FaultFileSystem::Mkdir(int dir, const std::string& name, const std::string& path) {
-  if (absl::Status st = Before("mkdir", path); !st.ok()) return st;
+  if (absl::Status st = BeforeMutation("mkdir", path); !st.ok()) return st;
   if (absl::Status st = real_.Mkdir(dir, name, path); !st.ok()) return st;
   DirOp op{Op::kMkdir, DirPath(dir), name, "", "", KeyOfFd(dir).value_or(Key{}), {}, "", false, {}};
   if (auto k = KeyOfFd(dir)) op.unsynced.insert(*k);
@@ -244,6 +265,12 @@ absl::StatusOr<std::vector<internal::DirEntry>> FaultFileSystem::List(int dir,
                                                                       const std::string& path) {
   if (absl::Status st = Before("list", path); !st.ok()) return st;
   return real_.List(dir, path);
+}
+
+absl::Status FaultFileSystem::SetDirectIo(int fd, bool on, const std::string& path) {
+  if (absl::Status st = BeforeMutation(on ? "direct I/O on" : "direct I/O off", path); !st.ok())
+    return st;
+  return real_.SetDirectIo(fd, on, path);
 }
 
 std::string FaultFileSystem::WhereNow(const std::string& root, Key key,

@@ -36,6 +36,11 @@ class FaultFileSystem final : public internal::FileSystem {
   explicit FaultFileSystem(std::string stash);
 
   void Arm(Mode mode, int64_t at, int err = EIO);
+  // Refuses every mutating operation (create or open for writing, write,
+  // fsync, rename, remove, mkdir, direct I/O) with EROFS while set, counting
+  // them (a read-only directory, as root cannot otherwise get one).
+  void RefuseMutations(bool refuse);
+  int64_t refused() const;
   int64_t ops() const;
   bool fired() const;
   // Undoes what was not durable (see above), under the directory `root`.
@@ -58,6 +63,8 @@ class FaultFileSystem final : public internal::FileSystem {
                       const std::string& path) override;
   absl::Status Mkdir(int dir, const std::string& name, const std::string& path) override;
   absl::StatusOr<std::vector<internal::DirEntry>> List(int dir, const std::string& path) override;
+  // Forwarded to the real file system (one operation, which can fail).
+  absl::Status SetDirectIo(int fd, bool on, const std::string& path) override;
 
  private:
   using Key = std::pair<uint64_t, uint64_t>;  // (device, inode)
@@ -74,6 +81,8 @@ class FaultFileSystem final : public internal::FileSystem {
   };
 
   absl::Status Before(const char* what, const std::string& path);
+  // Before, for the mutating operations.
+  absl::Status BeforeMutation(const char* what, const std::string& path);
   std::string StashName();
   void Record(DirOp op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the directory `key` is now under `root` (`recorded` when not found).
@@ -87,6 +96,8 @@ class FaultFileSystem final : public internal::FileSystem {
   int err_ ABSL_GUARDED_BY(mu_) = EIO;
   int64_t ops_ ABSL_GUARDED_BY(mu_) = 0;
   bool fired_ ABSL_GUARDED_BY(mu_) = false;
+  bool refuse_mutations_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t stashed_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<DirOp> pending_ ABSL_GUARDED_BY(mu_);
   std::set<Key> dirty_ ABSL_GUARDED_BY(mu_);
