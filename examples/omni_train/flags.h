@@ -23,7 +23,7 @@ struct TrainFlags {
   int64_t eval_every = 50;     // 0 disables eval
   bool text_only = false;
   bool stall_io = false;  // --stall-io: the decode cost is a blocking wait, not CPU work
-  bool float64 = false;  // --float64: parameters, activations and gradients in double
+  bool float64 = false;   // --float64: parameters, activations and gradients in double
   double stall_scale = 1.0;
   int window = 200;
   bool quiet = false;

@@ -69,8 +69,7 @@ absl::Status AllReduceGradients(Runtime& rt, const std::vector<torch::Tensor>& p
   std::vector<float> has_grad(params.size());
   for (size_t i = 0; i < params.size(); ++i) has_grad[i] = params[i].grad().defined() ? 1 : 0;
   if (!has_grad.empty()) {
-    if (auto st =
-            rt.AllReduce(has_grad.data(), has_grad.size(), DType::kF32, ReduceOp::kSum);
+    if (auto st = rt.AllReduce(has_grad.data(), has_grad.size(), DType::kF32, ReduceOp::kSum);
         !st.ok()) {
       return st;
     }
