@@ -151,9 +151,7 @@ ncclDataType_t ToNccl(DType t) {
       return ncclInt32;
     case DType::kI64:
       return ncclInt64;
-    case DType::kU8:
-      return ncclUint8;
-    default:  // refused by CheckAllReduceArgs
+    default:  // kU8; the other types are refused by CheckAllReduceArgs
       return ncclUint8;
   }
 }
