@@ -741,31 +741,41 @@ class MembershipImpl final : public Membership {
     }
   }
 
-  // Silent for peer_timeout, or (with `session` given) its id now beats for
-  // another process: the member's own process is gone (it was restarted).
-  bool IsDeadLocked(const std::string& id, int64_t now, const std::string& session = "") const
+  // How long `o` has been observed not to change: from when its value was
+  // first seen to the heartbeat thread's latest read of it, never to "now".
+  // A heartbeat thread that stopped reading (blocked behind a slow store,
+  // starved, frozen) has observed nothing since, so silence does not grow
+  // with the time the training thread asks at: a replica is never taken
+  // for dead on observations it did not make.
+  static int64_t ObservedSilenceNs(const Observed& o) {
+    return o.read ? o.read_ns - o.since_ns : 0;
+  }
+
+  // Observed silent for peer_timeout, or (with `session` given) its id now
+  // beats for another process: the member's own process is gone (it was
+  // restarted).
+  bool IsDeadLocked(const std::string& id, const std::string& session = "") const
       ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     auto it = seen_.find(id);
     if (it == seen_.end()) return false;  // not watched yet
     const std::string beating = SessionOf(it->second.value);
     if (!session.empty() && !beating.empty() && beating != session) return true;
-    return now - it->second.since_ns >= absl::ToInt64Nanoseconds(o_.peer_timeout);
+    return ObservedSilenceNs(it->second) >= absl::ToInt64Nanoseconds(o_.peer_timeout);
   }
 
-  // No heartbeat change from `id` seen for `d` (false when not watched).
+  // No heartbeat change from `id` observed for `d` (false when not watched).
   bool SilentFor(const std::string& id, absl::Duration d) const {
     absl::MutexLock lock(&mu_);
     auto it = seen_.find(id);
-    return it != seen_.end() && Now() - it->second.since_ns >= absl::ToInt64Nanoseconds(d);
+    return it != seen_.end() && ObservedSilenceNs(it->second) >= absl::ToInt64Nanoseconds(d);
   }
 
   bool AllDead(const std::vector<ReplicaInfo>& members) {
     absl::MutexLock lock(&mu_);
-    const int64_t now = Now();
     return std::all_of(members.begin(), members.end(), [&](const ReplicaInfo& m) {
       // This id as an earlier process (before a restart) is gone for good.
       if (m.id == o_.self.id) return !m.session.empty() && m.session != session_;
-      return seen_.count(m.id) > 0 && IsDeadLocked(m.id, now, m.session);
+      return seen_.count(m.id) > 0 && IsDeadLocked(m.id, m.session);
     });
   }
 
@@ -843,7 +853,7 @@ class MembershipImpl final : public Membership {
       // id must be seen changing, under the ticket's session.
       const std::string beating = SessionOf(it->second.value);
       if (!r.session.empty() && beating != r.session) continue;
-      if (it->second.changes > 0 && !IsDeadLocked(r.id, now)) out.push_back(r);
+      if (it->second.changes > 0 && !IsDeadLocked(r.id)) out.push_back(r);
     }
     return out;
   }
@@ -927,21 +937,26 @@ class MembershipImpl final : public Membership {
           if (!o.read) {
             // The first read is no change: a dead replica's last heartbeat
             // must not look like a fresh one to an observer that just began
-            // watching it (a newcomer reading the old tickets).
+            // watching it (a newcomer reading the old tickets). Nor is it
+            // silence: observation begins here, not when watching was asked
+            // for (the heartbeat thread may have been blocked since).
             o.read = true;
             o.value = value;
-            if (o.since_ns == 0) o.since_ns = now;
+            o.since_ns = now;
           } else if (leases && value.empty() && !o.value.empty()) {
             // Its leased heartbeat key vanished: the lease expired (it has
             // been silent for at least peer_timeout) or it was deleted.
             o.value = value;
             o.since_ns = std::min(o.since_ns, now - absl::ToInt64Nanoseconds(o_.peer_timeout));
-          } else if (value != o.value &&
-                     now - o.read_ns >= absl::ToInt64Nanoseconds(o_.peer_timeout)) {
-            // This observer did not look for a peer timeout or longer (it was
-            // frozen, or starved): the change may be older than that, e.g.
-            // the last beats of a replica killed meanwhile. It is no sign of
-            // life: a new start, from which a change must be seen again.
+          } else if (now - o.read_ns >= absl::ToInt64Nanoseconds(o_.peer_timeout) / 2) {
+            // This observer did not look for half a peer timeout or longer
+            // (it was frozen or starved, or its own heartbeat write waited
+            // for a slow store, as every replica's did): it knows nothing of
+            // that time. A change may be older than that, e.g. the last
+            // beats of a replica killed meanwhile, so it is no sign of life;
+            // no change is no sign of death either, since the peer's write
+            // may be queued behind the same slow store. A new start, from
+            // which silence (or a change) must be observed again.
             o.value = value;
             o.since_ns = now;
             o.changes = 0;
@@ -954,7 +969,7 @@ class MembershipImpl final : public Membership {
         }
         for (const ReplicaInfo& m : current_.members) {
           if (m.id == o_.self.id || dead_.count(m.id) > 0) continue;
-          if (IsDeadLocked(m.id, now, m.session)) {
+          if (IsDeadLocked(m.id, m.session)) {
             dead_.insert(m.id);
             newly_dead.push_back(m.id);
           }

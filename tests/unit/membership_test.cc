@@ -569,6 +569,162 @@ TEST(Membership, AMemberThawedAfterAJoinerDiedDoesNotAdmitItOnBeatsWrittenDuring
   EXPECT_EQ(Ids(a->current()), (std::vector<std::string>{"a"}));
 }
 
+// Store latency as behind a slow or contended store server: while the gate
+// is closed, every write of every view waits (heartbeats, tickets,
+// proposals); reads are served. Views reopen one by one, in the order the
+// server happens to serve the queued writers.
+class WriteGate {
+ public:
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    open_.clear();
+    closed_ = true;
+  }
+  void Open(const std::string& view) {
+    absl::MutexLock lock(&mu_);
+    open_.insert(view);
+  }
+  void OpenAll() {
+    absl::MutexLock lock(&mu_);
+    closed_ = false;
+  }
+  void Pass(const std::string& view) {
+    absl::MutexLock lock(&mu_);
+    const auto may_pass = [&] { return !closed_ || open_.count(view) > 0; };
+    mu_.Await(absl::Condition(&may_pass));
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::string> open_ ABSL_GUARDED_BY(mu_);
+};
+
+// Writes of keys that begin with `gated` (all by default) pass `gate` as
+// the view `name`.
+class GatedWrites final : public Store {
+ public:
+  GatedWrites(Store& base, WriteGate& gate, std::string name, std::string gated = "")
+      : base_(base), gate_(gate), name_(std::move(name)), gated_(std::move(gated)) {}
+  absl::Status Set(const std::string& k, const std::string& v) override {
+    Pass(k);
+    return base_.Set(k, v);
+  }
+  absl::StatusOr<std::optional<std::string>> TryGet(const std::string& k) override {
+    return base_.TryGet(k);
+  }
+  absl::StatusOr<int64_t> Add(const std::string& k, int64_t d) override {
+    Pass(k);
+    return base_.Add(k, d);
+  }
+  absl::StatusOr<std::string> CompareAndSet(const std::string& k, const std::string& e,
+                                            const std::string& v) override {
+    Pass(k);
+    return base_.CompareAndSet(k, e, v);
+  }
+  absl::StatusOr<bool> Delete(const std::string& k) override {
+    Pass(k);
+    return base_.Delete(k);
+  }
+
+ private:
+  void Pass(const std::string& k) {
+    if (absl::StartsWith(k, gated_)) gate_.Pass(name_);
+  }
+  Store& base_;
+  WriteGate& gate_;
+  const std::string name_;
+  const std::string gated_;
+};
+
+// Drives `member` through boundaries until a new generation lands (a
+// joiner admitted); returns what it adopted.
+std::optional<Generation> DriveUntilAdmitted(Membership& member) {
+  std::optional<Generation> admitted;
+  for (int64_t step = 1; step < 300 && !admitted.has_value(); ++step) {
+    absl::StatusOr<std::optional<Generation>> n = member.AtBoundary(step);
+    EXPECT_TRUE(n.ok()) << n.status();
+    if (!n.ok()) break;
+    admitted = *n;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return admitted;
+}
+
+// Found by the soak test (tests/soak, its "stall" faults): a replica
+// restarted after a kill was waiting to be admitted when the store stalled
+// every write for longer than the peer timeout. Its training thread, still
+// reading, judged the live members dead on the observations its heartbeat
+// thread, blocked in its own write, had stopped making; it formed a
+// generation of its own from its older checkpoint, the members were evicted
+// from theirs, and committed steps were trained again (lost). Silence counts
+// only what an observer has read.
+TEST(Membership, AJoinerDoesNotTakeLiveMembersForDeadWhileTheStoreStallsEveryWrite) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  WriteGate gate;
+  GatedWrites a_view(*store, gate, "a");
+  GatedWrites c_view(*store, gate, "c");
+  auto a = MustCreate(a_view, Opts("a", 1, 3));
+  JoinAll({a.get()});
+  auto c = MustCreate(c_view, Opts("c", 1, 3));
+  absl::StatusOr<Generation> joined;
+  std::thread joiner([&] { joined = c->Join(); });
+  // c's ticket is in and c watches a (a is in a long step: no boundary).
+  for (int i = 0; i < 200; ++i) {
+    absl::StatusOr<std::optional<std::string>> seq = store->TryGet("join/seq");
+    ASSERT_TRUE(seq.ok()) << seq.status();
+    if (seq->has_value() && store->TryGet("join/1").ok() && store->TryGet("join/1")->has_value()) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  gate.Close();
+  absl::SleepFor(absl::Milliseconds(3 * 250));  // 3 peer timeouts without a write landing
+  gate.Open("c");                               // c's queued writes are served first
+  absl::SleepFor(absl::Milliseconds(150));
+  gate.OpenAll();
+  std::optional<Generation> admitted = DriveUntilAdmitted(*a);
+  joiner.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_TRUE(admitted.has_value());
+  EXPECT_GE(admitted->rank, 0) << "a was evicted: " << admitted->ToString();
+  EXPECT_EQ(admitted->kind, GenerationKind::kJoin) << admitted->ToString();
+  EXPECT_EQ(Ids(*joined), (std::vector<std::string>{"a", "c"})) << joined->ToString();
+  EXPECT_EQ(joined->number, admitted->number);
+}
+
+// The same stall, as the soak test met it the second time: the joiner wrote
+// its ticket and asked to watch the members while its heartbeat thread was
+// already blocked in its own heartbeat write. Its first read of a member's
+// heartbeat, once the store served writes again, is where observing begins:
+// the time it waited before is no silence of the member's.
+TEST(Membership, AJoinerThatBeganWatchingDuringAStallCountsSilenceFromItsFirstRead) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  WriteGate gate;
+  GatedWrites a_view(*store, gate, "a", "hb/");
+  GatedWrites c_view(*store, gate, "c", "hb/");
+  auto a = MustCreate(a_view, Opts("a", 1, 3));
+  JoinAll({a.get()});
+  auto c = MustCreate(c_view, Opts("c", 1, 3));
+  gate.Close();  // every heartbeat write waits; tickets and proposals pass
+  absl::StatusOr<Generation> joined;
+  std::thread joiner([&] { joined = c->Join(); });
+  absl::SleepFor(absl::Milliseconds(3 * 250));
+  gate.Open("c");
+  absl::SleepFor(absl::Milliseconds(150));
+  gate.OpenAll();
+  std::optional<Generation> admitted = DriveUntilAdmitted(*a);
+  joiner.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_TRUE(admitted.has_value());
+  EXPECT_GE(admitted->rank, 0) << "a was evicted: " << admitted->ToString();
+  EXPECT_EQ(admitted->kind, GenerationKind::kJoin) << admitted->ToString();
+  EXPECT_EQ(Ids(*joined), (std::vector<std::string>{"a", "c"})) << joined->ToString();
+}
+
 TEST(Membership, AnUnreachableStoreFailsCreateWithinItsRetryBound) {
   TempDir dir;
   auto store = OpenFileStore(dir);
