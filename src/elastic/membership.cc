@@ -716,6 +716,7 @@ class MembershipImpl final : public Membership {
     for (size_t i = 0; i < g.members.size(); ++i) {
       if (g.members[i].id == o_.self.id) g.rank = static_cast<int>(i);
     }
+    if (g.rank >= 0 && my_ticket_ > 0) MarkTicketUsed(g.number);
     absl::MutexLock lock(&mu_);
     current_ = g;
     dead_.clear();
@@ -805,8 +806,9 @@ class MembershipImpl final : public Membership {
                          "' (key 'incarnation'): the store lost its "
                          "state under the running job")));
       }
-      if (j.is_object() && j.contains("withdrawn")) {
-        // Its holder left: none of its tickets counts any more.
+      if (j.is_object() && (j.contains("withdrawn") || j.contains("admitted"))) {
+        // Its holder left, or was admitted with it: none of its tickets
+        // counts any more (coming back takes a new one).
         if (absl::StatusOr<ReplicaInfo> gone = InfoFromJson(j); gone.ok()) {
           DropTickets(gone->id, gone->session);
         }
@@ -856,6 +858,22 @@ class MembershipImpl final : public Membership {
       if (it->second.changes > 0 && !IsDeadLocked(r.id)) out.push_back(r);
     }
     return out;
+  }
+
+  // Marks this replica's ticket as used up by its admission to generation
+  // `number`. A member that reads it only later (a newcomer reading the
+  // whole history, or a member that reads it first in a generation this
+  // replica has already left) would otherwise take it for a pending
+  // request, and readmit this process once it is dead while its last
+  // heartbeats still look fresh (found by the soak test: a replica killed
+  // right after a recovery was readmitted from its old ticket, and the
+  // others waited for it until their communicator's init timeout, 30 s).
+  void MarkTicketUsed(int64_t number) {
+    const std::string key = absl::StrCat("join/", my_ticket_);
+    const std::string used =
+        Json{{"admitted", number}, {"id", o_.self.id}, {"session", session_}}.dump();
+    Retry(key, [&] { return store_.Set(key, used); }).IgnoreError();
+    my_ticket_ = 0;
   }
 
   // Forgets the tickets of `id` (only those of `session` when given).

@@ -492,6 +492,118 @@ TEST(Membership, AKilledReplicaIsNeverReadmittedByALaterGeneration) {
   EXPECT_EQ(a->current().number, recovered->number + 1) << a->current().ToString();
 }
 
+// Drives `members` through boundaries in lockstep from `step` until every
+// one of them has adopted a new generation; returns what the first adopted.
+std::optional<Generation> DriveAllUntilChange(const std::vector<Membership*>& members,
+                                              int64_t& step) {
+  std::vector<std::optional<Generation>> got(members.size());
+  for (const int64_t end = step + 300; step < end; ++step) {
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (got[i].has_value()) continue;
+      absl::StatusOr<std::optional<Generation>> n = members[i]->AtBoundary(step);
+      EXPECT_TRUE(n.ok()) << n.status();
+      if (!n.ok()) return std::nullopt;
+      got[i] = *n;
+    }
+    if (std::all_of(got.begin(), got.end(), [](const auto& g) { return g.has_value(); })) {
+      return got[0];
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return std::nullopt;
+}
+
+// A view of a store that, once armed, delays its next read of `key`.
+class DelayedRead final : public Store {
+ public:
+  explicit DelayedRead(Store& base) : base_(base) {}
+  void Arm(const std::string& key, absl::Duration delay) {
+    absl::MutexLock lock(&mu_);
+    key_ = key;
+    delay_ = delay;
+  }
+  absl::Status Set(const std::string& k, const std::string& v) override { return base_.Set(k, v); }
+  absl::StatusOr<std::optional<std::string>> TryGet(const std::string& k) override {
+    absl::Duration delay;
+    {
+      absl::MutexLock lock(&mu_);
+      if (k == key_) {
+        delay = delay_;
+        key_.clear();
+      }
+    }
+    absl::SleepFor(delay);
+    return base_.TryGet(k);
+  }
+  absl::StatusOr<int64_t> Add(const std::string& k, int64_t d) override { return base_.Add(k, d); }
+  absl::StatusOr<std::string> CompareAndSet(const std::string& k, const std::string& e,
+                                            const std::string& v) override {
+    return base_.CompareAndSet(k, e, v);
+  }
+  absl::StatusOr<bool> Delete(const std::string& k) override { return base_.Delete(k); }
+
+ private:
+  Store& base_;
+  absl::Mutex mu_;
+  std::string key_ ABSL_GUARDED_BY(mu_);
+  absl::Duration delay_ ABSL_GUARDED_BY(mu_);
+};
+
+// Found by the soak test: a member that joined after a replica c had been
+// admitted read c's (used) join ticket only later, in a generation that had
+// dropped c; c had just been killed and its last heartbeats still looked
+// fresh, so the member proposed c again, and everyone waited for the dead c
+// until the communicator's init timeout (the job stood still for 30 s). It
+// read the ticket during the recovery from c's death, just after another
+// member had proposed the recovered generation. A ticket admits its holder
+// once.
+TEST(Membership, AReplicaKilledRightAfterARecoveryIsNotReadmittedFromItsUsedTicket) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 1, 8));
+  JoinAll({a.get()});
+  int64_t step = 1;
+  auto c = MustCreate(*store, Opts("c", 1, 8));
+  absl::StatusOr<Generation> joined;
+  std::thread jc([&] { joined = c->Join(); });
+  ASSERT_TRUE(DriveAllUntilChange({a.get()}, step).has_value());
+  jc.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  DelayedRead d_view(*store);
+  auto d = MustCreate(d_view, Opts("d", 1, 8));
+  std::thread jd([&] { joined = d->Join(); });
+  ASSERT_TRUE(DriveAllUntilChange({a.get(), c.get()}, step).has_value());
+  jd.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_EQ(Ids(*joined), (std::vector<std::string>{"a", "c", "d"}));
+  absl::SleepFor(absl::Milliseconds(100));  // d's heartbeat thread sees c beat
+  c.reset();                                // SIGKILL
+  // d reads the tickets, for the first time, once a has proposed.
+  d_view.Arm("join/seq", absl::Milliseconds(100));
+  std::vector<absl::StatusOr<Generation>> rec(2);
+  std::thread ra([&] { rec[0] = a->Recover(step); });
+  std::thread rd([&] { rec[1] = d->Recover(step); });
+  ra.join();
+  rd.join();
+  ASSERT_TRUE(rec[0].ok()) << rec[0].status();
+  ASSERT_TRUE(rec[1].ok()) << rec[1].status();
+  ASSERT_EQ(Ids(*rec[0]), (std::vector<std::string>{"a", "d"}));
+  // At once, well within a peer timeout of c's death: d reads the tickets
+  // for the first time as a member.
+  std::vector<Generation> seen;
+  for (const int64_t end = step + 40; step < end; ++step) {
+    for (Membership* m : {d.get(), a.get()}) {
+      absl::StatusOr<std::optional<Generation>> n = m->AtBoundary(step);
+      ASSERT_TRUE(n.ok()) << n.status();
+      if (n->has_value()) seen.push_back(**n);
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  for (const Generation& g : seen) {
+    EXPECT_FALSE(absl::c_linear_search(Ids(g), "c")) << g.ToString();
+  }
+}
+
 // A view of a store whose reads of `key` block from the second one on while
 // frozen: the observer's heartbeat thread stands still, as in a process
 // that is SIGSTOPped (or starved) after it began watching `key`.
