@@ -496,7 +496,8 @@ class MembershipImpl final : public Membership {
         if (!v.ok()) return v.status();
         if (v->has_value()) {
           alive.push_back(m);
-        } else if (SilentFor(m.id, recover_silence) || Now() >= stuck_after) {
+        } else if (SilentFor(m.id, recover_silence) || BeatsAsAnotherProcess(m) ||
+                   Now() >= stuck_after) {
           gone.push_back(m.id);
         } else {
           missing_alive.push_back(m.id);
@@ -762,6 +763,17 @@ class MembershipImpl final : public Membership {
     const std::string beating = SessionOf(it->second.value);
     if (!session.empty() && !beating.empty() && beating != session) return true;
     return ObservedSilenceNs(it->second) >= absl::ToInt64Nanoseconds(o_.peer_timeout);
+  }
+
+  // The id of `m` now beats for another process than the member's: the
+  // member's process is gone, restarted under the same id (its beats are no
+  // sign that the member will report in).
+  bool BeatsAsAnotherProcess(const ReplicaInfo& m) const {
+    absl::MutexLock lock(&mu_);
+    auto it = seen_.find(m.id);
+    if (it == seen_.end() || m.session.empty()) return false;
+    const std::string beating = SessionOf(it->second.value);
+    return !beating.empty() && beating != m.session;
   }
 
   // No heartbeat change from `id` observed for `d` (false when not watched).

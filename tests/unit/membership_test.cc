@@ -367,6 +367,29 @@ TEST(Membership, RecoverKeepsEveryMemberThatReportsIn) {
   EXPECT_TRUE(ga->left.empty());
 }
 
+// Found by the soak test: a member killed and restarted at once under its
+// id beats again (as another process) before the survivors recover; its
+// beats kept it "alive but not reporting in" until the bound for a stuck
+// member (10 peer timeouts: 6 s in the soak). The old member's process is
+// gone, and Recover drops it at once.
+TEST(Membership, RecoverDropsAMemberWhoseIdBeatsForARestartedProcess) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts("a", 1, 3));
+  auto b = MustCreate(*store, Opts("b", 1, 3));
+  JoinAll({a.get(), b.get()});
+  b.reset();  // SIGKILL, and the launcher starts b again at once
+  auto b2 = MustCreate(*store, Opts("b", 1, 3));
+  absl::SleepFor(absl::Milliseconds(100));  // a's heartbeat thread sees b2 beat
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<Generation> g = a->Recover(5);
+  const absl::Duration took = absl::Now() - t0;
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->left, (std::vector<std::string>{"b"}));
+  // The stuck bound is 10 peer timeouts (2.5 s here).
+  EXPECT_LT(took, absl::Seconds(2)) << g->ToString();
+}
+
 TEST(Membership, BelowMinReplicasRecoverWaitsThenFailsNamingTheMinimum) {
   TempDir dir;
   auto store = OpenFileStore(dir);
