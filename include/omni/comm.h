@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +74,13 @@ struct CommOptions {
   std::string host = "127.0.0.1";
   // nccl: the CUDA device ordinal; -1 picks rank % (visible devices).
   int device = -1;
+  // Optional: asked every few milliseconds while the rendezvous waits for
+  // its peers' keys; returning true abandons it (Aborted, "rendezvous
+  // abandoned"). ElasticGroup answers "a member of this generation was seen
+  // dead", so that a member that dies after its generation was agreed costs
+  // a recovery instead of init_timeout. Called on the creating thread only;
+  // must not block.
+  std::function<bool()> abandon;
 };
 
 class OMNI_EXPORT Communicator {

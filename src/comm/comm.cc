@@ -1,5 +1,7 @@
 #include "omni/comm.h"
 
+#include <algorithm>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -120,13 +122,47 @@ absl::Status AnnounceRank(Store& store, int rank, const std::string& what) {
   return absl::OkStatus();
 }
 
+namespace {
+constexpr absl::Duration kRendezvousSlice = absl::Milliseconds(20);
+
+absl::Status Abandoned(const std::string& what, const std::string& waiting_for) {
+  return absl::AbortedError(absl::StrCat(what, " rendezvous abandoned while waiting for ",
+                                         waiting_for, " (a peer of this generation is gone)"));
+}
+}  // namespace
+
+absl::StatusOr<std::string> RendezvousGet(Store& store, const std::string& key, absl::Time deadline,
+                                          const std::function<bool()>& abandon,
+                                          const std::string& what) {
+  if (!abandon) return store.Get(key, deadline - absl::Now());
+  for (;;) {
+    if (abandon()) return Abandoned(what, absl::StrCat("'", key, "'"));
+    const absl::Duration left = deadline - absl::Now();
+    absl::StatusOr<std::string> v = store.Get(key, std::min(left, kRendezvousSlice));
+    if (v.ok() || !absl::IsDeadlineExceeded(v.status()) || left <= kRendezvousSlice) return v;
+  }
+}
+
+absl::Status RendezvousWait(Store& store, const std::vector<std::string>& keys, absl::Time deadline,
+                            const std::function<bool()>& abandon, const std::string& what) {
+  if (!abandon) return store.Wait(keys, deadline - absl::Now());
+  for (;;) {
+    if (abandon()) return Abandoned(what, absl::StrCat(keys.size(), " arrival key(s)"));
+    const absl::Duration left = deadline - absl::Now();
+    absl::Status s = store.Wait(keys, std::min(left, kRendezvousSlice));
+    if (s.ok() || !absl::IsDeadlineExceeded(s) || left <= kRendezvousSlice) return s;
+  }
+}
+
 absl::Status WaitForRanks(Store& store, int rank, int size, absl::Time deadline,
-                          absl::Duration init_timeout, const std::string& what) {
+                          absl::Duration init_timeout, const std::function<bool()>& abandon,
+                          const std::string& what) {
   if (absl::Status s = AnnounceRank(store, rank, what); !s.ok()) return s;
   std::vector<std::string> keys;
   keys.reserve(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) keys.push_back(ArriveKey(r));
-  absl::Status s = store.Wait(keys, deadline - absl::Now());
+  absl::Status s = RendezvousWait(store, keys, deadline, abandon, what);
+  if (absl::IsAborted(s)) return s;
   if (s.ok()) return s;
   if (s.code() != absl::StatusCode::kDeadlineExceeded) {
     return absl::Status(s.code(), absl::StrCat(what, " rendezvous: ", s.message()));

@@ -1,8 +1,10 @@
 // Shared pieces of the communicator backends (private).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -21,9 +23,21 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const CommO
 // Arrival barrier of a rendezvous: sets "arrive/<rank>" in `store`, then waits
 // until every rank's key exists or `deadline` passes. DeadlineExceeded naming
 // the ranks that did not arrive (e.g. "gloo rendezvous: rank(s) 2, 3 of 4 did
-// not arrive within 2s").
+// not arrive within 2s"); Aborted once `abandon` (CommOptions::abandon; may
+// be empty) says so.
 absl::Status WaitForRanks(Store& store, int rank, int size, absl::Time deadline,
-                          absl::Duration init_timeout, const std::string& what);
+                          absl::Duration init_timeout, const std::function<bool()>& abandon,
+                          const std::string& what);
+
+// Store::Get and Store::Wait for a rendezvous: in slices of at most 20 ms
+// until `deadline` (then the store's DeadlineExceeded), asking `abandon`
+// (when set) before each slice: Aborted "<what> rendezvous abandoned while
+// waiting for <key>" as soon as it returns true.
+absl::StatusOr<std::string> RendezvousGet(Store& store, const std::string& key, absl::Time deadline,
+                                          const std::function<bool()>& abandon,
+                                          const std::string& what);
+absl::Status RendezvousWait(Store& store, const std::vector<std::string>& keys, absl::Time deadline,
+                            const std::function<bool()>& abandon, const std::string& what);
 
 // The first half of WaitForRanks: sets "arrive/<rank>" (a rendezvous that
 // waits for its peers in another way calls MissingRanksError on timeout).

@@ -62,6 +62,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <set>
@@ -424,7 +425,8 @@ class RingContext final : public gloo::Context {
 
   // Throws StoreError for store failures, gloo exceptions for connections.
   void Connect(omni::Store& store, absl::Time deadline,
-               const std::shared_ptr<gloo::transport::Device>& device) {
+               const std::shared_ptr<gloo::transport::Device>& device,
+               const std::function<bool()>& abandon) {
     std::shared_ptr<gloo::transport::Context> ctx = device->createContext(rank, size);
     ctx->setTimeout(getTimeout());
     std::vector<int> peers;
@@ -439,7 +441,8 @@ class RingContext final : public gloo::Context {
       Check(store.Set(key(rank, peer), std::string(bytes.begin(), bytes.end())));
     }
     for (int peer : peers) {
-      absl::StatusOr<std::string> v = store.Get(key(peer, rank), deadline - absl::Now());
+      absl::StatusOr<std::string> v =
+          RendezvousGet(store, key(peer, rank), deadline, abandon, "gloo");
       Check(v.status());
       ctx->getPair(peer)->connect(std::vector<char>(v->begin(), v->end()));
     }
@@ -915,7 +918,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommO
   context->setTimeout(ToMs((deadline - absl::Now()) / 5));
   try {
     ticker->Start();
-    context->Connect(*view, deadline, device);
+    context->Connect(*view, deadline, device, options.abandon);
     ticker->Stop();
   } catch (const StoreError& e) {
     if (absl::IsDeadlineExceeded(e.status())) {

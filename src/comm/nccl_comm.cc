@@ -472,7 +472,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const CommO
   }
 
   if (absl::Status s = WaitForRanks(*options.store, options.rank, options.size, deadline,
-                                    options.init_timeout, "nccl");
+                                    options.init_timeout, options.abandon, "nccl");
       !s.ok()) {
     return s;
   }
@@ -488,7 +488,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const CommO
                           absl::StrCat(who, ": publishing the NCCL unique id: ", s.message()));
     }
   } else {
-    absl::StatusOr<std::string> v = options.store->Get(kUniqueIdKey, deadline - absl::Now());
+    absl::StatusOr<std::string> v =
+        RendezvousGet(*options.store, kUniqueIdKey, deadline, options.abandon, "nccl");
     if (!v.ok()) {
       if (v.status().code() == absl::StatusCode::kDeadlineExceeded) {
         return absl::DeadlineExceededError(

@@ -321,6 +321,9 @@ class ElasticGroupImpl final : public ElasticGroup {
     co.init_timeout = o_.init_timeout;
     co.host = o_.host;
     co.device = o_.device;
+    // A member of `g` (adopted: the membership's current generation) seen
+    // dead will never arrive: recover at once instead of at init_timeout.
+    co.abandon = [m = membership_.get()] { return !m->DeadPeers().empty(); };
     absl::StatusOr<std::unique_ptr<Communicator>> c = CreateCommunicator(co);
     if (!c.ok()) return c.status();
     {

@@ -527,6 +527,26 @@ TEST(CommGloo, RendezvousNamesTheRankThatNeverArrived) {
   }
 }
 
+// ElasticGroup gives the rendezvous "a member was seen dead": a peer that
+// died after its generation was agreed must cost a recovery, not the whole
+// init_timeout (the soak test's 30 s stalls).
+TEST(CommGloo, RendezvousIsAbandonedOnceAskedNotAtItsInitTimeout) {
+  SKIP_WITHOUT_GLOO();
+  TempDir dir;
+  std::unique_ptr<Store> store = OpenOrDie(dir.Uri());
+  constexpr absl::Duration kInit = absl::Seconds(30);
+  const absl::Time start = absl::Now();
+  CommOptions o = Options(0, 2, store.get(), kInit);  // rank 1 never comes
+  int asked = 0;
+  o.abandon = [&] { return ++asked > 0 && absl::Now() - start > absl::Milliseconds(300); };
+  absl::Status got = CreateCommunicator(o).status();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(got.code(), absl::StatusCode::kAborted) << got;
+  EXPECT_TRUE(Contains(got.message(), "rendezvous abandoned")) << got;
+  EXPECT_GT(asked, 1);
+  EXPECT_LT(took, absl::Seconds(5)) << got;
+}
+
 TEST(CommGloo, PeerKilledDuringAllReduceFailsTheSurvivorsWithinTheTimeout) {
   SKIP_WITHOUT_GLOO();
   constexpr absl::Duration kTimeout = absl::Seconds(5);
