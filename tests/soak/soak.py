@@ -21,7 +21,11 @@ restarted as they die:
            the driver then restarts the whole job, which resumes.
 
 Faults come every few committed steps (--steps-per-failure k: a random k-2 ..
-k+2, default 3; the job has k x --failures + 150 steps),
+k+2, default 3) once the job has recovered enough for the next to be
+injected (below). The job has --steps steps, by default 40 x --failures +
+150: on 2 cores this trainer commits 50-70 steps a second and a recovery takes
+0.2-0.8 s, so a fault costs about 35 steps (with k x --failures + 150 steps
+the job ended before its faults were all injected),
 and with probability 0.15 one follows the previous after 0.05 .. 0.5 s
 whatever the progress, so faults also land during recoveries. The driver
 never leaves the job without a healthy replica holding the state: a kill or a
@@ -96,6 +100,7 @@ LOSS_RE = re.compile(rb"^step=(\d+) loss=\S+$")
 POLL_S = 0.01
 STALL_S = 120  # no progress for this long: the job hung
 TOLERANCE = 1e-6  # rel_l2 to the undisturbed run (float64 training, float32 output)
+STEPS_PER_FAULT = 40  # job length per fault by default (see the header)
 
 
 def now():
@@ -175,7 +180,7 @@ class Soak:
         self.notice = self.out / "notice.json"
         self.trainer = pathlib.Path(args.bin_dir) / "omni_train"
         self.rng = random.Random(args.seed)
-        self.steps = args.steps or int(args.failures * args.steps_per_failure + 150)
+        self.steps = args.steps or int(args.failures * STEPS_PER_FAULT + 150)
         self.replicas = {}  # rid -> current Replica
         self.history = []  # every Replica ever started
         self.incarnations = {}
@@ -442,8 +447,8 @@ def main():
     ap.add_argument("--failures", type=int, default=500)
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--steps-per-failure", type=int, default=3,
-                    help="mean committed steps between faults (sets --steps)")
-    ap.add_argument("--steps", type=int, default=0, help="job length (default from the above)")
+                    help="committed steps from one fault to the next: a random k-2 .. k+2")
+    ap.add_argument("--steps", type=int, default=0, help="job length (default: 40 x --failures + 150)")
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--kinds", default="kill,stop,stall,preempt")
     ap.add_argument("--seed", type=int, default=3)
