@@ -337,7 +337,6 @@ class MembershipImpl final : public Membership {
   absl::StatusOr<Generation> Join() override {
     if (absl::Status st = StoreFailure(); !st.ok()) return st;
     const int64_t deadline = Now() + absl::ToInt64Nanoseconds(o_.join_timeout);
-    const int64_t evicted_from = current().number;
     {
       absl::StatusOr<int64_t> t = Retry("join/seq", [&] { return store_.Add("join/seq", 1); });
       if (!t.ok()) return t.status();
@@ -357,7 +356,11 @@ class MembershipImpl final : public Membership {
         return absl::FailedPreconditionError(absl::StrCat(
             "replica '", o_.self.id, "' cannot join: the job finished (", **finished, ")"));
       }
-      absl::StatusOr<std::optional<Generation>> latest = LatestFrom(evicted_from);
+      // The newest generation, also when it is the one that evicted this
+      // replica: its live members will admit us, so we are not orphaned (a
+      // search from after it found none, and the evicted replica proposed
+      // generation 1 again and again, in a busy loop, until admitted).
+      absl::StatusOr<std::optional<Generation>> latest = LatestFrom(0);
       if (!latest.ok()) return latest.status();
       // A generation that lists this id as another process (this replica
       // restarted) is not ours: it is an earlier incarnation's.
@@ -489,18 +492,42 @@ class MembershipImpl final : public Membership {
         return g;
       }
       std::vector<ReplicaInfo> alive;
-      std::vector<std::string> missing_alive;  // not reported, heartbeat still going
-      std::vector<std::string> gone;
+      std::vector<const ReplicaInfo*> unreported;
       for (const ReplicaInfo& m : cur.members) {
         absl::StatusOr<std::optional<std::string>> v = ReadRecord(prefix + m.id);
         if (!v.ok()) return v.status();
         if (v->has_value()) {
           alive.push_back(m);
-        } else if (SilentFor(m.id, recover_silence) || BeatsAsAnotherProcess(m) ||
-                   Now() >= stuck_after) {
-          gone.push_back(m.id);
         } else {
-          missing_alive.push_back(m.id);
+          unreported.push_back(&m);
+        }
+      }
+      // The members that were in the generation before `cur` hold the
+      // group's state; those that joined in `cur` may not have received it
+      // yet (the failure may have come before their sync). Without an
+      // incumbent among those that reported, an incumbent that has not
+      // reported is dropped only once it is silent for the full
+      // peer_timeout: a recovered generation of joiners alone would go on
+      // from their older checkpoints and train committed steps again (found
+      // by the soak test: a joiner formed a generation of its own while the
+      // incumbent's heartbeat paused for 3 periods).
+      const auto incumbent = [&](const std::string& id) {
+        return std::find(cur.joined.begin(), cur.joined.end(), id) == cur.joined.end();
+      };
+      const bool holder_reported =
+          std::any_of(alive.begin(), alive.end(),
+                      [&](const ReplicaInfo& m) { return incumbent(m.id); }) ||
+          std::none_of(cur.members.begin(), cur.members.end(),
+                       [&](const ReplicaInfo& m) { return incumbent(m.id); });
+      std::vector<std::string> missing_alive;  // not reported, heartbeat still going
+      std::vector<std::string> gone;
+      for (const ReplicaInfo* m : unreported) {
+        const absl::Duration silence =
+            holder_reported || !incumbent(m->id) ? recover_silence : o_.peer_timeout;
+        if (SilentFor(m->id, silence) || BeatsAsAnotherProcess(*m) || Now() >= stuck_after) {
+          gone.push_back(m->id);
+        } else {
+          missing_alive.push_back(m->id);
         }
       }
       if (missing_alive.empty()) {

@@ -860,6 +860,99 @@ TEST(Membership, AJoinerThatBeganWatchingDuringAStallCountsSilenceFromItsFirstRe
   EXPECT_EQ(Ids(*joined), (std::vector<std::string>{"a", "c"})) << joined->ToString();
 }
 
+// Found by the soak test: a replica restarted from its checkpoint joined
+// (gen [a b c], c new); b was killed before the join's sync, and a's
+// heartbeat paused for a few periods (its write waited behind the store).
+// The joiner c, recovering first, dropped a as silent and formed a
+// generation of its own, which went on from c's older state: committed steps
+// were trained again. Without an incumbent that reported, an incumbent is
+// dropped only after the full peer timeout.
+TEST(Membership, AJoinerAloneDoesNotRecoverWithoutTheMembersThatHoldTheState) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  WriteGate gate;
+  GatedWrites a_view(*store, gate, "a", "hb/");
+  auto a = MustCreate(a_view, Opts("a", 1, 8));
+  auto b = MustCreate(*store, Opts("b", 1, 8));
+  JoinAll({a.get(), b.get()});
+  int64_t step = 1;
+  auto c = MustCreate(*store, Opts("c", 1, 8));
+  absl::StatusOr<Generation> joined;
+  std::thread jc([&] { joined = c->Join(); });
+  ASSERT_TRUE(DriveAllUntilChange({a.get(), b.get()}, step).has_value());
+  jc.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_EQ(joined->joined, (std::vector<std::string>{"c"}));
+  b.reset();     // SIGKILL
+  gate.Close();  // a's heartbeats wait: 200 ms, below the 250 ms peer timeout
+  absl::StatusOr<Generation> rc;
+  std::thread tc([&] { rc = c->Recover(step); });
+  absl::SleepFor(absl::Milliseconds(200));
+  gate.OpenAll();
+  absl::SleepFor(absl::Milliseconds(200));  // a's collective fails later
+  absl::StatusOr<Generation> ra = a->Recover(step);
+  tc.join();
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  EXPECT_EQ(Ids(*rc), (std::vector<std::string>{"a", "c"})) << rc->ToString();
+  EXPECT_EQ(rc->number, ra->number);
+}
+
+// Counts the compare-and-sets of generation records made through it.
+class CountingProposals final : public Store {
+ public:
+  explicit CountingProposals(Store& base) : base_(base) {}
+  absl::Status Set(const std::string& k, const std::string& v) override { return base_.Set(k, v); }
+  absl::StatusOr<std::optional<std::string>> TryGet(const std::string& k) override {
+    return base_.TryGet(k);
+  }
+  absl::StatusOr<int64_t> Add(const std::string& k, int64_t d) override { return base_.Add(k, d); }
+  absl::StatusOr<std::string> CompareAndSet(const std::string& k, const std::string& e,
+                                            const std::string& v) override {
+    if (absl::StartsWith(k, "gen/")) ++proposals;
+    return base_.CompareAndSet(k, e, v);
+  }
+  absl::StatusOr<bool> Delete(const std::string& k) override { return base_.Delete(k); }
+  std::atomic<int> proposals{0};
+
+ private:
+  Store& base_;
+};
+
+// An evicted replica whose group reaches no boundary for a while (long
+// steps) waits to be admitted. It searched only for generations after the
+// one that evicted it, found none, took itself for orphaned and proposed
+// generation 1 (long taken) in a busy loop, a store write each time, until
+// admitted, and past its join timeout.
+TEST(Membership, AnEvictedReplicaWaitsToBeAdmittedWithoutProposingAnything) {
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  CountingProposals b_view(*store);
+  auto a = MustCreate(*store, Opts("a", 1));
+  auto b = MustCreate(b_view, Opts("b", 1));
+  JoinAll({a.get(), b.get()});
+  const std::string text =
+      R"({"number":2,"kind":"recover","at_step":4,"members":[{"id":"a","host":"h"}],)"
+      R"("joined":[],"left":["b"]})";
+  ASSERT_TRUE(store->CompareAndSet("gen/2", "", text).ok());
+  absl::StatusOr<std::optional<Generation>> nb = b->AtBoundary(4);
+  ASSERT_TRUE(nb.ok()) << nb.status();
+  ASSERT_TRUE(nb->has_value());
+  ASSERT_EQ((*nb)->rank, -1);
+  ASSERT_TRUE(a->AtBoundary(4).ok());
+  const int before = b_view.proposals.load();
+  absl::StatusOr<Generation> rejoined;
+  std::thread tb([&] { rejoined = b->Join(); });
+  absl::SleepFor(absl::Milliseconds(700));  // past the 300 ms settle; a in a long step
+  const int while_waiting = b_view.proposals.load() - before;
+  std::optional<Generation> admitted = DriveUntilAdmitted(*a);
+  tb.join();
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  ASSERT_TRUE(admitted.has_value());
+  EXPECT_EQ(Ids(*rejoined), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(while_waiting, 0);
+}
+
 TEST(Membership, AnUnreachableStoreFailsCreateWithinItsRetryBound) {
   TempDir dir;
   auto store = OpenFileStore(dir);
