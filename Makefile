@@ -34,7 +34,7 @@ bench: build
 	@bash scripts/bench.sh $(BUILD_DIR)
 
 # The elastic job's soak test (tests/soak/soak.py, docs/elastic.md "Soak"):
-# 500 injected failures, about 15-20 minutes on 2 cores; one JSON line.
+# 500 injected failures, about 25 minutes on 2 cores; one JSON line.
 # SOAK_ARGS passes options, e.g. SOAK_ARGS="--failures 50".
 SOAK_ARGS ?=
 soak: configure
