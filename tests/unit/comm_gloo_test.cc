@@ -350,6 +350,10 @@ TEST_P(CommGlooWorld, AllReduceSumAvgMinMaxIsExactForEveryDataType) {
     const std::string e = CheckAllReduceEveryType(**c, ctx.rank, ctx.size);
     RANK_CHECK(e.empty(), e);
     RANK_CHECK((*c)->AsyncError().ok(), (*c)->AsyncError().ToString());
+    // No rank exits (closing its connections, which its peers' watchdogs
+    // rightly report as an async error) before every rank has checked.
+    const absl::Status done = (*c)->Barrier(absl::Seconds(10));
+    RANK_CHECK(done.ok(), done.ToString());
     return "";
   }));
 }
