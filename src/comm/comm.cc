@@ -129,29 +129,36 @@ absl::Status Abandoned(const std::string& what, const std::string& waiting_for) 
   return absl::AbortedError(absl::StrCat(what, " rendezvous abandoned while waiting for ",
                                          waiting_for, " (a peer of this generation is gone)"));
 }
+
+const absl::Status& StatusOf(const absl::Status& s) { return s; }
+const absl::Status& StatusOf(const absl::StatusOr<std::string>& v) { return v.status(); }
+
+// Calls `wait(timeout)` until `deadline`: at once for the whole time without
+// `abandon`, else in slices, asking `abandon` before each.
+template <typename Wait>
+auto InSlices(absl::Time deadline, const std::function<bool()>& abandon, const std::string& what,
+              const std::string& waiting_for, Wait wait) -> decltype(wait(absl::Duration())) {
+  if (!abandon) return wait(deadline - absl::Now());
+  for (;;) {
+    if (abandon()) return Abandoned(what, waiting_for);
+    const absl::Duration left = deadline - absl::Now();
+    auto r = wait(std::min(left, kRendezvousSlice));
+    if (r.ok() || !absl::IsDeadlineExceeded(StatusOf(r)) || left <= kRendezvousSlice) return r;
+  }
+}
 }  // namespace
 
 absl::StatusOr<std::string> RendezvousGet(Store& store, const std::string& key, absl::Time deadline,
                                           const std::function<bool()>& abandon,
                                           const std::string& what) {
-  if (!abandon) return store.Get(key, deadline - absl::Now());
-  for (;;) {
-    if (abandon()) return Abandoned(what, absl::StrCat("'", key, "'"));
-    const absl::Duration left = deadline - absl::Now();
-    absl::StatusOr<std::string> v = store.Get(key, std::min(left, kRendezvousSlice));
-    if (v.ok() || !absl::IsDeadlineExceeded(v.status()) || left <= kRendezvousSlice) return v;
-  }
+  return InSlices(deadline, abandon, what, absl::StrCat("'", key, "'"),
+                  [&](absl::Duration t) { return store.Get(key, t); });
 }
 
 absl::Status RendezvousWait(Store& store, const std::vector<std::string>& keys, absl::Time deadline,
                             const std::function<bool()>& abandon, const std::string& what) {
-  if (!abandon) return store.Wait(keys, deadline - absl::Now());
-  for (;;) {
-    if (abandon()) return Abandoned(what, absl::StrCat(keys.size(), " arrival key(s)"));
-    const absl::Duration left = deadline - absl::Now();
-    absl::Status s = store.Wait(keys, std::min(left, kRendezvousSlice));
-    if (s.ok() || !absl::IsDeadlineExceeded(s) || left <= kRendezvousSlice) return s;
-  }
+  return InSlices(deadline, abandon, what, absl::StrCat(keys.size(), " arrival key(s)"),
+                  [&](absl::Duration t) { return store.Wait(keys, t); });
 }
 
 absl::Status WaitForRanks(Store& store, int rank, int size, absl::Time deadline,
@@ -162,8 +169,7 @@ absl::Status WaitForRanks(Store& store, int rank, int size, absl::Time deadline,
   keys.reserve(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) keys.push_back(ArriveKey(r));
   absl::Status s = RendezvousWait(store, keys, deadline, abandon, what);
-  if (absl::IsAborted(s)) return s;
-  if (s.ok()) return s;
+  if (s.ok() || absl::IsAborted(s)) return s;
   if (s.code() != absl::StatusCode::kDeadlineExceeded) {
     return absl::Status(s.code(), absl::StrCat(what, " rendezvous: ", s.message()));
   }

@@ -780,6 +780,13 @@ class MembershipImpl final : public Membership {
     return o.read ? o.read_ns - o.since_ns : 0;
   }
 
+  // The heartbeat in `o` is written by another process than `session` (""
+  // matches any): that process is gone, restarted under the same id.
+  static bool BeatsForAnotherSession(const Observed& o, const std::string& session) {
+    const std::string beating = SessionOf(o.value);
+    return !session.empty() && !beating.empty() && beating != session;
+  }
+
   // Observed silent for peer_timeout, or (with `session` given) its id now
   // beats for another process: the member's own process is gone (it was
   // restarted).
@@ -787,20 +794,16 @@ class MembershipImpl final : public Membership {
       ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     auto it = seen_.find(id);
     if (it == seen_.end()) return false;  // not watched yet
-    const std::string beating = SessionOf(it->second.value);
-    if (!session.empty() && !beating.empty() && beating != session) return true;
-    return ObservedSilenceNs(it->second) >= absl::ToInt64Nanoseconds(o_.peer_timeout);
+    return BeatsForAnotherSession(it->second, session) ||
+           ObservedSilenceNs(it->second) >= absl::ToInt64Nanoseconds(o_.peer_timeout);
   }
 
-  // The id of `m` now beats for another process than the member's: the
-  // member's process is gone, restarted under the same id (its beats are no
-  // sign that the member will report in).
+  // The id of `m` now beats for another process than the member's (its
+  // beats are no sign that the member will report in).
   bool BeatsAsAnotherProcess(const ReplicaInfo& m) const {
     absl::MutexLock lock(&mu_);
     auto it = seen_.find(m.id);
-    if (it == seen_.end() || m.session.empty()) return false;
-    const std::string beating = SessionOf(it->second.value);
-    return !beating.empty() && beating != m.session;
+    return it != seen_.end() && BeatsForAnotherSession(it->second, m.session);
   }
 
   // No heartbeat change from `id` observed for `d` (false when not watched).
