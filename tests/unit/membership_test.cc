@@ -464,6 +464,23 @@ TEST(Membership, AReplicaLeftOutOfANewGenerationRejoins) {
   EXPECT_EQ(rejoined->number, 3);
 }
 
+// Drives `members` through `count` boundaries in lockstep from `step`;
+// returns every generation any of them adopted.
+std::vector<Generation> DriveBoundaries(const std::vector<Membership*>& members, int64_t& step,
+                                        int64_t count) {
+  std::vector<Generation> seen;
+  for (const int64_t end = step + count; step < end; ++step) {
+    for (Membership* m : members) {
+      absl::StatusOr<std::optional<Generation>> n = m->AtBoundary(step);
+      EXPECT_TRUE(n.ok()) << n.status();
+      if (!n.ok()) return seen;
+      if (n->has_value()) seen.push_back(**n);
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return seen;
+}
+
 // A replica killed (heartbeats stop, no goodbye) is dropped by the
 // survivors' Recover; a replica that joins afterwards finds the dead one's
 // old join ticket and heartbeat key in the store. Neither the survivor nor
@@ -501,14 +518,7 @@ TEST(Membership, AKilledReplicaIsNeverReadmittedByALaterGeneration) {
   // Both members go on through boundaries for several peer timeouts; every
   // member proposes joins for the tickets it reads (the newcomer reads the
   // whole history of tickets).
-  for (const int64_t end = step + 80; step < end; ++step) {
-    for (Membership* m : {a.get(), c.get()}) {
-      absl::StatusOr<std::optional<Generation>> n = m->AtBoundary(step);
-      ASSERT_TRUE(n.ok()) << n.status();
-      if (n->has_value()) seen.push_back(**n);
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  for (Generation& g : DriveBoundaries({a.get(), c.get()}, step, 80)) seen.push_back(g);
   for (const Generation& g : seen) {
     EXPECT_FALSE(absl::c_linear_search(Ids(g), "b")) << g.ToString();
   }
@@ -536,26 +546,13 @@ std::optional<Generation> DriveAllUntilChange(const std::vector<Membership*>& me
   return std::nullopt;
 }
 
-// A view of a store that, once armed, delays its next read of `key`.
-class DelayedRead final : public Store {
+// A store that forwards every call to `base`: the test doubles below
+// override only what they change (leveldb's EnvWrapper, for the Store).
+class ForwardingStore : public Store {
  public:
-  explicit DelayedRead(Store& base) : base_(base) {}
-  void Arm(const std::string& key, absl::Duration delay) {
-    absl::MutexLock lock(&mu_);
-    key_ = key;
-    delay_ = delay;
-  }
+  explicit ForwardingStore(Store& base) : base_(base) {}
   absl::Status Set(const std::string& k, const std::string& v) override { return base_.Set(k, v); }
   absl::StatusOr<std::optional<std::string>> TryGet(const std::string& k) override {
-    absl::Duration delay;
-    {
-      absl::MutexLock lock(&mu_);
-      if (k == key_) {
-        delay = delay_;
-        key_.clear();
-      }
-    }
-    absl::SleepFor(delay);
     return base_.TryGet(k);
   }
   absl::StatusOr<int64_t> Add(const std::string& k, int64_t d) override { return base_.Add(k, d); }
@@ -567,6 +564,31 @@ class DelayedRead final : public Store {
 
  private:
   Store& base_;
+};
+
+// A view of a store that, once armed, delays its next read of `key`.
+class DelayedRead final : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  void Arm(const std::string& key, absl::Duration delay) {
+    absl::MutexLock lock(&mu_);
+    key_ = key;
+    delay_ = delay;
+  }
+  absl::StatusOr<std::optional<std::string>> TryGet(const std::string& k) override {
+    absl::Duration delay;
+    {
+      absl::MutexLock lock(&mu_);
+      if (k == key_) {
+        delay = delay_;
+        key_.clear();
+      }
+    }
+    absl::SleepFor(delay);
+    return ForwardingStore::TryGet(k);
+  }
+
+ private:
   absl::Mutex mu_;
   std::string key_ ABSL_GUARDED_BY(mu_);
   absl::Duration delay_ ABSL_GUARDED_BY(mu_);
@@ -613,15 +635,7 @@ TEST(Membership, AReplicaKilledRightAfterARecoveryIsNotReadmittedFromItsUsedTick
   ASSERT_EQ(Ids(*rec[0]), (std::vector<std::string>{"a", "d"}));
   // At once, well within a peer timeout of c's death: d reads the tickets
   // for the first time as a member.
-  std::vector<Generation> seen;
-  for (const int64_t end = step + 40; step < end; ++step) {
-    for (Membership* m : {d.get(), a.get()}) {
-      absl::StatusOr<std::optional<Generation>> n = m->AtBoundary(step);
-      ASSERT_TRUE(n.ok()) << n.status();
-      if (n->has_value()) seen.push_back(**n);
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  const std::vector<Generation> seen = DriveBoundaries({d.get(), a.get()}, step, 40);
   for (const Generation& g : seen) {
     EXPECT_FALSE(absl::c_linear_search(Ids(g), "c")) << g.ToString();
   }
@@ -630,10 +644,9 @@ TEST(Membership, AReplicaKilledRightAfterARecoveryIsNotReadmittedFromItsUsedTick
 // A view of a store whose reads of `key` block from the second one on while
 // frozen: the observer's heartbeat thread stands still, as in a process
 // that is SIGSTOPped (or starved) after it began watching `key`.
-class FreezingReads final : public Store {
+class FreezingReads final : public ForwardingStore {
  public:
-  FreezingReads(Store& base, std::string key) : base_(base), key_(std::move(key)) {}
-  absl::Status Set(const std::string& k, const std::string& v) override { return base_.Set(k, v); }
+  FreezingReads(Store& base, std::string key) : ForwardingStore(base), key_(std::move(key)) {}
   absl::StatusOr<std::optional<std::string>> TryGet(const std::string& k) override {
     if (k == key_) {
       absl::MutexLock lock(&mu_);
@@ -641,14 +654,8 @@ class FreezingReads final : public Store {
       mu_.Await(absl::Condition(
           +[](FreezingReads* self) { return !self->frozen_ || self->reads_ == 1; }, this));
     }
-    return base_.TryGet(k);
+    return ForwardingStore::TryGet(k);
   }
-  absl::StatusOr<int64_t> Add(const std::string& k, int64_t d) override { return base_.Add(k, d); }
-  absl::StatusOr<std::string> CompareAndSet(const std::string& k, const std::string& e,
-                                            const std::string& v) override {
-    return base_.CompareAndSet(k, e, v);
-  }
-  absl::StatusOr<bool> Delete(const std::string& k) override { return base_.Delete(k); }
   void Thaw() {
     absl::MutexLock lock(&mu_);
     frozen_ = false;
@@ -659,7 +666,6 @@ class FreezingReads final : public Store {
   }
 
  private:
-  Store& base_;
   const std::string key_;
   absl::Mutex mu_;
   bool frozen_ ABSL_GUARDED_BY(mu_) = true;
@@ -737,36 +743,32 @@ class WriteGate {
 
 // Writes of keys that begin with `gated` (all by default) pass `gate` as
 // the view `name`.
-class GatedWrites final : public Store {
+class GatedWrites final : public ForwardingStore {
  public:
   GatedWrites(Store& base, WriteGate& gate, std::string name, std::string gated = "")
-      : base_(base), gate_(gate), name_(std::move(name)), gated_(std::move(gated)) {}
+      : ForwardingStore(base), gate_(gate), name_(std::move(name)), gated_(std::move(gated)) {}
   absl::Status Set(const std::string& k, const std::string& v) override {
     Pass(k);
-    return base_.Set(k, v);
-  }
-  absl::StatusOr<std::optional<std::string>> TryGet(const std::string& k) override {
-    return base_.TryGet(k);
+    return ForwardingStore::Set(k, v);
   }
   absl::StatusOr<int64_t> Add(const std::string& k, int64_t d) override {
     Pass(k);
-    return base_.Add(k, d);
+    return ForwardingStore::Add(k, d);
   }
   absl::StatusOr<std::string> CompareAndSet(const std::string& k, const std::string& e,
                                             const std::string& v) override {
     Pass(k);
-    return base_.CompareAndSet(k, e, v);
+    return ForwardingStore::CompareAndSet(k, e, v);
   }
   absl::StatusOr<bool> Delete(const std::string& k) override {
     Pass(k);
-    return base_.Delete(k);
+    return ForwardingStore::Delete(k);
   }
 
  private:
   void Pass(const std::string& k) {
     if (absl::StartsWith(k, gated_)) gate_.Pass(name_);
   }
-  Store& base_;
   WriteGate& gate_;
   const std::string name_;
   const std::string gated_;
@@ -784,6 +786,24 @@ std::optional<Generation> DriveUntilAdmitted(Membership& member) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   return admitted;
+}
+
+// Ends a stall the way a store server serves its queued writers (the
+// joiner c's first, the others 150 ms later), lets the member `a` admit c,
+// and checks that c joined a's generation instead of forming its own.
+void EndTheStallAndExpectTheJoinerAdmitted(WriteGate& gate, Membership& a, std::thread& joiner,
+                                           const absl::StatusOr<Generation>& joined) {
+  gate.Open("c");
+  absl::SleepFor(absl::Milliseconds(150));
+  gate.OpenAll();
+  std::optional<Generation> admitted = DriveUntilAdmitted(a);
+  joiner.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_TRUE(admitted.has_value());
+  EXPECT_GE(admitted->rank, 0) << "a was evicted: " << admitted->ToString();
+  EXPECT_EQ(admitted->kind, GenerationKind::kJoin) << admitted->ToString();
+  EXPECT_EQ(Ids(*joined), (std::vector<std::string>{"a", "c"})) << joined->ToString();
+  EXPECT_EQ(joined->number, admitted->number);
 }
 
 // Found by the soak test (tests/soak, its "stall" faults): a replica
@@ -817,17 +837,7 @@ TEST(Membership, AJoinerDoesNotTakeLiveMembersForDeadWhileTheStoreStallsEveryWri
   absl::SleepFor(absl::Milliseconds(100));
   gate.Close();
   absl::SleepFor(absl::Milliseconds(3 * 250));  // 3 peer timeouts without a write landing
-  gate.Open("c");                               // c's queued writes are served first
-  absl::SleepFor(absl::Milliseconds(150));
-  gate.OpenAll();
-  std::optional<Generation> admitted = DriveUntilAdmitted(*a);
-  joiner.join();
-  ASSERT_TRUE(joined.ok()) << joined.status();
-  ASSERT_TRUE(admitted.has_value());
-  EXPECT_GE(admitted->rank, 0) << "a was evicted: " << admitted->ToString();
-  EXPECT_EQ(admitted->kind, GenerationKind::kJoin) << admitted->ToString();
-  EXPECT_EQ(Ids(*joined), (std::vector<std::string>{"a", "c"})) << joined->ToString();
-  EXPECT_EQ(joined->number, admitted->number);
+  EndTheStallAndExpectTheJoinerAdmitted(gate, *a, joiner, joined);
 }
 
 // The same stall, as the soak test met it the second time: the joiner wrote
@@ -848,16 +858,7 @@ TEST(Membership, AJoinerThatBeganWatchingDuringAStallCountsSilenceFromItsFirstRe
   absl::StatusOr<Generation> joined;
   std::thread joiner([&] { joined = c->Join(); });
   absl::SleepFor(absl::Milliseconds(3 * 250));
-  gate.Open("c");
-  absl::SleepFor(absl::Milliseconds(150));
-  gate.OpenAll();
-  std::optional<Generation> admitted = DriveUntilAdmitted(*a);
-  joiner.join();
-  ASSERT_TRUE(joined.ok()) << joined.status();
-  ASSERT_TRUE(admitted.has_value());
-  EXPECT_GE(admitted->rank, 0) << "a was evicted: " << admitted->ToString();
-  EXPECT_EQ(admitted->kind, GenerationKind::kJoin) << admitted->ToString();
-  EXPECT_EQ(Ids(*joined), (std::vector<std::string>{"a", "c"})) << joined->ToString();
+  EndTheStallAndExpectTheJoinerAdmitted(gate, *a, joiner, joined);
 }
 
 // Found by the soak test: a replica restarted from its checkpoint joined
@@ -899,24 +900,15 @@ TEST(Membership, AJoinerAloneDoesNotRecoverWithoutTheMembersThatHoldTheState) {
 }
 
 // Counts the compare-and-sets of generation records made through it.
-class CountingProposals final : public Store {
+class CountingProposals final : public ForwardingStore {
  public:
-  explicit CountingProposals(Store& base) : base_(base) {}
-  absl::Status Set(const std::string& k, const std::string& v) override { return base_.Set(k, v); }
-  absl::StatusOr<std::optional<std::string>> TryGet(const std::string& k) override {
-    return base_.TryGet(k);
-  }
-  absl::StatusOr<int64_t> Add(const std::string& k, int64_t d) override { return base_.Add(k, d); }
+  using ForwardingStore::ForwardingStore;
   absl::StatusOr<std::string> CompareAndSet(const std::string& k, const std::string& e,
                                             const std::string& v) override {
     if (absl::StartsWith(k, "gen/")) ++proposals;
-    return base_.CompareAndSet(k, e, v);
+    return ForwardingStore::CompareAndSet(k, e, v);
   }
-  absl::StatusOr<bool> Delete(const std::string& k) override { return base_.Delete(k); }
   std::atomic<int> proposals{0};
-
- private:
-  Store& base_;
 };
 
 // An evicted replica whose group reaches no boundary for a while (long
