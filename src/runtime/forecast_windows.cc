@@ -1,6 +1,7 @@
 // The forecaster's publishing side: the model of a future step from the
 // matching past steps, windows anchored to steps, next-step and save bounds.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -40,6 +41,63 @@ double StudentT(double z, double nu) {
 // below, where the standard deviation comes mostly from the prior.
 double SmallSampleFactor(double z, double n) { return n >= 3 ? StudentT(z, n - 1) : 1.5 * z; }
 
+// The durations' share of α below their interval: a step cannot be much
+// shorter than its work, but a stall can make it much longer, so most of the
+// miss budget goes to the upper end (a tighter upper bound at the same
+// stated confidence: more steps fit before a deadline).
+constexpr double kDurationLoShare = 0.2;
+// Window lengths of the local-level model (the last k values' median).
+constexpr std::array<int, 5> kLevelWindows = {1, 2, 4, 8, 16};
+// The local-level model is taken only where its interval is clearly
+// narrower than the marginal one (noise would otherwise pick it half the
+// time on a series without memory).
+constexpr double kLocalGain = 0.9;
+
+// The median of x[from, to) (to − from ≤ 16).
+double WindowMedian(const std::vector<double>& x, size_t from, size_t to) {
+  std::array<double, 16> buf{};
+  const size_t n = to - from;
+  std::copy(x.begin() + static_cast<std::ptrdiff_t>(from),
+            x.begin() + static_cast<std::ptrdiff_t>(to), buf.begin());
+  std::sort(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(n));
+  return n % 2 == 1 ? buf[n / 2] : 0.5 * (buf[n / 2 - 1] + buf[n / 2]);
+}
+
+// The local-level model of a series (oldest first) with memory (a slow
+// drift, contention that comes and goes): the next value is the median of
+// the last k values plus a residual distributed like the past residuals
+// about their own preceding k values. Picks the k (from kLevelWindows) whose
+// residuals give the narrowest interval [q(lo), q(hi)]; returns 0 when none
+// is narrower than kLocalGain of the marginal interval of the series itself
+// (a series without memory), or the series is too short for the quantiles
+// (fewer than `min_n` residuals). On success `residuals` holds the chosen
+// k's residuals and `level` the median of the last k values.
+int LocalLevel(const std::vector<double>& x, double lo, double hi, size_t min_n,
+               std::vector<double>& residuals, double& level) {
+  if (x.size() < min_n + kLevelWindows.back()) return 0;
+  std::vector<double> sorted = x;
+  std::sort(sorted.begin(), sorted.end());
+  double best = kLocalGain * (QuantileSorted(sorted, hi) - QuantileSorted(sorted, lo));
+  int best_k = 0;
+  std::vector<double> r;
+  for (const int k : kLevelWindows) {
+    const auto ku = static_cast<size_t>(k);
+    r.clear();
+    for (size_t i = ku; i < x.size(); ++i) r.push_back(x[i] - WindowMedian(x, i - ku, i));
+    std::sort(r.begin(), r.end());
+    const double width = QuantileSorted(r, hi) - QuantileSorted(r, lo);
+    if (width < best) {
+      best = width;
+      best_k = k;
+      residuals = r;
+    }
+  }
+  if (best_k > 0) {
+    level = WindowMedian(x, x.size() - static_cast<size_t>(best_k), x.size());
+  }
+  return best_k;
+}
+
 absl::Status NotReady(int64_t have, int need) {
   return absl::FailedPreconditionError(absl::StrCat("no forecast yet: the current regime has ",
                                                     have, " of the ", need, " steps it needs"));
@@ -47,13 +105,14 @@ absl::Status NotReady(int64_t have, int need) {
 
 }  // namespace
 
-// Quantiles of `v` at the stated confidence, widened by `margin` spreads.
+// Quantiles of `v` at the stated confidence (α·lo_share below the interval,
+// the rest of α above it), widened by `margin` spreads.
 // Samples too small to hold the quantile (n < 2/α) use the prediction
 // interval mean ± t·s·√(1 + 1/n) instead where that is wider; below 5
 // values s is at least 5% of `scale` (default: the mean; a prior on the
 // noise: one or two observations of an event do not show its spread).
 void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, double margin,
-                                 double scale) const {
+                                 Spread kind, double scale, double lo_share) const {
   s.n = static_cast<int>(v.size());
   if (v.empty()) return;
   std::sort(v.begin(), v.end());
@@ -64,25 +123,35 @@ void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, doubl
   s.mean = sum / n;
   for (const double x : v) sq += (x - s.mean) * (x - s.mean);
   s.var = sq / n;
-  s.spread = std::max(
-      {QuantileSorted(v, 0.9) - QuantileSorted(v, 0.1), 0.02 * std::abs(s.median), kMinSpreadNs});
-  const double widen = std::max(margin, 0.0) * s.spread;
+  const double q10 = QuantileSorted(v, 0.1), q90 = QuantileSorted(v, 0.9);
+  const double floor = std::max(0.02 * std::abs(s.median), kMinSpreadNs);
+  s.spread = std::max(q90 - q10, floor);
+  // A window's times widen by the spread of their own half: a bimodal
+  // quantity (a data wait that is short, or in a burst very long) widens its
+  // lower claims on the scale of the short mode, not of the distance between
+  // the modes (which would wipe them out at the first positive margin).
+  // Durations widen by the whole spread on both sides.
+  s.spread_lo = kind == Spread::kPerSide ? std::max(2 * (s.median - q10), floor) : s.spread;
+  s.spread_hi = kind == Spread::kPerSide ? std::max(2 * (q90 - s.median), floor) : s.spread;
+  const double widen_lo = std::max(margin, 0.0) * s.spread_lo;
+  const double widen_hi = std::max(margin, 0.0) * s.spread_hi;
   // A negative margin (claims held more often than needed) moves the
   // quantiles towards the median by at most half their distance.
   const double narrow = std::clamp(-margin, 0.0, kMaxNarrowing) / kMaxNarrowing * kMaxPull;
-  const double qlo = QuantileSorted(v, alpha_ / 2), qhi = QuantileSorted(v, 1 - alpha_ / 2);
+  const double qlo = QuantileSorted(v, alpha_ * lo_share);
+  const double qhi = QuantileSorted(v, 1 - alpha_ * (1 - lo_share));
   const double qtail = QuantileSorted(v, alpha_);
-  s.lo = qlo + narrow * (s.median - qlo) - widen;
-  s.hi = qhi - narrow * (qhi - s.median) + widen;
-  s.low_tail = qtail + narrow * (s.median - qtail) - widen;
+  s.lo = qlo + narrow * (s.median - qlo) - widen_lo;
+  s.hi = qhi - narrow * (qhi - s.median) + widen_hi;
+  s.low_tail = qtail + narrow * (s.median - qtail) - widen_lo;
   if (n >= 2 / alpha_) return;
   const double prior = n < 5 ? 0.05 * std::abs(scale >= 0 ? scale : s.mean) : 0.0;
   const double sd = std::max(n > 1 ? std::sqrt(sq / (n - 1)) : 0.0, prior);
   const double half = SmallSampleFactor(z_, n) * sd * std::sqrt(1 + 1 / n);
   const double one = SmallSampleFactor(z1_, n) * sd * std::sqrt(1 + 1 / n);
-  s.lo = std::min(s.lo, s.mean - half - widen);
-  s.hi = std::max(s.hi, s.mean + half + widen);
-  s.low_tail = std::min(s.low_tail, s.mean - one - widen);
+  s.lo = std::min(s.lo, s.mean - half - widen_lo);
+  s.hi = std::max(s.hi, s.mean + half + widen_hi);
+  s.low_tail = std::min(s.low_tail, s.mean - one - widen_lo);
 }
 
 StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) const {
@@ -117,9 +186,33 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
   matching(dur_period_[kb]);
   v.reserve(same.size());
   for (const StepObs* o : same) v.push_back(static_cast<double>(o->duration()));
-  Summarize(v, m.dur, bound_cal_[static_cast<int>(kind)].margin());
+  const std::vector<double> series = v;  // in step order (Summarize sorts v)
+  Summarize(v, m.dur, bound_cal_[static_cast<int>(kind)].margin(), Spread::kWhole, -1,
+            kDurationLoShare);
   if (m.dur.n == 0) return m;
   m.ok = true;
+  if (!combo && base == kind && same.size() >= 2) {
+    // The next step of this class (no later one of the class is pending)
+    // may lean on the class's recent level (LocalLevel).
+    std::vector<int64_t> gaps;
+    for (size_t i = 1; i < same.size(); ++i) gaps.push_back(same[i]->step - same[i - 1]->step);
+    std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2),
+                     gaps.end());
+    const int64_t until = same.back()->step + gaps[gaps.size() / 2];
+    std::vector<double> residuals;
+    double level = 0;
+    if (step <= until &&
+        LocalLevel(series, alpha_ * kDurationLoShare, 1 - alpha_ * (1 - kDurationLoShare),
+                   static_cast<size_t>(std::ceil(2 / alpha_)), residuals, level) > 0) {
+      Summarize(residuals, m.dur_local, local_cal_[static_cast<int>(kind)].margin(), Spread::kWhole,
+                -1, kDurationLoShare);
+      for (double* x : {&m.dur_local.lo, &m.dur_local.hi, &m.dur_local.low_tail,
+                        &m.dur_local.median, &m.dur_local.mean}) {
+        *x += level;
+      }
+      m.local_until = until;
+    }
+  }
 
   // Normal steps' lengths (see below): each predicted by the mean of its
   // residue class (the normal steps' period), the residuals about it pooled
@@ -209,9 +302,9 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
     sl.key = key;
     sl.phase = slot_phase_[key];
     const double wm = window_cal_[static_cast<int>(SlotKind(key))].margin();
-    Summarize(d, sl.d, wm);
-    Summarize(a, sl.a, wm, sl.d.median);
-    Summarize(b, sl.b, wm, sl.d.median);
+    Summarize(d, sl.d, wm, Spread::kPerSide);
+    Summarize(a, sl.a, wm, Spread::kPerSide, sl.d.median);
+    Summarize(b, sl.b, wm, Spread::kPerSide, sl.d.median);
     const auto np = static_cast<double>(d.size());
     if (np < 2 / alpha_ && sl.a.mean > 0.5 * normal.mean && normal.n >= 10) {
       // Few occurrences of a slot late in its step (an eval or checkpoint
@@ -223,7 +316,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       // budget. Not where the event's own leads disagree (an eval whose
       // forward pass changed length): then their own spread rules.
       SampleSummary ls;
-      Summarize(lead, ls, wm, sl.d.median);
+      Summarize(lead, ls, wm, Spread::kPerSide, sl.d.median);
       const bool residue_aware = ls.n > 0;
       const double a_mean = residue_aware ? class_mean(step) + ls.mean : sl.a.mean;
       const double lead_var = residue_aware ? ls.var : sl.a.var;
@@ -231,12 +324,12 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
           np > 1 ? SmallSampleFactor(z_, np) * std::sqrt(lead_var * np / (np - 1) * (1 + 1 / np))
                  : 0.0;
       sl.a.lo = a_mean - std::max(-normal.lo, own);
-      sl.a.hi = a_mean + std::max(normal.hi, own) + std::max(wm, 0.0) * sl.a.spread;
+      sl.a.hi = a_mean + std::max(normal.hi, own) + std::max(wm, 0.0) * sl.a.spread_hi;
       sl.a.mean = sl.a.median = a_mean;
       const double sd = std::max(np > 1 ? std::sqrt(sl.d.var * np / (np - 1)) : 0.0,
                                  np < 5 ? 0.05 * sl.d.mean : 0.0);
       const double low = sl.d.mean - SmallSampleFactor(z_, np) * sd * std::sqrt(1 + 1 / np) -
-                         std::max(wm, 0.0) * sl.d.spread;
+                         std::max(wm, 0.0) * sl.d.spread_lo;
       // The end offsets of occurrences in other residue classes are no
       // sample of this one's when the normal steps have a rhythm.
       sl.b.lo = np_period > 1 ? sl.a.lo + low : std::max(sl.b.lo, sl.a.lo + low);
@@ -325,7 +418,18 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
   return slot;
 }
 
-bool Forecaster::Impl::DurationBound(int64_t step, double& lo, double& hi) const {
+bool Forecaster::Impl::DurationBound(int64_t step, double& lo, double& hi, bool* local) const {
+  const StepModel& m = ModelFor(step);
+  if (!m.ok) return false;
+  const bool use_local = step <= m.local_until;
+  const SampleSummary& s = use_local ? m.dur_local : m.dur;
+  lo = std::max(s.lo, 0.0);
+  hi = s.hi;
+  if (local != nullptr) *local = use_local;
+  return true;
+}
+
+bool Forecaster::Impl::MarginalBound(int64_t step, double& lo, double& hi) const {
   const StepModel& m = ModelFor(step);
   if (!m.ok) return false;
   lo = std::max(m.dur.lo, 0.0);
@@ -355,7 +459,7 @@ absl::StatusOr<StepBound> Forecaster::Impl::SaveBound() const {
   }
   std::vector<double> v(o.lengths.begin(), o.lengths.end());
   SampleSummary s;
-  Summarize(v, s, bound_cal_[static_cast<int>(StepKind::kCheckpoint)].margin());
+  Summarize(v, s, bound_cal_[static_cast<int>(StepKind::kCheckpoint)].margin(), Spread::kWhole);
   StepBound b;
   b.step = -1;
   for (int64_t st = last_step_ + 1; st <= last_step_ + 100'000; ++st) {

@@ -113,6 +113,7 @@ Forecaster::Impl::Impl(const ForecastOptions& o)
   // bound is a missed deadline).
   window_cal_.fill(MarginCalibrator(0.75 * alpha_, 0.2));
   bound_cal_.fill(MarginCalibrator(0.6 * alpha_, 0.2));
+  local_cal_.fill(MarginCalibrator(0.6 * alpha_, 0.2));
   for (auto& p : slot_period_) p.fill(1);
   dur_period_.fill(1);
 }
@@ -150,6 +151,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
         "forecaster: step ", rec.step, " is not after the last one (", last_step_, ")"));
   }
   if (catalog.size() != catalog_.size()) catalog_ = catalog;
+  if (first_step_ < 0) first_step_ = rec.step;
   const StepObs obs = ReduceStep(rec, catalog_, opt_.pipeline, opt_.min_window_ns);
   if (Ready()) {
     ScoreClaims(rec, obs, catalog_);
@@ -172,10 +174,12 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     }
     if (s->has_phase) slot_phase_[key] = catalog_.name(s->phase);
     o.steps.push_back(rec.step);
+    ++o.total;
     if (o.steps.size() > kMaxOccurrences) o.steps.erase(o.steps.begin());
     o.lengths.push_back(static_cast<double>(s->b - s->a));
     if (o.lengths.size() > kMaxLengths) o.lengths.pop_front();
     o.rule = LearnSpacing(o.steps);
+    if (o.rule.every == 0 && o.total == 2) o.rule = SpacingFromTwo(o.steps, first_step_);
     // Short spacings need a fourth occurrence: three equal gaps.
     const size_t n = o.steps.size();
     if (o.rule.every > 0 && o.rule.every < 8 &&
@@ -242,9 +246,16 @@ void Forecaster::Impl::ScoreClaims(const StepRecord& rec, const StepObs& obs,
 }
 
 void Forecaster::Impl::CheckRegime(const StepObs& obs) {
-  double lo = 0, hi = 0;
-  if (!DurationBound(obs.step, lo, hi)) return;
   const auto d = static_cast<double>(obs.duration());
+  // The published bound (local-level where it applied) is scored by its own
+  // calibrator; the regime is judged against the marginal bound, which a
+  // drifting level does not leave.
+  double lo = 0, hi = 0;
+  bool local = false;
+  if (DurationBound(obs.step, lo, hi, &local) && local) {
+    local_cal_[static_cast<int>(obs.kind)].Update(d > hi || d < lo);
+  }
+  if (!MarginalBound(obs.step, lo, hi)) return;
   const int side = d > hi ? 1 : (d < lo ? -1 : 0);
   bound_cal_[static_cast<int>(obs.kind)].Update(side != 0);
   if (side == 0) {

@@ -23,13 +23,21 @@ struct SampleSummary {
   int present = 0;        // ... in which the slot occurred (= n for durations)
   double lo = 0, hi = 0;  // two-sided quantiles at the stated confidence
   double low_tail = 0;    // one-sided lower quantile (guaranteed length)
-  double median = 0, mean = 0, var = 0, spread = 0;
+  double median = 0, mean = 0, var = 0;
+  double spread = 0;                    // q90 − q10 (at least 2% of the median)
+  double spread_lo = 0, spread_hi = 0;  // 2·(median − q10), 2·(q90 − median)
 };
 
 // What one future step looks like (cached per rhythm class).
 struct StepModel {
   bool ok = false;
   SampleSummary dur;
+  // The local-level model of the duration (LocalLevel in
+  // forecast_windows.cc): it applies to steps up to `local_until` (the next
+  // step of this rhythm class); -1 when the marginal quantiles are tighter
+  // or the class is too short to tell.
+  SampleSummary dur_local;
+  int64_t local_until = -1;
   struct Slot {
     int key = 0;
     std::string phase;
@@ -61,6 +69,7 @@ class Forecaster::Impl {
  private:
   struct Occurrences {
     std::vector<int64_t> steps;  // newest last, at most 8
+    int64_t total = 0;           // occurrences since the first observed step
     std::deque<double> lengths;  // newest last, at most 32 (across regimes)
     SpacingRule rule;
     bool rule_valid = false;
@@ -71,12 +80,22 @@ class Forecaster::Impl {
   // Whether a declared or learned checkpoint / eval event occurs at `step`.
   bool EventAt(IdleKind kind, int64_t step) const;
   uint64_t RuleBits(int64_t step) const;
-  // Bound of step `step`'s duration from the current model (no caching).
-  bool DurationBound(int64_t step, double& lo, double& hi) const;
+  // Bound of step `step`'s duration from the current model: the local-level
+  // bound when it applies to the step (`local` says so), else the marginal
+  // one. False when there is no model.
+  bool DurationBound(int64_t step, double& lo, double& hi, bool* local = nullptr) const;
+  // The marginal bound only (the regime detector's reference).
+  bool MarginalBound(int64_t step, double& lo, double& hi) const;
   const StepModel& ModelFor(int64_t step) const;
   // `combo`: a checkpoint and an eval are both predicted at `step`.
   StepModel BuildModel(int64_t step, StepKind kind, bool combo) const;
-  void Summarize(std::vector<double>& v, SampleSummary& s, double margin, double scale = -1) const;
+  // How a positive margin widens a summary: by the whole spread (q90 − q10)
+  // on both sides, or each side by the spread of its own half.
+  enum class Spread { kWhole, kPerSide };
+  // `lo_share`: the part of α left below the lower quantile (0.5: a
+  // symmetric interval).
+  void Summarize(std::vector<double>& v, SampleSummary& s, double margin, Spread kind,
+                 double scale = -1, double lo_share = 0.5) const;
   // The normal steps' cycle: the least common multiple of the periods in
   // use, 0 when above kMaxCycle.
   int64_t CycleLength() const;
@@ -96,6 +115,7 @@ class Forecaster::Impl {
   PhaseCatalog catalog_;
   std::deque<StepObs> hist_;  // current regime, oldest first
   std::deque<double> gaps_;   // between consecutive steps
+  int64_t first_step_ = -1;   // the first step ever observed
   int64_t last_step_ = -1, last_end_ns_ = 0;
   int64_t stride_ = 1;  // steps between the last two observed (10 in a log of every 10th)
   int64_t regimes_ = 0;
@@ -111,7 +131,8 @@ class Forecaster::Impl {
   std::vector<int> rule_keys_;  // slots with a valid learned rule
   std::array<std::string, kNumSlots> slot_phase_;
   std::array<MarginCalibrator, kNumIdleKinds> window_cal_;  // per window kind
-  std::array<MarginCalibrator, kNumStepKinds> bound_cal_;   // per step kind
+  std::array<MarginCalibrator, kNumStepKinds> bound_cal_;   // per step kind (marginal)
+  std::array<MarginCalibrator, kNumStepKinds> local_cal_;   // ... local-level bounds
   std::vector<WindowClaim> claims_;
   mutable std::unordered_map<int64_t, StepModel> cache_;  // cleared by Observe
 };

@@ -59,4 +59,11 @@ SpacingRule LearnSpacing(const std::vector<int64_t>& occ) {
   return SpacingRule{d1, occ[n - 1] % d1};
 }
 
+SpacingRule SpacingFromTwo(const std::vector<int64_t>& occ, int64_t first_step) {
+  if (occ.size() != 2) return {};
+  const int64_t d = occ[1] - occ[0];
+  if (d < kMinSpacingFromTwo || occ[0] - d >= first_step) return {};
+  return SpacingRule{d, occ[1] % d};
+}
+
 }  // namespace omni

@@ -31,4 +31,15 @@ struct SpacingRule {
 // must be equally spaced (spacing ≥ 2). Otherwise no rule.
 SpacingRule LearnSpacing(const std::vector<int64_t>& occurrences);
 
+// The rule behind an event's only two occurrences a < b (the caller knows
+// there were no others), when their spacing d = b − a is at least
+// kMinSpacingFromTwo and the rule explains the whole log: the occurrence
+// before a, at a − d, would have come before the log's first step
+// `first_step` (a periodic eval or checkpoint whose first occurrence falls
+// in the first period of the log). A rare slot at random steps rarely
+// passes (its first gap would have to exceed its first step), and one that
+// does costs one false claim before its rule fails. Otherwise no rule.
+inline constexpr int64_t kMinSpacingFromTwo = 8;
+SpacingRule SpacingFromTwo(const std::vector<int64_t>& occurrences, int64_t first_step);
+
 }  // namespace omni

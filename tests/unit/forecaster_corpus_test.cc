@@ -30,17 +30,14 @@ const EvaluationReport::Score& Kind(const EvaluationReport& r, IdleKind k) {
   return r.by_kind[static_cast<int>(k)];
 }
 
-constexpr const char* kCorpus[] = {"steady.jsonl",
-                                   "heavy_stalls.jsonl",
-                                   "stall_every3.jsonl",
-                                   "periodic_declared.jsonl",
-                                   "periodic_undeclared.jsonl",
-                                   "restart.jsonl",
-                                   "sampled10.jsonl",
-                                   "rlhf_bimodal.jsonl",
-                                   "pipeline_ckpt.jsonl",
-                                   "steady_text.jsonl",
-                                   "multimodal_stalls.jsonl"};
+constexpr const char* kCorpus[] = {
+    "steady.jsonl", "heavy_stalls.jsonl", "stall_every3.jsonl", "periodic_declared.jsonl",
+    "periodic_undeclared.jsonl", "restart.jsonl", "sampled10.jsonl", "rlhf_bimodal.jsonl",
+    "pipeline_ckpt.jsonl", "steady_text.jsonl", "multimodal_stalls.jsonl",
+    // Held out: written after the model was
+    // tuned on the ones above.
+    "drift.jsonl", "contention.jsonl", "bursty_stalls.jsonl", "time_ckpt.jsonl", "straggler.jsonl",
+    "sampled5.jsonl", "gc_pauses.jsonl"};
 
 TEST(ForecasterCorpus, EveryTraceIsAtLeastAsPreciseAsItsWindowsClaim) {
   for (const char* name : kCorpus) {
@@ -52,15 +49,9 @@ TEST(ForecasterCorpus, EveryTraceIsAtLeastAsPreciseAsItsWindowsClaim) {
   }
 }
 
-TEST(ForecasterCorpus, NextStepBoundsCoverTheClaimedRateWhereStepsAreForeseeable) {
+TEST(ForecasterCorpus, NextStepBoundsCoverAtLeastTheClaimedRateOnEveryTrace) {
   for (const char* name : kCorpus) {
     const EvaluationReport r = Eval(name);
-    if (std::string(name) == "periodic_undeclared.jsonl") {
-      // Each undeclared eval and checkpoint misses its bound until three of
-      // them have shown their spacing: measured 0.936.
-      EXPECT_GE(r.next_step.coverage(), 0.93) << name;
-      continue;
-    }
     EXPECT_GE(r.next_step.coverage(), r.claimed_confidence) << name;
   }
 }
@@ -89,12 +80,28 @@ TEST(ForecasterCorpus, DeclaredEvalsAndCheckpointsAreForecastFromTheirFirstOccur
 }
 
 TEST(ForecasterCorpus, UndeclaredEventsAreLearnedFromTheirSpacing) {
-  // Measured: eval recall 0.658, checkpoint 0.387 (each learned after its
-  // third occurrence: 3 of the 6 checkpoints are gone by then).
+  // Each is claimed from its third occurrence on (two show its spacing).
+  // Measured: eval recall 0.853, checkpoint 0.793 (its 8% noise keeps the
+  // guaranteed length near 87% of it), precision 0.999 and 1.0.
   const EvaluationReport r = Eval("periodic_undeclared.jsonl");
-  EXPECT_GE(Kind(r, IdleKind::kEval).recall(), 0.62);
-  EXPECT_GE(Kind(r, IdleKind::kCheckpoint).recall(), 0.35);
+  EXPECT_GE(Kind(r, IdleKind::kEval).recall(), 0.8);
+  EXPECT_GE(Kind(r, IdleKind::kCheckpoint).recall(), 0.75);
   EXPECT_GE(Kind(r, IdleKind::kEval).precision(), r.claimed_confidence);
+  EXPECT_GE(Kind(r, IdleKind::kCheckpoint).precision(), r.claimed_confidence);
+}
+
+TEST(ForecasterCorpus, CheckpointsByWallTimeAreNotClaimedWhereTheyWander) {
+  // Checkpoints every 20 s: their spacing in steps wanders, so a learned
+  // rule fails at once; nothing false is claimed. Measured: precision 1.0.
+  const EvaluationReport r = Eval("time_ckpt.jsonl");
+  EXPECT_GE(Kind(r, IdleKind::kCheckpoint).precision(), r.claimed_confidence);
+}
+
+TEST(ForecasterCorpus, StepTimesWithMemoryGetBoundsFromTheirRecentLevel) {
+  // The recorded text-only job drifts slowly (lag-1 autocorrelation 0.8):
+  // measured slack 1.057 (1.375 from the quantiles of the whole window).
+  EXPECT_LE(Eval("steady_text.jsonl").next_step.slack_median, 1.15);
+  EXPECT_LE(Eval("drift.jsonl").next_step.slack_median, 1.15);
 }
 
 TEST(ForecasterCorpus, ARestartIsOneRegimeChangeAndTheSlowerStepsAreCovered) {

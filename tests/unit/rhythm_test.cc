@@ -68,6 +68,22 @@ TEST(Rhythm, EqualSpacingMakesARule) {
   EXPECT_EQ(LearnSpacing({3, 4, 5}).every, 0);  // every step is no event
 }
 
+TEST(Rhythm, TwoOccurrencesMakeARuleOnlyWhenTheyExplainTheWholeLog) {
+  // An eval at 19 and 39 in a log from step 0: the one before would have
+  // been at -1, before the log: every 20 steps, next at 59.
+  const SpacingRule r = SpacingFromTwo({19, 39}, 0);
+  EXPECT_EQ(r.every, 20);
+  EXPECT_TRUE(r.OccursAt(59));
+  // A log resumed at step 1000: evals at 1099 and 1199.
+  EXPECT_EQ(SpacingFromTwo({1099, 1199}, 1000).every, 100);
+  // Something at 50 and 80 of a log from 0 would have been at 20 too: it
+  // was not, so it is no periodic event.
+  EXPECT_EQ(SpacingFromTwo({50, 80}, 0).every, 0);
+  // Short spacings need more evidence (LearnSpacing's four occurrences).
+  EXPECT_EQ(SpacingFromTwo({2, 7}, 0).every, 0);
+  EXPECT_EQ(SpacingFromTwo({19, 39, 59}, 0).every, 0);  // only for exactly two
+}
+
 TEST(Quantile, InterpolatesBetweenOrderStatistics) {
   std::vector<double> v = {4, 1, 3, 2};
   EXPECT_DOUBLE_EQ(QuantileInPlace(v, 0.5), 2.5);
