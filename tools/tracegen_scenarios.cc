@@ -3,6 +3,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <memory>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -110,6 +111,120 @@ StepRecord Periodic(Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
   return e.Finish();
 }
 
+// What a held-out scenario carries from step to step (a level with memory,
+// a Markov state, the time of the last checkpoint).
+struct Memory {
+  double level = 0;
+  bool bad = false;
+  int64_t last_ckpt_ns = -1;
+};
+
+// Appends an eval (a `fwd_ms` forward pass nested in `total_ms` of eval)
+// after the step's phases when `eval`, and a checkpoint of `ckpt_ms` when
+// `ckpt_ms` > 0.
+StepRecord WithEvents(const StepRecord& r, Noise& n, bool eval, double fwd_ms, double total_ms,
+                      double ckpt_ms) {
+  if (!eval && ckpt_ms <= 0) return r;
+  StepBuilder e(r.step, r.start_ns);
+  for (int i = 0; i < r.num_spans; ++i) {
+    if (r.spans[i].depth != 0) continue;
+    e.Phase(r.spans[i].phase, static_cast<double>(r.spans[i].end_ns - r.spans[i].start_ns) / 1e6);
+  }
+  if (eval) {
+    const double fwd = n.Jit(fwd_ms, 0.03);
+    const int ev = e.Phase(phase::kEval, fwd + n.Jit(total_ms - fwd_ms, 0.05));
+    e.Nested(ev, phase::kCompute, 0, fwd);
+  }
+  if (ckpt_ms > 0) e.Phase(phase::kCheckpoint, ckpt_ms);
+  return e.Finish();
+}
+
+// The held-out scenarios: written after the forecaster was tuned on the
+// ones above, to check that what it states holds on behaviour it was not
+// tuned on (tests/data/README.md).
+void AddHeldOut(std::map<std::string, Scenario>& m) {
+  // A sequence-length curriculum: compute grows 0.06% a step, with slow
+  // contention (AR(1), φ 0.95, σ 1%); an undeclared eval every 100 steps.
+  m["drift"] = {
+      nullptr,
+      [mem = std::make_shared<Memory>()](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+        mem->level = 0.95 * mem->level + std::normal_distribution<double>(0, 0.01)(n.rng);
+        const double compute = 150 * (1 + 0.0006 * static_cast<double>(s)) * std::exp(mem->level);
+        return WithEvents(Plain(n, s, t, 6, 0.3, compute), n, s % 100 == 99, 40, 340, 0);
+      }};
+  // A shared cluster: compute slowed by contention that comes and goes
+  // (AR(1), φ 0.9, σ 3%); an undeclared checkpoint every 50 steps (~500 ms).
+  m["contention"] = {
+      nullptr,
+      [mem = std::make_shared<Memory>()](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+        mem->level = 0.9 * mem->level + std::normal_distribution<double>(0, 0.03)(n.rng);
+        const double compute = 100 * std::exp(mem->level);
+        return WithEvents(Plain(n, s, t, 5, 0.3, compute), n, false, 0, 0,
+                          s % 50 == 49 ? n.LogN(500, 0.1) : 0.0);
+      }};
+  // Data stalls in bursts: a loader that falls behind stays behind for a
+  // while (enter 3% a step, leave 15%), stalling ~120 ms a step meanwhile.
+  m["bursty_stalls"] = {nullptr, [mem = std::make_shared<Memory>()](Noise& n, int64_t s, int64_t t,
+                                                                    const StepLogHeader&) {
+                          mem->bad = mem->bad ? !n.Chance(0.15) : n.Chance(0.03);
+                          StepBuilder b(s, t);
+                          b.Phase(phase::kDataWait, mem->bad ? n.LogN(120, 0.3) : n.LogN(3, 0.3));
+                          b.Phase(phase::kCompute, n.Jit(200, 0.02));
+                          b.Phase(phase::kOptimizer, n.Jit(10, 0.03));
+                          return b.Finish();
+                        }};
+  // Checkpoints by wall time (every 20 s of ~220 ms steps: the spacing in
+  // steps wanders by one or two), and an eval every 100 steps, declared.
+  m["time_ckpt"] = {
+      [](StepLogHeader& h) {
+        h.eval = PeriodicEvent{100, 99, 0};
+      },
+      [mem = std::make_shared<Memory>()](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+        if (mem->last_ckpt_ns < 0) mem->last_ckpt_ns = t;
+        const bool ckpt = t - mem->last_ckpt_ns >= 20'000 * kMs;
+        if (ckpt) mem->last_ckpt_ns = t;
+        return WithEvents(Plain(n, s, t, 8, 0.3, 190), n, s % 100 == 99, 50, 400,
+                          ckpt ? n.LogN(700, 0.05) : 0.0);
+      }};
+  // A straggler: steps 250–349 run 1.8× slower (a throttled device), then
+  // the job recovers.
+  m["straggler"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+                      const double compute = s >= 250 && s < 350 ? 1.8 * 160 : 160;
+                      return Plain(n, s, t, 8, 0.3, compute);
+                    }};
+  // Every 5th step logged (offset 4) of a job whose loader stalls ~250 ms
+  // every 4th step, with an undeclared eval every 40 steps.
+  Scenario sampled5;
+  sampled5.step = [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+    StepBuilder b(s, t);
+    b.Phase(phase::kDataWait, s % 4 == 0 ? n.LogN(250, 0.08) : n.LogN(4, 0.3));
+    b.Phase(phase::kCompute, n.Jit(400, 0.02));
+    b.Phase(phase::kOptimizer, n.Jit(20, 0.03));
+    return WithEvents(b.Finish(), n, s % 40 == 39, 60, 500, 0);
+  };
+  sampled5.log_every = 5;
+  m["sampled5"] = sampled5;
+  // Garbage-collection pauses: 3% of steps stop for 100–300 ms (host-side),
+  // at random; an eval every 50 steps, declared.
+  m["gc_pauses"] = {[](StepLogHeader& h) {
+                      h.eval = PeriodicEvent{50, 49, 0};
+                    },
+                    [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+                      StepRecord r = Plain(n, s, t, 6, 0.3, 130);
+                      if (n.Chance(0.03)) {
+                        StepBuilder b(s, t);
+                        for (int i = 0; i < r.num_spans; ++i) {
+                          b.Phase(
+                              r.spans[i].phase,
+                              static_cast<double>(r.spans[i].end_ns - r.spans[i].start_ns) / 1e6);
+                        }
+                        b.Phase(phase::kHost, n.LogN(170, 0.3));
+                        r = b.Finish();
+                      }
+                      return WithEvents(r, n, s % 50 == 49, 30, 250, 0);
+                    }};
+}
+
 std::map<std::string, Scenario> Scenarios() {
   std::map<std::string, Scenario> m;
   m["steady"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
@@ -179,6 +294,7 @@ std::map<std::string, Scenario> Scenarios() {
         b.Phase(phase::kOptimizer, n.Jit(50, 0.03));
         return b.Finish();
       }};
+  AddHeldOut(m);
   return m;
 }
 
