@@ -7,7 +7,9 @@
 //
 // Scenarios other than the default "pipeline" are in tracegen_scenarios.cc
 // (steady, heavy_stalls, stall_every3, periodic_declared, periodic_undeclared,
-// restart, sampled10, rlhf_bimodal; tests/data/README.md describes each).
+// restart, sampled10, rlhf_bimodal, and the held-out drift, contention,
+// bursty_stalls, time_ckpt, straggler, sampled5, gc_pauses;
+// tests/data/README.md describes each).
 //
 // The stage runs a GPipe schedule (see omni/forecast.h, PipelineSchedule):
 // forward passes of `micro_batches` micro-batches, then their backward passes,
