@@ -41,63 +41,6 @@ double StudentT(double z, double nu) {
 // below, where the standard deviation comes mostly from the prior.
 double SmallSampleFactor(double z, double n) { return n >= 3 ? StudentT(z, n - 1) : 1.5 * z; }
 
-// The durations' share of α below their interval: a step cannot be much
-// shorter than its work, but a stall can make it much longer, so most of the
-// miss budget goes to the upper end (a tighter upper bound at the same
-// stated confidence: more steps fit before a deadline).
-constexpr double kDurationLoShare = 0.2;
-// Window lengths of the local-level model (the last k values' median).
-constexpr std::array<int, 5> kLevelWindows = {1, 2, 4, 8, 16};
-// The local-level model is taken only where its interval is clearly
-// narrower than the marginal one (noise would otherwise pick it half the
-// time on a series without memory).
-constexpr double kLocalGain = 0.9;
-
-// The median of x[from, to) (to − from ≤ 16).
-double WindowMedian(const std::vector<double>& x, size_t from, size_t to) {
-  std::array<double, 16> buf{};
-  const size_t n = to - from;
-  std::copy(x.begin() + static_cast<std::ptrdiff_t>(from),
-            x.begin() + static_cast<std::ptrdiff_t>(to), buf.begin());
-  std::sort(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(n));
-  return n % 2 == 1 ? buf[n / 2] : 0.5 * (buf[n / 2 - 1] + buf[n / 2]);
-}
-
-// The local-level model of a series (oldest first) with memory (a slow
-// drift, contention that comes and goes): the next value is the median of
-// the last k values plus a residual distributed like the past residuals
-// about their own preceding k values. Picks the k (from kLevelWindows) whose
-// residuals give the narrowest interval [q(lo), q(hi)]; returns 0 when none
-// is narrower than kLocalGain of the marginal interval of the series itself
-// (a series without memory), or the series is too short for the quantiles
-// (fewer than `min_n` residuals). On success `residuals` holds the chosen
-// k's residuals and `level` the median of the last k values.
-int LocalLevel(const std::vector<double>& x, double lo, double hi, size_t min_n,
-               std::vector<double>& residuals, double& level) {
-  if (x.size() < min_n + kLevelWindows.back()) return 0;
-  std::vector<double> sorted = x;
-  std::sort(sorted.begin(), sorted.end());
-  double best = kLocalGain * (QuantileSorted(sorted, hi) - QuantileSorted(sorted, lo));
-  int best_k = 0;
-  std::vector<double> r;
-  for (const int k : kLevelWindows) {
-    const auto ku = static_cast<size_t>(k);
-    r.clear();
-    for (size_t i = ku; i < x.size(); ++i) r.push_back(x[i] - WindowMedian(x, i - ku, i));
-    std::sort(r.begin(), r.end());
-    const double width = QuantileSorted(r, hi) - QuantileSorted(r, lo);
-    if (width < best) {
-      best = width;
-      best_k = k;
-      residuals = r;
-    }
-  }
-  if (best_k > 0) {
-    level = WindowMedian(x, x.size() - static_cast<size_t>(best_k), x.size());
-  }
-  return best_k;
-}
-
 absl::Status NotReady(int64_t have, int need) {
   return absl::FailedPreconditionError(absl::StrCat("no forecast yet: the current regime has ",
                                                     have, " of the ", need, " steps it needs"));
@@ -191,21 +134,22 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
             kDurationLoShare);
   if (m.dur.n == 0) return m;
   m.ok = true;
-  if (!combo && base == kind && same.size() >= 2) {
-    // The next step of this class (no later one of the class is pending)
-    // may lean on the class's recent level (LocalLevel).
+  const int level_k = local_window_[static_cast<size_t>(kb)];
+  const auto min_n = static_cast<size_t>(std::ceil(2 / alpha_));
+  if (!combo && base == kind && level_k > 0 && series.size() >= min_n + level_k) {
+    // The next step of this class (no later one of the class pending) leans
+    // on the class's recent level (ChooseLevelWindow).
     std::vector<int64_t> gaps;
     for (size_t i = 1; i < same.size(); ++i) gaps.push_back(same[i]->step - same[i - 1]->step);
     std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2),
                      gaps.end());
     const int64_t until = same.back()->step + gaps[gaps.size() / 2];
-    std::vector<double> residuals;
-    double level = 0;
-    if (step <= until &&
-        LocalLevel(series, alpha_ * kDurationLoShare, 1 - alpha_ * (1 - kDurationLoShare),
-                   static_cast<size_t>(std::ceil(2 / alpha_)), residuals, level) > 0) {
+    if (step <= until) {
+      std::vector<double> residuals;
+      LevelResiduals(series, level_k, residuals);
       Summarize(residuals, m.dur_local, local_cal_[static_cast<int>(kind)].margin(), Spread::kWhole,
                 -1, kDurationLoShare);
+      const double level = RecentLevel(series, level_k);
       for (double* x : {&m.dur_local.lo, &m.dur_local.hi, &m.dur_local.low_tail,
                         &m.dur_local.median, &m.dur_local.mean}) {
         *x += level;
@@ -213,7 +157,6 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       m.local_until = until;
     }
   }
-
   // Normal steps' lengths (see below): each predicted by the mean of its
   // residue class (the normal steps' period), the residuals about it pooled
   // over all classes at quantiles α/4 and 1 − α/4. An event's training work

@@ -321,6 +321,15 @@ void Forecaster::Impl::Relearn() {
     }
     dur_period_[k] = ChoosePeriod(steps, values, opt_.max_period);
     fold(dur_period_[k]);
+    {
+      std::vector<std::vector<double>> classes(static_cast<size_t>(dur_period_[k]));
+      for (size_t i = 0; i < steps.size(); ++i) {
+        classes[static_cast<size_t>(steps[i] % dur_period_[k])].push_back(values[i]);
+      }
+      local_window_[k] =
+          ChooseLevelWindow(classes, alpha_ * kDurationLoShare, 1 - alpha_ * (1 - kDurationLoShare),
+                            static_cast<size_t>(std::ceil(2 / alpha_)));
+    }
     for (int key = 0; key < kNumSlots; ++key) {
       slot_period_[k][key] = 1;
       if (!seen[key]) continue;

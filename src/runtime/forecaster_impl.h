@@ -17,6 +17,12 @@
 
 namespace omni {
 
+// The durations' share of α below their interval: a step cannot be much
+// shorter than its work, but a stall can make it much longer, so most of the
+// miss budget goes to the upper end (a tighter upper bound at the same
+// stated confidence: more steps fit before a deadline).
+inline constexpr double kDurationLoShare = 0.2;
+
 // Summary of the matching past values of one quantity for one future step.
 struct SampleSummary {
   int n = 0;              // matching past steps
@@ -127,6 +133,9 @@ class Forecaster::Impl {
   bool outlier_ = false;  // one step far outside its bound (a stall, a GC)
   std::array<std::array<int, kNumSlots>, kNumStepKinds> slot_period_{};
   std::array<int, kNumStepKinds> dur_period_{};
+  // The recent-level window of each kind's durations (0: the marginal
+  // quantiles; ChooseLevelWindow), chosen at each Relearn.
+  std::array<int, kNumStepKinds> local_window_{};
   std::array<Occurrences, kNumSlots> occ_;
   std::vector<int> rule_keys_;  // slots with a valid learned rule
   std::array<std::string, kNumSlots> slot_phase_;

@@ -1,6 +1,7 @@
 #include "rhythm.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "quantile.h"
@@ -64,6 +65,63 @@ SpacingRule SpacingFromTwo(const std::vector<int64_t>& occ, int64_t first_step) 
   const int64_t d = occ[1] - occ[0];
   if (d < kMinSpacingFromTwo || occ[0] - d >= first_step) return {};
   return SpacingRule{d, occ[1] % d};
+}
+
+namespace {
+
+// The median of x[from, to) (to − from ≤ 16).
+double WindowMedian(const std::vector<double>& x, size_t from, size_t to) {
+  std::array<double, 16> buf{};
+  const size_t n = to - from;
+  std::copy(x.begin() + static_cast<std::ptrdiff_t>(from),
+            x.begin() + static_cast<std::ptrdiff_t>(to), buf.begin());
+  std::sort(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(n));
+  return n % 2 == 1 ? buf[n / 2] : 0.5 * (buf[n / 2 - 1] + buf[n / 2]);
+}
+
+double Width(std::vector<double>& v, double lo, double hi) {
+  std::sort(v.begin(), v.end());
+  return QuantileSorted(v, hi) - QuantileSorted(v, lo);
+}
+
+}  // namespace
+
+void LevelResiduals(const std::vector<double>& x, int k, std::vector<double>& out) {
+  out.clear();
+  const auto ku = static_cast<size_t>(k);
+  for (size_t i = ku; i < x.size(); ++i) out.push_back(x[i] - WindowMedian(x, i - ku, i));
+}
+
+double RecentLevel(const std::vector<double>& x, int k) {
+  return WindowMedian(x, x.size() - static_cast<size_t>(k), x.size());
+}
+
+int ChooseLevelWindow(const std::vector<std::vector<double>>& classes, double lo, double hi,
+                      size_t min_n) {
+  std::vector<double> dev, r, one;
+  for (const std::vector<double>& c : classes) {
+    if (c.empty()) continue;
+    std::vector<double> sorted = c;
+    const double median = QuantileInPlace(sorted, 0.5);
+    for (const double x : c) dev.push_back(x - median);
+  }
+  if (dev.size() < min_n) return 0;
+  double best = kLevelGain * Width(dev, lo, hi);
+  int best_k = 0;
+  for (const int k : kLevelWindows) {
+    r.clear();
+    for (const std::vector<double>& c : classes) {
+      LevelResiduals(c, k, one);
+      r.insert(r.end(), one.begin(), one.end());
+    }
+    if (r.size() < min_n) break;
+    const double width = Width(r, lo, hi);
+    if (width < best) {
+      best = width;
+      best_k = k;
+    }
+  }
+  return best_k;
 }
 
 }  // namespace omni

@@ -4,6 +4,7 @@
 // Thread safety: pure functions and plain values.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -41,5 +42,23 @@ SpacingRule LearnSpacing(const std::vector<int64_t>& occurrences);
 // does costs one false claim before its rule fails. Otherwise no rule.
 inline constexpr int64_t kMinSpacingFromTwo = 8;
 SpacingRule SpacingFromTwo(const std::vector<int64_t>& occurrences, int64_t first_step);
+
+// The recent level of a series with memory (a slow drift, contention that
+// comes and goes): the next value is predicted by the median of the last k
+// values, with a residual distributed like the past residuals about their
+// own preceding k. `classes` are the series of a quantity's residue classes
+// (oldest first each). Returns the k from kLevelWindows whose residuals,
+// pooled over the classes, give the narrowest interval [q(lo), q(hi)]; 0
+// when none is narrower than kLevelGain of the same interval of the values'
+// deviations from their class medians (a series without memory), or when
+// fewer than `min_n` residuals can be formed.
+inline constexpr int kLevelWindows[] = {1, 2, 4, 8, 16};
+inline constexpr double kLevelGain = 0.9;
+int ChooseLevelWindow(const std::vector<std::vector<double>>& classes, double lo, double hi,
+                      size_t min_n);
+// x[i] − (median of x[i−k, i)) for i ≥ k, in order. REQUIRES: k ≥ 1.
+void LevelResiduals(const std::vector<double>& x, int k, std::vector<double>& out);
+// The median of the last k values. REQUIRES: 1 ≤ k ≤ 16, x.size() ≥ k.
+double RecentLevel(const std::vector<double>& x, int k);
 
 }  // namespace omni
