@@ -64,6 +64,8 @@ class Rng {
 constexpr uint64_t kSaltContent = 0x636F6E74656E74ULL;
 constexpr uint64_t kSaltDecode = 0x6465636F6465ULL;
 constexpr uint64_t kSaltCaption = 0x63617074696F6EULL;
+constexpr uint64_t kSaltShard = 0x7368617264ULL;
+constexpr double kShardFetchSigma = 0.1;
 
 uint64_t SampleKey(uint64_t stream, uint64_t index) { return (stream << 56) ^ index; }
 
@@ -175,6 +177,21 @@ int64_t DecodePasses(const DataConfig& config, uint64_t stream, uint64_t index) 
     passes = kImageBasePasses * std::pow(rng.Uniform(), -1.0 / kImageAlpha);
   }
   return std::llround(std::min(passes, kMaxPasses) * config.stall_scale);
+}
+
+int64_t ShardFetchNs(const DataConfig& config, int64_t batch_number) {
+  if (config.shard_batches <= 0 || config.shard_fetch_ms <= 0 || batch_number < 0 ||
+      batch_number % config.shard_batches != 0) {
+    return 0;
+  }
+  Rng rng(config.seed, kSaltShard, static_cast<uint64_t>(batch_number / config.shard_batches));
+  const double z = std::sqrt(-2.0 * std::log(rng.Uniform())) * std::cos(kTwoPi * rng.Uniform());
+  return std::llround(config.shard_fetch_ms * 1e6 * std::exp(kShardFetchSigma * z));
+}
+
+void FetchShardOf(const DataConfig& config, int64_t batch_number) {
+  const int64_t ns = ShardFetchNs(config, batch_number);
+  if (ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
 }
 
 std::vector<int64_t> CaptionOf(const DataConfig& config, int label, int quadrant) {

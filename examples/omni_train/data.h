@@ -16,6 +16,13 @@
 // image and video decoding does. The passes are real CPU work on a scratch
 // copy; the pixels given to the model do not depend on them, so the stall
 // scale changes timing only, never the parameters.
+//
+// Shards (--shard-batches N, --shard-fetch-ms MS): the training stream is
+// stored in shards of N global batches on remote storage, fetched on
+// demand: the trainer waits for a shard's fetch (a blocking wait of about
+// MS, ±10% per shard, deterministic in the seed) before it takes the
+// shard's first batch, as a streaming loader that refills its buffer when
+// it runs dry does. A data stall every N-th step.
 #pragma once
 
 #include <cstdint>
@@ -51,7 +58,15 @@ struct DataConfig {
   // per pass: a fetch from remote storage) instead of CPU work, so that a data
   // stall leaves the core idle (what a CPU host can lend a guest).
   bool stall_io = false;
+  int64_t shard_batches = 0;  // global batches per shard; 0 = no shard fetches
+  double shard_fetch_ms = 0;  // the median fetch of one shard
 };
+
+// The fetch wait before global batch `batch_number` (its step): non-zero
+// only for the first batch of a shard.
+int64_t ShardFetchNs(const DataConfig& config, int64_t batch_number);
+// Waits ShardFetchNs (a blocking wait: the core is idle meanwhile).
+void FetchShardOf(const DataConfig& config, int64_t batch_number);
 
 // The modelled cost of one decode pass (one 3x3 smoothing of 64x64x3 on one core).
 inline constexpr int64_t kPassNs = 35'000;

@@ -65,6 +65,10 @@ with Omni telemetry. The same command gives bit-identical parameters.
   --stall-scale X   multiplies the per-sample decode cost (default 1; 0 = no decode cost)
   --stall-io        the decode cost is a blocking wait of the same modelled length (a fetch
                     from remote storage), not CPU work: a data stall leaves the core idle
+  --shard-batches N the training data streams in shards of N global batches; the first
+                    batch of a shard waits for its fetch (default 0 = no shards)
+  --shard-fetch-ms MS
+                    the fetch of one shard, a blocking wait (median MS, +-10% per shard)
   --window N        rolling statistics window in steps (default 200)
   --window-channel NAME
                     publish live window notices ("idle now" / "busy again") on the
@@ -152,20 +156,21 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
       continue;
     }
 
-    static constexpr absl::string_view kValued[] = {"steps",         "seed",
-                                                    "batch",         "lr",
-                                                    "threads",       "log",
-                                                    "trace",         "forecast",
-                                                    "eval-every",    "stall-scale",
-                                                    "window",        "ckpt-dir",
-                                                    "ckpt-every",    "keep",
-                                                    "loss-log",      "notice-file",
-                                                    "store",         "replica-id",
-                                                    "min-replicas",  "max-replicas",
-                                                    "heartbeat-ms",  "peer-timeout-ms",
-                                                    "params-out",    "device",
-                                                    "dropout",       "notice-key",
-                                                    "window-channel"};
+    static constexpr absl::string_view kValued[] = {"steps",          "seed",
+                                                    "batch",          "lr",
+                                                    "threads",        "log",
+                                                    "trace",          "forecast",
+                                                    "eval-every",     "stall-scale",
+                                                    "window",         "ckpt-dir",
+                                                    "ckpt-every",     "keep",
+                                                    "loss-log",       "notice-file",
+                                                    "store",          "replica-id",
+                                                    "min-replicas",   "max-replicas",
+                                                    "heartbeat-ms",   "peer-timeout-ms",
+                                                    "params-out",     "device",
+                                                    "dropout",        "notice-key",
+                                                    "window-channel", "shard-batches",
+                                                    "shard-fetch-ms"};
     bool known = false;
     for (absl::string_view k : kValued) known = known || k == name;
     if (!known) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
@@ -199,6 +204,13 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
       f.eval_every = n;
     } else if (name == "stall-scale") {
       if (auto s = ParseDouble(name, value, 0.0, /*min_open=*/false, &f.stall_scale); !s.ok()) {
+        return s;
+      }
+    } else if (name == "shard-batches") {
+      if (auto s = ParseInt(name, value, 0, int64_t{1} << 40, &n); !s.ok()) return s;
+      f.shard_batches = n;
+    } else if (name == "shard-fetch-ms") {
+      if (auto s = ParseDouble(name, value, 0.0, /*min_open=*/false, &f.shard_fetch_ms); !s.ok()) {
         return s;
       }
     } else if (name == "window") {

@@ -25,6 +25,8 @@ struct TrainFlags {
   bool stall_io = false;  // --stall-io: the decode cost is a blocking wait, not CPU work
   bool float64 = false;   // --float64: parameters, activations and gradients in double
   double stall_scale = 1.0;
+  int64_t shard_batches = 0;  // --shard-batches: global batches per data shard (0 = none)
+  double shard_fetch_ms = 0;  // --shard-fetch-ms: the fetch of one shard (a blocking wait)
   int window = 200;
   bool quiet = false;
   bool help = false;

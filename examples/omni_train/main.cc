@@ -250,6 +250,8 @@ int Run(const TrainFlags& flags) {
   data.text_only = flags.text_only;
   data.stall_scale = flags.stall_scale;
   data.stall_io = flags.stall_io;
+  data.shard_batches = flags.shard_batches;
+  data.shard_fetch_ms = flags.shard_fetch_ms;
   DataConfig eval_data = data;
   eval_data.batch = kEvalSamples;
   Batch eval_batch = MakeBatch(eval_data, kEvalStream, 0, /*decode=*/false);
@@ -288,9 +290,11 @@ int Run(const TrainFlags& flags) {
       if (elastic) {
         absl::StatusOr<std::vector<int64_t>> indices = rt.LocalBatch();
         if (!indices.ok()) return Fail(indices.status());
+        FetchShardOf(data, step);
         Batch b = MakeBatchOf(data, kTrainStream, step, *indices, /*decode=*/true);
         batch = ToTensors(b, device, dtype);
       } else {
+        FetchShardOf(data, step);
         absl::StatusOr<Batch> next = loader->Next();
         if (!next.ok()) return Fail(next.status());
         batch = ToTensors(*next, device, dtype);
