@@ -17,7 +17,13 @@
 //    step bounds): every claim is checked when its step completes and the
 //    widening grows after a miss and shrinks after a hit, so the realised
 //    rate converges to at least the stated confidence (adaptive conformal
-//    inference on a margin).
+//    inference on a margin). Where step times have memory (contention that
+//    comes and goes, a slow drift) the next step's bound is the recent
+//    level of its class plus the quantiles of past residuals about such
+//    levels; most of a bound's miss budget is above it.
+//  - An undeclared event is learned from its spacing: from its third
+//    occurrence when its first two explain the whole log, else once three
+//    (four below a spacing of 8) are equally spaced.
 //  - Regime changes: a step outside its bound by a wide margin suspends
 //    windows until steps fit again; three misses on the same side start a new
 //    regime (older steps are forgotten); leading steps of a regime more than
@@ -25,6 +31,10 @@
 //  - Windows are anchored to steps: each has its step, kind, earliest and
 //    latest start, a duration guaranteed once it started and an expected
 //    duration; far-ahead windows keep their length, only their start spreads.
+//
+// Implementation: src/runtime/forecast.cc (learning), forecast_windows.cc
+// (publishing), forecast_json.cc (the format); learners in rhythm.cc,
+// quantile.cc and step_slots.cc.
 //
 // Thread safety: Forecaster is not thread-safe (it learns online); Telemetry
 // owns one on its worker thread and hands out copies of its forecasts and

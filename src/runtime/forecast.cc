@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "forecaster_impl.h"
+#include "forecast_impl.h"
 #include "omni/forecast.h"
 
 namespace omni {

@@ -1,5 +1,5 @@
 // The forecaster's state (see omni/forecast.h for the model). Private to
-// omni_core: forecaster.cc learns (Observe), forecast_windows.cc publishes
+// omni_core: forecast.cc learns (Observe), forecast_windows.cc publishes
 // (Predict, bounds).
 //
 // Thread safety: not thread-safe; one owner (the Telemetry worker, or a replay).
