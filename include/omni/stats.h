@@ -1,6 +1,9 @@
 // Rolling statistics over the last N steps, with warm-up detection and
 // attribution of checkpoint / eval steps.
 //
+// Implementation: src/runtime/stats.cc (StepStats), stats_window.cc
+// (RollingWindow), stats_snapshot.cc (StatsSnapshot).
+//
 // Thread safety: RollingWindow and StepStats are not thread-safe; Telemetry
 // owns one StepStats on its worker thread and hands out StatsSnapshot copies.
 #pragma once
