@@ -85,43 +85,45 @@ TEST(FakeClock, AdvanceToNextWakeMovesToTheEarliestDeadlineOnly) {
   EXPECT_EQ(woke.load(), 11);
 }
 
+// A thread that waits on `clock`, until `deadline_ns`, for `ready`; `got`
+// is what AwaitUntil answered, once `thread` is joined.
+struct ConditionWaiter {
+  ConditionWaiter(const FakeClock& clock, int64_t deadline_ns)
+      : thread([this, &clock, deadline_ns] {
+          absl::MutexLock lock(&mu);
+          got = clock.AwaitUntil(mu, absl::Condition(&ready), deadline_ns);
+        }) {}
+  absl::Mutex mu;
+  bool ready = false;  // guarded by mu
+  std::optional<bool> got;
+  std::thread thread;  // last: starts once the rest is initialised
+};
+
 TEST(FakeClock, AwaitUntilReturnsOnceItsConditionHoldsWithoutTimeMoving) {
   FakeClock clock(0);
-  absl::Mutex mu;
-  bool ready = false;
-  std::optional<bool> got;
-  std::thread waiter([&] {
-    absl::MutexLock lock(&mu);
-    got = clock.AwaitUntil(mu, absl::Condition(&ready), 1'000'000);
-  });
+  ConditionWaiter w(clock, 1'000'000);
   ASSERT_TRUE(AwaitWaiter(clock, 1'000'000));
   {
-    absl::MutexLock lock(&mu);
-    ready = true;
+    absl::MutexLock lock(&w.mu);
+    w.ready = true;
   }
-  waiter.join();
-  EXPECT_EQ(got, std::optional<bool>(true));
+  w.thread.join();
+  EXPECT_EQ(w.got, std::optional<bool>(true));
   EXPECT_EQ(clock.NowNanos(), 0);
   EXPECT_EQ(clock.NextWakeNanos(), std::nullopt);  // it took itself out
 }
 
 TEST(FakeClock, AwaitUntilReturnsFalseAtItsDeadlineAndAtOnceWhenItHasPassed) {
   FakeClock clock(0);
-  absl::Mutex mu;
-  bool ready = false;
-  std::optional<bool> got;
-  std::thread waiter([&] {
-    absl::MutexLock lock(&mu);
-    got = clock.AwaitUntil(mu, absl::Condition(&ready), 50);
-  });
+  ConditionWaiter w(clock, 50);
   ASSERT_TRUE(AwaitWaiter(clock, 50));
   clock.Advance(nanoseconds(50));
-  waiter.join();
-  EXPECT_EQ(got, std::optional<bool>(false));
-  absl::MutexLock lock(&mu);
-  EXPECT_FALSE(clock.AwaitUntil(mu, absl::Condition(&ready), 50));
-  ready = true;
-  EXPECT_TRUE(clock.AwaitUntil(mu, absl::Condition(&ready), 50));
+  w.thread.join();
+  EXPECT_EQ(w.got, std::optional<bool>(false));
+  absl::MutexLock lock(&w.mu);
+  EXPECT_FALSE(clock.AwaitUntil(w.mu, absl::Condition(&w.ready), 50));
+  w.ready = true;
+  EXPECT_TRUE(clock.AwaitUntil(w.mu, absl::Condition(&w.ready), 50));
   clock.SleepUntil(10);  // passed: returns at once
 }
 
