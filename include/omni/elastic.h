@@ -25,6 +25,15 @@
 // communicator, re-synchronises the state (a replica that did commit the
 // failed step hands it to the others) and the caller redoes the step.
 //
+// Time: options.membership.clock times the group — its membership's
+// heartbeats, timeouts and waits (omni/membership.h), and the agree, build
+// and sync durations of GroupChange. collective_timeout and init_timeout are
+// real time on any clock: they bound the communicator's sockets and its
+// rendezvous through the store's own blocking waits. A peer that dies is
+// still found on the clock (its heartbeat), and the collective or the build
+// that waits for it is aborted then, so on a FakeClock no real-time bound is
+// waited out for a lost peer.
+//
 // Thread safety: one training thread calls everything except generation(),
 // which is thread-safe.
 #pragma once
@@ -48,15 +57,16 @@
 namespace omni {
 
 struct ElasticOptions {
+  // membership.clock is the group's clock (see "Time" above).
   MembershipOptions membership;
   std::string backend = "gloo";  // see CommOptions
   std::string host = "127.0.0.1";
   int device = -1;
-  // Every collective's timeout: a backstop for a peer whose process is alive
-  // but stuck (a dead or frozen peer is detected by heartbeat first, and the
-  // waiting collective aborted).
+  // Every collective's timeout, in real time: a backstop for a peer whose
+  // process is alive but stuck (a dead or frozen peer is detected by
+  // heartbeat first, and the waiting collective aborted).
   absl::Duration collective_timeout = absl::Seconds(60);
-  // Bound on building a generation's communicator.
+  // Bound on building a generation's communicator, in real time.
   absl::Duration init_timeout = absl::Seconds(30);
 };
 

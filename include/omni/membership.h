@@ -19,6 +19,15 @@
 // lease expires; a heartbeat key seen before and now gone counts as silent
 // for peer_timeout already.
 //
+// Time: every timing here is on options.clock — the heartbeat period, the
+// peer, join, settle and store-retry bounds, the bound on a stuck member in
+// Recover, and every wait between polls and retries. Membership reads the
+// store only with calls that do not wait (TryGet, Set, Add, CompareAndSet),
+// never with the store's own blocking Get or Wait, whose timeouts are real
+// time; so on a FakeClock no wait of this class takes real time, and the
+// clock must be moved while Create, Join and Recover wait and while the
+// heartbeat thread runs (tests/unit/auto_advance.h does so).
+//
 // Ranks: members are ordered by (switch, rack, host, id), so that replicas
 // under one switch, and within it one rack, get contiguous ranks.
 //
@@ -66,6 +75,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "omni/clock.h"
 #include "omni/export.h"
 #include "omni/store.h"
 
@@ -103,6 +113,9 @@ struct MembershipOptions {
   // Store errors (unreachable store) are retried with backoff for this long,
   // then reported (Unavailable naming the key and the last error).
   absl::Duration store_retry = absl::Seconds(10);
+  // Times everything above (see "Time" at the top of this file). Not owned;
+  // must outlive the Membership. Null is refused (InvalidArgument).
+  const Clock* clock = Clock::Real();
 };
 
 // How a generation came about. Stored in generation records as its name
@@ -166,9 +179,10 @@ class OMNI_EXPORT Membership {
   // After a collective of the current generation failed: agrees with the
   // surviving members on the next generation. Members that report in are
   // kept; one that does not is dropped once its heartbeat has been silent
-  // for three heartbeat periods (at most peer_timeout). Waits (up to join_timeout) while fewer than
-  // min_replicas are alive. When this replica was itself dropped it joins
-  // again (as Join()).
+  // for three heartbeat periods (at most peer_timeout), or, while it keeps
+  // beating, after 10 peer_timeouts (its training thread is stuck). Waits
+  // (up to join_timeout) while fewer than min_replicas are alive. When this
+  // replica was itself dropped it joins again (as Join()).
   virtual absl::StatusOr<Generation> Recover(int64_t completed) = 0;
 
   // Marks the job as finished (store key "finished"): a replica still

@@ -123,6 +123,11 @@ struct OMNI_EXPORT RuntimeOptions {
   // replicated state "data"; its cursor advances at every commit.
   SamplerOptions sampler;
   // ---- plumbing
+  // Times everything the Runtime owns: telemetry, preemption deadlines and
+  // the elastic group (its heartbeats, timeouts and waits: the Runtime sets
+  // elastic.membership.clock to it; InvalidArgument when that is set to
+  // another clock). On a FakeClock the group waits until the clock is moved
+  // (omni/clock.h).
   const Clock* clock = Clock::Real();
   // Receives one line per event (joined, changed, recovered, preempted,
   // saved...). Default (empty): "<source>: <line>" on stderr.

@@ -168,8 +168,6 @@ class BufferReader final : public StateReader {
   std::map<std::string, Entry> entries_;
 };
 
-double MsSince(int64_t t0) { return static_cast<double>(Clock::Real()->NowNanos() - t0) / 1e6; }
-
 class ElasticGroupImpl final : public ElasticGroup {
  public:
   ElasticGroupImpl(Store& store, ElasticOptions options, const StateRegistry& replicated,
@@ -194,14 +192,14 @@ class ElasticGroupImpl final : public ElasticGroup {
   ElasticGroupImpl& operator=(const ElasticGroupImpl&) = delete;
 
   absl::StatusOr<GroupChange> Start(int64_t completed) override {
-    const int64_t t0 = Clock::Real()->NowNanos();
+    const int64_t t0 = Now();
     absl::StatusOr<Generation> g = membership_->Join();
     if (!g.ok()) return g.status();
     return Enter(*std::move(g), completed, t0, absl::OkStatus());
   }
 
   absl::StatusOr<std::optional<GroupChange>> AtBoundary(int64_t completed) override {
-    const int64_t t0 = Clock::Real()->NowNanos();
+    const int64_t t0 = Now();
     absl::StatusOr<std::optional<Generation>> next = membership_->AtBoundary(completed);
     if (!next.ok()) return next.status();
     if (!next->has_value()) return std::nullopt;
@@ -239,7 +237,7 @@ class ElasticGroupImpl final : public ElasticGroup {
   }
 
   absl::StatusOr<GroupChange> Recover(const absl::Status& failure, int64_t completed) override {
-    const int64_t t0 = Clock::Real()->NowNanos();
+    const int64_t t0 = Now();
     // Our peers may still wait on us: closing our side makes their
     // collectives fail now rather than at their timeout.
     DropComm();
@@ -263,6 +261,10 @@ class ElasticGroupImpl final : public ElasticGroup {
   Membership& membership() override { return *membership_; }
 
  private:
+  // The group's timings are on the membership's clock.
+  int64_t Now() const { return o_.membership.clock->NowNanos(); }
+  double MsSince(int64_t t0) const { return static_cast<double>(Now() - t0) / 1e6; }
+
   Communicator* Comm() {
     absl::MutexLock lock(&comm_mu_);
     return comm_.get();
@@ -302,7 +304,7 @@ class ElasticGroupImpl final : public ElasticGroup {
       }
       failure = st;
       DropComm();
-      t0 = Clock::Real()->NowNanos();
+      t0 = Now();
       absl::StatusOr<Generation> next = membership_->Recover(completed);
       if (!next.ok()) return next.status();
       g = *std::move(next);
@@ -310,7 +312,7 @@ class ElasticGroupImpl final : public ElasticGroup {
   }
 
   absl::Status Build(const Generation& g, GroupChange& change) {
-    const int64_t t0 = Clock::Real()->NowNanos();
+    const int64_t t0 = Now();
     DropComm();
     std::unique_ptr<Store> view = MakePrefixStore(store_, g.prefix() + "/comm");
     CommOptions co;
@@ -336,7 +338,7 @@ class ElasticGroupImpl final : public ElasticGroup {
 
   // Exchanges (completed, digest); the most advanced replica's state wins.
   absl::Status Sync(int64_t completed, GroupChange& change) {
-    const int64_t t0 = Clock::Real()->NowNanos();
+    const int64_t t0 = Now();
     absl::StatusOr<std::string> mine = SerializeState(replicated_);
     if (!mine.ok()) return mine.status();
     struct Record {

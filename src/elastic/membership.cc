@@ -41,7 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "omni/clock.h"
 
@@ -274,7 +274,7 @@ struct Observed {
 class MembershipImpl final : public Membership {
  public:
   MembershipImpl(Store& store, MembershipOptions options)
-      : store_(store), o_(std::move(options)), clock_(Clock::Real()) {
+      : store_(store), o_(std::move(options)), clock_(o_.clock) {
     std::random_device rd;
     session_ = absl::StrCat(getpid(), "-", rd(), rd());
     self_ = o_.self;
@@ -318,7 +318,7 @@ class MembershipImpl final : public Membership {
       if (!first.ok()) return first.status();
       const int64_t until = Now() + absl::ToInt64Nanoseconds(o_.peer_timeout);
       while (Now() < until) {
-        absl::SleepFor(o_.heartbeat);
+        SleepFor(o_.heartbeat);
         absl::StatusOr<std::optional<std::string>> now =
             Retry(key, [&] { return store_.TryGet(key); });
         if (!now.ok()) return now.status();
@@ -409,7 +409,7 @@ class MembershipImpl final : public Membership {
                                 : absl::StrCat("fewer than min_replicas=", o_.min_replicas,
                                                " replicas registered")));
       }
-      absl::SleepFor(std::min(o_.heartbeat, absl::Milliseconds(20)));
+      SleepFor(std::min(o_.heartbeat, absl::Milliseconds(20)));
     }
   }
 
@@ -556,7 +556,7 @@ class MembershipImpl final : public Membership {
                          " replica(s) reported in (min_replicas=", o_.min_replicas,
                          "), waiting for [", absl::StrJoin(missing_alive, " "), "]"));
       }
-      absl::SleepFor(kPoll);
+      SleepFor(kPoll);
     }
   }
 
@@ -633,6 +633,8 @@ class MembershipImpl final : public Membership {
 
  private:
   int64_t Now() const { return clock_->NowNanos(); }
+  // Every wait of this class is on the clock (a FakeClock's in tests).
+  void SleepFor(absl::Duration d) const { clock_->SleepUntil(Now() + absl::ToInt64Nanoseconds(d)); }
 
   // Retries transient store errors with backoff for store_retry, then gives
   // up with Unavailable naming the key. Errors about the request itself
@@ -661,7 +663,7 @@ class MembershipImpl final : public Membership {
             absl::StrCat("store unreachable for ", absl::FormatDuration(o_.store_retry), " (key '",
                          key, "'): ", st.message())));
       }
-      absl::SleepFor(backoff);
+      SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Milliseconds(500));
     }
   }
@@ -970,7 +972,8 @@ class MembershipImpl final : public Membership {
     for (;;) {
       {
         absl::MutexLock lock(&mu_);
-        if (mu_.AwaitWithTimeout(absl::Condition(&stop_), o_.heartbeat)) return;
+        const int64_t next = Now() + absl::ToInt64Nanoseconds(o_.heartbeat);
+        if (clock_->AwaitUntil(mu_, absl::Condition(&stop_), next)) return;
       }
       Beat();
       std::vector<std::string> ids;
@@ -1086,6 +1089,7 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Create(Store& store,
     return bad("max_replicas",
                absl::StrCat(options.max_replicas, " is below min_replicas ", options.min_replicas));
   }
+  if (options.clock == nullptr) return bad("clock", "must not be null");
   if (options.heartbeat <= absl::ZeroDuration()) return bad("heartbeat", "must be positive");
   if (options.peer_timeout < 2 * options.heartbeat) {
     return bad("peer_timeout", absl::StrCat(absl::FormatDuration(options.peer_timeout),

@@ -186,6 +186,11 @@ class RuntimeImpl final : public Runtime {
 
 absl::Status RuntimeImpl::Init() {
   if (o_.clock == nullptr) return absl::InvalidArgumentError("RuntimeOptions.clock is null");
+  if (o_.elastic.membership.clock != Clock::Real() && o_.elastic.membership.clock != o_.clock) {
+    return absl::InvalidArgumentError(
+        "RuntimeOptions.elastic.membership.clock is another clock than RuntimeOptions.clock: one "
+        "clock times the whole Runtime, its elastic group included (set RuntimeOptions.clock)");
+  }
   if (o_.ckpt_every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("RuntimeOptions.ckpt_every must be >= 0, got ", o_.ckpt_every));
@@ -296,6 +301,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Start() {
   }
   if (store_ != nullptr) {
     ElasticOptions eo = o_.elastic;
+    eo.membership.clock = o_.clock;
     if (eo.membership.job_id.empty()) eo.membership.job_id = JobId();
     if (eo.membership.self.host.empty()) eo.membership.self.host = Hostname();
     absl::StatusOr<std::unique_ptr<ElasticGroup>> g =

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "../unit/auto_advance.h"
 #include "../unit/temp_dir.h"
 #include "omni/config.h"
 #include "omni/elastic.h"
@@ -137,6 +138,7 @@ TEST(AllReduceGradients, WithoutAGroupLeavesTheGradientsAlone) {
 TEST(AllReduceGradients, SumsEveryGradientInPlaceAcrossReplicasWithSmallBuckets) {
   TempDir dir;
   FakeClock clock;
+  test_util::AutoAdvance advance(clock);  // the group waits on it
   constexpr int kN = 2;
   std::vector<torch::Tensor> got(kN * 4);
   std::vector<void*> weight_ptr(kN), weight_grad_ptr(kN);
@@ -184,6 +186,7 @@ TEST(AllReduceGradients, SumsEveryGradientInPlaceAcrossReplicasWithSmallBuckets)
 TEST(AllReduceGradients, AParameterWithoutAGradientOnEveryReplicaKeepsNoneAndIsNotDecayed) {
   TempDir dir;
   FakeClock clock;
+  test_util::AutoAdvance advance(clock);  // the group waits on it
   constexpr int kN = 2;
   std::vector<int> bias_has_grad(kN, 1);
   std::vector<torch::Tensor> bias_after(kN), weight_grad(kN);

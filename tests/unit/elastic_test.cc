@@ -1,11 +1,13 @@
 // ElasticGroup over a real FileStore and real Gloo (loopback), replicas as
-// threads; and the state-transfer format.
+// threads, on a fake clock that moves whenever every thread waits
+// (auto_advance.h); and the state-transfer format.
 #include "omni/elastic.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -14,6 +16,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/time/time.h"
+#include "auto_advance.h"
+#include "omni/clock.h"
 #include "omni/config.h"
 #include "omni/state.h"
 #include "omni/store.h"
@@ -24,6 +29,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using test_util::AutoAdvance;
 using test_util::TempDir;
 
 // A replica's replicated state: some weights and a step counter.
@@ -80,8 +86,10 @@ TEST(StateTransfer, RefusesAnotherModelNamingTheKey) {
 
 #if OMNI_HAVE_GLOO
 
-ElasticOptions Opts(const std::string& id, int min_replicas, int max_replicas) {
+ElasticOptions Opts(const FakeClock& clock, const std::string& id, int min_replicas,
+                    int max_replicas) {
   ElasticOptions o;
+  o.membership.clock = &clock;
   o.membership.job_id = "job";
   o.membership.model_digest = "m";
   o.membership.self.id = id;
@@ -91,7 +99,7 @@ ElasticOptions Opts(const std::string& id, int min_replicas, int max_replicas) {
   o.membership.peer_timeout = absl::Milliseconds(300);
   o.membership.settle = absl::Seconds(2);  // all start together: max_replicas forms it
   o.membership.join_timeout = absl::Seconds(20);
-  o.collective_timeout = absl::Seconds(20);
+  o.collective_timeout = absl::Seconds(20);  // real time (a backstop)
   o.init_timeout = absl::Seconds(10);
   return o;
 }
@@ -103,17 +111,22 @@ std::unique_ptr<Store> Open(const TempDir& dir) {
 }
 
 TEST(ElasticGroup, StartHandsTheMostAdvancedStateToEveryReplica) {
+  FakeClock clock;
+  AutoAdvance advance(clock);
   TempDir dir;
   auto store = Open(dir);
   std::vector<std::unique_ptr<Replica>> reps;
+  reps.reserve(3);
   for (int i = 0; i < 3; ++i) reps.push_back(MakeReplica(1000, static_cast<float>(i)));
   reps[1]->step = 9;  // e.g. restored from a newer checkpoint
   std::vector<std::unique_ptr<ElasticGroup>> groups(3);
   std::vector<GroupChange> changes(3);
   std::vector<std::thread> threads;
+  threads.reserve(3);
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
-      auto g = ElasticGroup::Create(*store, Opts("r" + std::to_string(i), 3, 3), reps[i]->state);
+      auto g =
+          ElasticGroup::Create(*store, Opts(clock, "r" + std::to_string(i), 3, 3), reps[i]->state);
       ASSERT_TRUE(g.ok()) << g.status();
       groups[i] = *std::move(g);
       absl::StatusOr<GroupChange> c = groups[i]->Start(reps[i]->step);
@@ -134,17 +147,22 @@ TEST(ElasticGroup, StartHandsTheMostAdvancedStateToEveryReplica) {
 }
 
 TEST(ElasticGroup, SurvivorsOfALostReplicaRecoverAndKeepReducing) {
+  FakeClock clock;
+  AutoAdvance advance(clock);
   TempDir dir;
   auto store = Open(dir);
   constexpr int kN = 3;
   std::vector<std::unique_ptr<Replica>> reps;
+  reps.reserve(kN);
   for (int i = 0; i < kN; ++i) reps.push_back(MakeReplica(16, 0.0F));
   std::vector<std::unique_ptr<ElasticGroup>> groups(kN);
   {
     std::vector<std::thread> threads;
+    threads.reserve(kN);
     for (int i = 0; i < kN; ++i) {
       threads.emplace_back([&, i] {
-        auto g = ElasticGroup::Create(*store, Opts("r" + std::to_string(i), 2, 3), reps[i]->state);
+        auto g = ElasticGroup::Create(*store, Opts(clock, "r" + std::to_string(i), 2, 3),
+                                      reps[i]->state);
         ASSERT_TRUE(g.ok()) << g.status();
         groups[i] = *std::move(g);
         absl::StatusOr<GroupChange> c = groups[i]->Start(0);
@@ -159,6 +177,7 @@ TEST(ElasticGroup, SurvivorsOfALostReplicaRecoverAndKeepReducing) {
   std::vector<float> sums(kN);
   {
     std::vector<std::thread> threads;
+    threads.reserve(kN);
     for (int i = 0; i < kN; ++i) {
       threads.emplace_back([&, i] {
         float v = 1.0F;
@@ -175,6 +194,7 @@ TEST(ElasticGroup, SurvivorsOfALostReplicaRecoverAndKeepReducing) {
   std::vector<GroupChange> recovered(2);
   std::vector<float> after(2);
   std::vector<std::thread> threads;
+  threads.reserve(2);
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back([&, i] {
       float v = 1.0F;
@@ -189,7 +209,9 @@ TEST(ElasticGroup, SurvivorsOfALostReplicaRecoverAndKeepReducing) {
       after[i] = v;
     });
   }
-  absl::SleepFor(absl::Milliseconds(50));
+  // Once the others wait in their reduction (fake time passes only while
+  // every thread waits).
+  clock.SleepFor(std::chrono::milliseconds(50));
   groups[2].reset();
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < 2; ++i) {

@@ -1,5 +1,7 @@
 // Membership over a real FileStore, replicas as threads of this process
-// (each with its own heartbeat thread), on short timings.
+// (each with its own heartbeat thread), on a fake clock that moves whenever
+// every thread waits (auto_advance.h): no test sleeps, and a loaded machine
+// cannot starve a heartbeat into a missed beat.
 #include "omni/membership.h"
 
 #include <gtest/gtest.h>
@@ -21,7 +23,9 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "auto_advance.h"
+#include "omni/clock.h"
 #include "omni/store.h"
 #include "temp_dir.h"
 
@@ -30,10 +34,24 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using test_util::AutoAdvance;
 using test_util::TempDir;
 
-MembershipOptions Opts(const std::string& id, int min_replicas = 1, int max_replicas = 8) {
+// One test's time: a FakeClock that moves while every thread waits. First in
+// each test, so that it outlives everything that waits on it.
+struct FakeTime {
+  FakeClock clock;
+  AutoAdvance advance{clock};
+  // The test's thread waits `d` of fake time (the others run meanwhile).
+  void Sleep(absl::Duration d) { clock.SleepFor(absl::ToChronoNanoseconds(d)); }
+  // Fake time since `t0` (a clock.NowNanos() value).
+  absl::Duration Since(int64_t t0) const { return absl::Nanoseconds(clock.NowNanos() - t0); }
+};
+
+MembershipOptions Opts(const FakeTime& fake, const std::string& id, int min_replicas = 1,
+                       int max_replicas = 8) {
   MembershipOptions o;
+  o.clock = &fake.clock;
   o.job_id = "job-a";
   o.model_digest = "model-1";
   o.self.id = id;
@@ -82,11 +100,12 @@ std::vector<std::string> Ids(const Generation& g) {
 }
 
 TEST(Membership, ReplicasStartingTogetherFormOneGenerationWithDistinctRanks) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 3));
-  auto b = MustCreate(*store, Opts("b", 3));
-  auto c = MustCreate(*store, Opts("c", 3));
+  auto a = MustCreate(*store, Opts(fake, "a", 3));
+  auto b = MustCreate(*store, Opts(fake, "b", 3));
+  auto c = MustCreate(*store, Opts(fake, "c", 3));
   std::vector<Generation> g = JoinAll({a.get(), b.get(), c.get()});
   std::set<int> ranks;
   for (const Generation& x : g) {
@@ -104,17 +123,18 @@ TEST(Membership, ReplicasStartingTogetherFormOneGenerationWithDistinctRanks) {
 // communicator keys and its stop agreement belong to the dead processes);
 // they form a new one, at once rather than after the peer timeout.
 TEST(Membership, RestartedReplicasFormANewGenerationInsteadOfTakingUpTheirOldOne) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
   {
-    auto a = MustCreate(*store, Opts("a", 2));
-    auto b = MustCreate(*store, Opts("b", 2));
+    auto a = MustCreate(*store, Opts(fake, "a", 2));
+    auto b = MustCreate(*store, Opts(fake, "b", 2));
     std::vector<Generation> g = JoinAll({a.get(), b.get()});
     ASSERT_EQ(g[0].number, 1);
-  }                                         // both processes "exit": their heartbeats stop
-  absl::SleepFor(absl::Milliseconds(300));  // past the peer timeout: ids free again
-  auto a = MustCreate(*store, Opts("a", 2));
-  auto b = MustCreate(*store, Opts("b", 2));
+  }                                     // both processes "exit": their heartbeats stop
+  fake.Sleep(absl::Milliseconds(300));  // past the peer timeout: ids free again
+  auto a = MustCreate(*store, Opts(fake, "a", 2));
+  auto b = MustCreate(*store, Opts(fake, "b", 2));
   std::vector<Generation> g = JoinAll({a.get(), b.get()});
   for (const Generation& x : g) {
     EXPECT_EQ(x.number, 2);
@@ -126,6 +146,7 @@ TEST(Membership, RestartedReplicasFormANewGenerationInsteadOfTakingUpTheirOldOne
 }
 
 TEST(Membership, RanksKeepReplicasOfOneSwitchAndRackContiguous) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
   const struct {
@@ -140,7 +161,7 @@ TEST(Membership, RanksKeepReplicasOfOneSwitchAndRackContiguous) {
   std::vector<std::unique_ptr<Membership>> ms;
   std::vector<Membership*> raw;
   for (const auto& s : spec) {
-    MembershipOptions o = Opts(s.id, 5);
+    MembershipOptions o = Opts(fake, s.id, 5);
     o.self.rack = s.rack;
     o.self.switch_name = s.sw;
     ms.push_back(MustCreate(*store, o));
@@ -153,10 +174,11 @@ TEST(Membership, RanksKeepReplicasOfOneSwitchAndRackContiguous) {
 }
 
 TEST(Membership, RefusesAnotherJobIdNamingBoth) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a"));
-  MembershipOptions other = Opts("b");
+  auto a = MustCreate(*store, Opts(fake, "a"));
+  MembershipOptions other = Opts(fake, "b");
   other.job_id = "job-b";
   absl::StatusOr<std::unique_ptr<Membership>> m = Membership::Create(*store, other);
   ASSERT_FALSE(m.ok());
@@ -166,10 +188,11 @@ TEST(Membership, RefusesAnotherJobIdNamingBoth) {
 }
 
 TEST(Membership, RefusesAnotherModelDigest) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a"));
-  MembershipOptions other = Opts("b");
+  auto a = MustCreate(*store, Opts(fake, "a"));
+  MembershipOptions other = Opts(fake, "b");
   other.model_digest = "model-2";
   absl::StatusOr<std::unique_ptr<Membership>> m = Membership::Create(*store, other);
   ASSERT_FALSE(m.ok());
@@ -179,43 +202,49 @@ TEST(Membership, RefusesAnotherModelDigest) {
 }
 
 TEST(Membership, RefusesAnIdInUseByALiveMember) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a"));
+  auto a = MustCreate(*store, Opts(fake, "a"));
   ASSERT_TRUE(a->Join().ok());
-  absl::StatusOr<std::unique_ptr<Membership>> twin = Membership::Create(*store, Opts("a"));
+  absl::StatusOr<std::unique_ptr<Membership>> twin = Membership::Create(*store, Opts(fake, "a"));
   ASSERT_FALSE(twin.ok());
   EXPECT_TRUE(absl::IsAlreadyExists(twin.status())) << twin.status();
 }
 
 TEST(Membership, RejectsBadOptionsNamingTheField) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  const auto field_of = [&](MembershipOptions o) {
+  const auto field_of = [&](const MembershipOptions& o) {
     absl::StatusOr<std::unique_ptr<Membership>> m = Membership::Create(*store, o);
     EXPECT_TRUE(absl::IsInvalidArgument(m.status())) << m.status();
     return std::string(m.status().message());
   };
-  MembershipOptions o = Opts("a");
+  MembershipOptions o = Opts(fake, "a");
   o.self.id = "has space";
   EXPECT_TRUE(absl::StrContains(field_of(o), "self.id"));
-  o = Opts("a");
+  o = Opts(fake, "a");
   o.job_id = "";
   EXPECT_TRUE(absl::StrContains(field_of(o), "job_id"));
-  o = Opts("a", 3, 2);
+  o = Opts(fake, "a", 3, 2);
   EXPECT_TRUE(absl::StrContains(field_of(o), "max_replicas"));
-  o = Opts("a");
+  o = Opts(fake, "a");
   o.peer_timeout = o.heartbeat;
   EXPECT_TRUE(absl::StrContains(field_of(o), "peer_timeout"));
+  o = Opts(fake, "a");
+  o.clock = nullptr;
+  EXPECT_TRUE(absl::StrContains(field_of(o), "clock"));
 }
 
 TEST(Membership, AJoinIsAdmittedAtTheSameBoundaryByEveryMember) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 2));
-  auto b = MustCreate(*store, Opts("b", 2));
+  auto a = MustCreate(*store, Opts(fake, "a", 2));
+  auto b = MustCreate(*store, Opts(fake, "b", 2));
   JoinAll({a.get(), b.get()});
-  auto c = MustCreate(*store, Opts("c", 2));
+  auto c = MustCreate(*store, Opts(fake, "c", 2));
   absl::StatusOr<Generation> joined;
   std::thread joiner([&] { joined = c->Join(); });
 
@@ -235,7 +264,7 @@ TEST(Membership, AJoinIsAdmittedAtTheSameBoundaryByEveryMember) {
       landed_b = step;
       gb = **nb;
     }
-    absl::SleepFor(absl::Milliseconds(10));
+    fake.Sleep(absl::Milliseconds(10));
   }
   joiner.join();
   ASSERT_TRUE(joined.ok()) << joined.status();
@@ -250,11 +279,12 @@ TEST(Membership, AJoinIsAdmittedAtTheSameBoundaryByEveryMember) {
 }
 
 TEST(Membership, AGracefulLeaveTakesEffectForEveryMemberAtTheNextBoundary) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 2));
-  auto b = MustCreate(*store, Opts("b", 2));
-  auto c = MustCreate(*store, Opts("c", 2));
+  auto a = MustCreate(*store, Opts(fake, "a", 2));
+  auto b = MustCreate(*store, Opts(fake, "b", 2));
+  auto c = MustCreate(*store, Opts(fake, "c", 2));
   JoinAll({a.get(), b.get(), c.get()});
   ASSERT_TRUE(b->RequestLeave(5).ok());
   // A second change of the same generation has to wait for this one.
@@ -288,11 +318,12 @@ TEST(Membership, AGracefulLeaveTakesEffectForEveryMemberAtTheNextBoundary) {
 }
 
 TEST(Membership, NoJoinBeyondMaxReplicas) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 1, 1));
+  auto a = MustCreate(*store, Opts(fake, "a", 1, 1));
   ASSERT_TRUE(a->Join().ok());
-  MembershipOptions co = Opts("c", 1, 1);
+  MembershipOptions co = Opts(fake, "c", 1, 1);
   co.join_timeout = absl::Milliseconds(400);
   auto c = MustCreate(*store, co);
   absl::StatusOr<Generation> joined;
@@ -301,7 +332,7 @@ TEST(Membership, NoJoinBeyondMaxReplicas) {
     absl::StatusOr<std::optional<Generation>> n = a->AtBoundary(step);
     ASSERT_TRUE(n.ok()) << n.status();
     EXPECT_FALSE(n->has_value());
-    absl::SleepFor(absl::Milliseconds(10));
+    fake.Sleep(absl::Milliseconds(10));
   }
   joiner.join();
   EXPECT_TRUE(absl::IsDeadlineExceeded(joined.status())) << joined.status();
@@ -309,25 +340,24 @@ TEST(Membership, NoJoinBeyondMaxReplicas) {
 }
 
 TEST(Membership, ASilentPeerIsDeclaredDeadAndRecoverDropsIt) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 2, 3));
-  auto b = MustCreate(*store, Opts("b", 2, 3));
-  auto c = MustCreate(*store, Opts("c", 2, 3));
+  auto a = MustCreate(*store, Opts(fake, "a", 2, 3));
+  auto b = MustCreate(*store, Opts(fake, "b", 2, 3));
+  auto c = MustCreate(*store, Opts(fake, "c", 2, 3));
   JoinAll({a.get(), b.get(), c.get()});
   std::atomic<int> callbacks{0};
   a->SetOnPeerDead([&](const std::string& id) {
     EXPECT_EQ(id, "c");
     ++callbacks;
   });
-  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = fake.clock.NowNanos();
   c.reset();  // its heartbeats stop
-  while (a->DeadPeers().empty() &&
-         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
-    absl::SleepFor(absl::Milliseconds(5));
+  while (a->DeadPeers().empty() && fake.Since(t0) < absl::Seconds(5)) {
+    fake.Sleep(absl::Milliseconds(5));
   }
-  const double detect_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double detect_s = absl::ToDoubleSeconds(fake.Since(t0));
   EXPECT_EQ(a->DeadPeers(), (std::vector<std::string>{"c"}));
   EXPECT_GE(detect_s, 0.2);  // not before peer_timeout (250 ms)
   EXPECT_LT(detect_s, 1.0);
@@ -349,14 +379,15 @@ TEST(Membership, ASilentPeerIsDeclaredDeadAndRecoverDropsIt) {
 }
 
 TEST(Membership, RecoverKeepsEveryMemberThatReportsIn) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 2));
-  auto b = MustCreate(*store, Opts("b", 2));
+  auto a = MustCreate(*store, Opts(fake, "a", 2));
+  auto b = MustCreate(*store, Opts(fake, "b", 2));
   JoinAll({a.get(), b.get()});
   absl::StatusOr<Generation> ga, gb;
   std::thread ta([&] { ga = a->Recover(3); });
-  absl::SleepFor(absl::Milliseconds(100));  // b notices the failure later
+  fake.Sleep(absl::Milliseconds(100));  // b notices the failure later
   std::thread tb([&] { gb = b->Recover(3); });
   ta.join();
   tb.join();
@@ -373,17 +404,18 @@ TEST(Membership, RecoverKeepsEveryMemberThatReportsIn) {
 // member (10 peer timeouts: 6 s in the soak). The old member's process is
 // gone, and Recover drops it at once.
 TEST(Membership, RecoverDropsAMemberWhoseIdBeatsForARestartedProcess) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 1, 3));
-  auto b = MustCreate(*store, Opts("b", 1, 3));
+  auto a = MustCreate(*store, Opts(fake, "a", 1, 3));
+  auto b = MustCreate(*store, Opts(fake, "b", 1, 3));
   JoinAll({a.get(), b.get()});
   b.reset();  // SIGKILL, and the launcher starts b again at once
-  auto b2 = MustCreate(*store, Opts("b", 1, 3));
-  absl::SleepFor(absl::Milliseconds(100));  // a's heartbeat thread sees b2 beat
-  const absl::Time t0 = absl::Now();
+  auto b2 = MustCreate(*store, Opts(fake, "b", 1, 3));
+  fake.Sleep(absl::Milliseconds(100));  // a's heartbeat thread sees b2 beat
+  const int64_t t0 = fake.clock.NowNanos();
   absl::StatusOr<Generation> g = a->Recover(5);
-  const absl::Duration took = absl::Now() - t0;
+  const absl::Duration took = fake.Since(t0);
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(g->left, (std::vector<std::string>{"b"}));
   // The stuck bound is 10 peer timeouts (2.5 s here).
@@ -391,17 +423,18 @@ TEST(Membership, RecoverDropsAMemberWhoseIdBeatsForARestartedProcess) {
 }
 
 TEST(Membership, BelowMinReplicasRecoverWaitsThenFailsNamingTheMinimum) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  MembershipOptions oa = Opts("a", 2);
+  MembershipOptions oa = Opts(fake, "a", 2);
   oa.join_timeout = absl::Milliseconds(800);
   auto a = MustCreate(*store, oa);
-  auto b = MustCreate(*store, Opts("b", 2));
+  auto b = MustCreate(*store, Opts(fake, "b", 2));
   JoinAll({a.get(), b.get()});
   b.reset();
-  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = fake.clock.NowNanos();
   absl::StatusOr<Generation> g = a->Recover(1);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double s = absl::ToDoubleSeconds(fake.Since(t0));
   ASSERT_FALSE(g.ok());
   EXPECT_TRUE(absl::IsDeadlineExceeded(g.status())) << g.status();
   EXPECT_TRUE(absl::StrContains(g.status().message(), "min_replicas=2")) << g.status();
@@ -410,13 +443,14 @@ TEST(Membership, BelowMinReplicasRecoverWaitsThenFailsNamingTheMinimum) {
 }
 
 TEST(Membership, AJoinerRestoresTheMinimumAfterALoss) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 2));
-  auto b = MustCreate(*store, Opts("b", 2));
+  auto a = MustCreate(*store, Opts(fake, "a", 2));
+  auto b = MustCreate(*store, Opts(fake, "b", 2));
   JoinAll({a.get(), b.get()});
   b.reset();
-  auto c = MustCreate(*store, Opts("c", 2));
+  auto c = MustCreate(*store, Opts(fake, "c", 2));
   absl::StatusOr<Generation> gc;
   std::thread tc([&] { gc = c->Join(); });
   absl::StatusOr<Generation> ga = a->Recover(5);
@@ -428,10 +462,11 @@ TEST(Membership, AJoinerRestoresTheMinimumAfterALoss) {
 }
 
 TEST(Membership, AReplicaLeftOutOfANewGenerationRejoins) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 1));
-  auto b = MustCreate(*store, Opts("b", 1));
+  auto a = MustCreate(*store, Opts(fake, "a", 1));
+  auto b = MustCreate(*store, Opts(fake, "b", 1));
   JoinAll({a.get(), b.get()});
   // What b finds after being frozen past peer_timeout: the others went on
   // to a generation without it.
@@ -454,7 +489,7 @@ TEST(Membership, AReplicaLeftOutOfANewGenerationRejoins) {
     absl::StatusOr<std::optional<Generation>> n = a->AtBoundary(step);
     ASSERT_TRUE(n.ok()) << n.status();
     admitted = *n;
-    absl::SleepFor(absl::Milliseconds(10));
+    fake.Sleep(absl::Milliseconds(10));
   }
   tb.join();
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
@@ -466,8 +501,8 @@ TEST(Membership, AReplicaLeftOutOfANewGenerationRejoins) {
 
 // Drives `members` through `count` boundaries in lockstep from `step`;
 // returns every generation any of them adopted.
-std::vector<Generation> DriveBoundaries(const std::vector<Membership*>& members, int64_t& step,
-                                        int64_t count) {
+std::vector<Generation> DriveBoundaries(FakeTime& fake, const std::vector<Membership*>& members,
+                                        int64_t& step, int64_t count) {
   std::vector<Generation> seen;
   for (const int64_t end = step + count; step < end; ++step) {
     for (Membership* m : members) {
@@ -476,7 +511,7 @@ std::vector<Generation> DriveBoundaries(const std::vector<Membership*>& members,
       if (!n.ok()) return seen;
       if (n->has_value()) seen.push_back(**n);
     }
-    absl::SleepFor(absl::Milliseconds(10));
+    fake.Sleep(absl::Milliseconds(10));
   }
   return seen;
 }
@@ -488,10 +523,11 @@ std::vector<Generation> DriveBoundaries(const std::vector<Membership*>& members,
 // appear in any later generation (it would stall the others until their
 // communicator's init timeout, then need another recover).
 TEST(Membership, AKilledReplicaIsNeverReadmittedByALaterGeneration) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 1, 3));
-  auto b = MustCreate(*store, Opts("b", 1, 3));
+  auto a = MustCreate(*store, Opts(fake, "a", 1, 3));
+  auto b = MustCreate(*store, Opts(fake, "b", 1, 3));
   JoinAll({a.get(), b.get()});
   ASSERT_EQ(a->current().size(), 2);
   b.reset();  // SIGKILL: its heartbeats stop
@@ -500,7 +536,7 @@ TEST(Membership, AKilledReplicaIsNeverReadmittedByALaterGeneration) {
   EXPECT_EQ(Ids(*recovered), (std::vector<std::string>{"a"}));
   EXPECT_EQ(recovered->left, (std::vector<std::string>{"b"}));
 
-  auto c = MustCreate(*store, Opts("c", 1, 3));
+  auto c = MustCreate(*store, Opts(fake, "c", 1, 3));
   absl::StatusOr<Generation> joined;
   std::thread joiner([&] { joined = c->Join(); });
   std::vector<Generation> seen;
@@ -509,7 +545,7 @@ TEST(Membership, AKilledReplicaIsNeverReadmittedByALaterGeneration) {
     absl::StatusOr<std::optional<Generation>> n = a->AtBoundary(step);
     ASSERT_TRUE(n.ok()) << n.status();
     if (n->has_value()) seen.push_back(**n);
-    absl::SleepFor(absl::Milliseconds(10));
+    fake.Sleep(absl::Milliseconds(10));
   }
   joiner.join();
   ASSERT_TRUE(joined.ok()) << joined.status();
@@ -518,7 +554,7 @@ TEST(Membership, AKilledReplicaIsNeverReadmittedByALaterGeneration) {
   // Both members go on through boundaries for several peer timeouts; every
   // member proposes joins for the tickets it reads (the newcomer reads the
   // whole history of tickets).
-  for (Generation& g : DriveBoundaries({a.get(), c.get()}, step, 80)) seen.push_back(g);
+  for (Generation& g : DriveBoundaries(fake, {a.get(), c.get()}, step, 80)) seen.push_back(g);
   for (const Generation& g : seen) {
     EXPECT_FALSE(absl::c_linear_search(Ids(g), "b")) << g.ToString();
   }
@@ -527,7 +563,8 @@ TEST(Membership, AKilledReplicaIsNeverReadmittedByALaterGeneration) {
 
 // Drives `members` through boundaries in lockstep from `step` until every
 // one of them has adopted a new generation; returns what the first adopted.
-std::optional<Generation> DriveAllUntilChange(const std::vector<Membership*>& members,
+std::optional<Generation> DriveAllUntilChange(FakeTime& fake,
+                                              const std::vector<Membership*>& members,
                                               int64_t& step) {
   std::vector<std::optional<Generation>> got(members.size());
   for (const int64_t end = step + 300; step < end; ++step) {
@@ -541,7 +578,7 @@ std::optional<Generation> DriveAllUntilChange(const std::vector<Membership*>& me
     if (std::all_of(got.begin(), got.end(), [](const auto& g) { return g.has_value(); })) {
       return got[0];
     }
-    absl::SleepFor(absl::Milliseconds(10));
+    fake.Sleep(absl::Milliseconds(10));
   }
   return std::nullopt;
 }
@@ -566,10 +603,11 @@ class ForwardingStore : public Store {
   Store& base_;
 };
 
-// A view of a store that, once armed, delays its next read of `key`.
+// A view of a store that, once armed, delays its next read of `key` (by
+// time on `clock`).
 class DelayedRead final : public ForwardingStore {
  public:
-  using ForwardingStore::ForwardingStore;
+  DelayedRead(Store& base, const Clock& clock) : ForwardingStore(base), clock_(clock) {}
   void Arm(const std::string& key, absl::Duration delay) {
     absl::MutexLock lock(&mu_);
     key_ = key;
@@ -584,11 +622,12 @@ class DelayedRead final : public ForwardingStore {
         key_.clear();
       }
     }
-    absl::SleepFor(delay);
+    clock_.SleepFor(absl::ToChronoNanoseconds(delay));
     return ForwardingStore::TryGet(k);
   }
 
  private:
+  const Clock& clock_;
   absl::Mutex mu_;
   std::string key_ ABSL_GUARDED_BY(mu_);
   absl::Duration delay_ ABSL_GUARDED_BY(mu_);
@@ -603,26 +642,27 @@ class DelayedRead final : public ForwardingStore {
 // member had proposed the recovered generation. A ticket admits its holder
 // once.
 TEST(Membership, AReplicaKilledRightAfterARecoveryIsNotReadmittedFromItsUsedTicket) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 1, 8));
+  auto a = MustCreate(*store, Opts(fake, "a", 1, 8));
   JoinAll({a.get()});
   int64_t step = 1;
-  auto c = MustCreate(*store, Opts("c", 1, 8));
+  auto c = MustCreate(*store, Opts(fake, "c", 1, 8));
   absl::StatusOr<Generation> joined;
   std::thread jc([&] { joined = c->Join(); });
-  ASSERT_TRUE(DriveAllUntilChange({a.get()}, step).has_value());
+  ASSERT_TRUE(DriveAllUntilChange(fake, {a.get()}, step).has_value());
   jc.join();
   ASSERT_TRUE(joined.ok()) << joined.status();
-  DelayedRead d_view(*store);
-  auto d = MustCreate(d_view, Opts("d", 1, 8));
+  DelayedRead d_view(*store, fake.clock);
+  auto d = MustCreate(d_view, Opts(fake, "d", 1, 8));
   std::thread jd([&] { joined = d->Join(); });
-  ASSERT_TRUE(DriveAllUntilChange({a.get(), c.get()}, step).has_value());
+  ASSERT_TRUE(DriveAllUntilChange(fake, {a.get(), c.get()}, step).has_value());
   jd.join();
   ASSERT_TRUE(joined.ok()) << joined.status();
   ASSERT_EQ(Ids(*joined), (std::vector<std::string>{"a", "c", "d"}));
-  absl::SleepFor(absl::Milliseconds(100));  // d's heartbeat thread sees c beat
-  c.reset();                                // SIGKILL
+  fake.Sleep(absl::Milliseconds(100));  // d's heartbeat thread sees c beat
+  c.reset();                            // SIGKILL
   // d reads the tickets, for the first time, once a has proposed.
   d_view.Arm("join/seq", absl::Milliseconds(100));
   std::vector<absl::StatusOr<Generation>> rec(2);
@@ -635,7 +675,7 @@ TEST(Membership, AReplicaKilledRightAfterARecoveryIsNotReadmittedFromItsUsedTick
   ASSERT_EQ(Ids(*rec[0]), (std::vector<std::string>{"a", "d"}));
   // At once, well within a peer timeout of c's death: d reads the tickets
   // for the first time as a member.
-  const std::vector<Generation> seen = DriveBoundaries({d.get(), a.get()}, step, 40);
+  const std::vector<Generation> seen = DriveBoundaries(fake, {d.get(), a.get()}, step, 40);
   for (const Generation& g : seen) {
     EXPECT_FALSE(absl::c_linear_search(Ids(g), "c")) << g.ToString();
   }
@@ -679,12 +719,13 @@ class FreezingReads final : public ForwardingStore {
 // init timeout (the whole job stood still for 36 s). A change seen after the
 // observer did not look for a peer timeout is no sign of life.
 TEST(Membership, AMemberThawedAfterAJoinerDiedDoesNotAdmitItOnBeatsWrittenDuringTheFreeze) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
   FreezingReads a_view(*store, "hb/b");
-  auto a = MustCreate(a_view, Opts("a", 1, 3));
+  auto a = MustCreate(a_view, Opts(fake, "a", 1, 3));
   JoinAll({a.get()});
-  MembershipOptions bo = Opts("b", 1, 3);
+  MembershipOptions bo = Opts(fake, "b", 1, 3);
   bo.join_timeout = absl::Milliseconds(400);  // then it "dies", its ticket left behind
   bo.peer_timeout = absl::Seconds(10);        // never takes the frozen `a` for dead
   auto b = MustCreate(*store, bo);
@@ -694,18 +735,18 @@ TEST(Membership, AMemberThawedAfterAJoinerDiedDoesNotAdmitItOnBeatsWrittenDuring
   int64_t step = 1;
   for (; a_view.reads() < 2 && step < 500; ++step) {
     ASSERT_TRUE(a->AtBoundary(step).ok());
-    absl::SleepFor(absl::Milliseconds(5));
+    fake.Sleep(absl::Milliseconds(5));
   }
   ASSERT_GE(a_view.reads(), 2);
-  joiner.join();                                // b beat all along, then gave up
-  b.reset();                                    // killed: its heartbeats stop
-  absl::SleepFor(absl::Milliseconds(2 * 250));  // b is dead by any fresh judgement
+  joiner.join();                            // b beat all along, then gave up
+  b.reset();                                // killed: its heartbeats stop
+  fake.Sleep(absl::Milliseconds(2 * 250));  // b is dead by any fresh judgement
   a_view.Thaw();
   for (const int64_t end = step + 30; step < end; ++step) {
     absl::StatusOr<std::optional<Generation>> n = a->AtBoundary(step);
     ASSERT_TRUE(n.ok()) << n.status();
     ASSERT_FALSE(n->has_value()) << (*n)->ToString();
-    absl::SleepFor(absl::Milliseconds(10));
+    fake.Sleep(absl::Milliseconds(10));
   }
   EXPECT_EQ(Ids(a->current()), (std::vector<std::string>{"a"}));
 }
@@ -776,14 +817,14 @@ class GatedWrites final : public ForwardingStore {
 
 // Drives `member` through boundaries until a new generation lands (a
 // joiner admitted); returns what it adopted.
-std::optional<Generation> DriveUntilAdmitted(Membership& member) {
+std::optional<Generation> DriveUntilAdmitted(FakeTime& fake, Membership& member) {
   std::optional<Generation> admitted;
   for (int64_t step = 1; step < 300 && !admitted.has_value(); ++step) {
     absl::StatusOr<std::optional<Generation>> n = member.AtBoundary(step);
     EXPECT_TRUE(n.ok()) << n.status();
     if (!n.ok()) break;
     admitted = *n;
-    absl::SleepFor(absl::Milliseconds(10));
+    fake.Sleep(absl::Milliseconds(10));
   }
   return admitted;
 }
@@ -791,12 +832,13 @@ std::optional<Generation> DriveUntilAdmitted(Membership& member) {
 // Ends a stall the way a store server serves its queued writers (the
 // joiner c's first, the others 150 ms later), lets the member `a` admit c,
 // and checks that c joined a's generation instead of forming its own.
-void EndTheStallAndExpectTheJoinerAdmitted(WriteGate& gate, Membership& a, std::thread& joiner,
+void EndTheStallAndExpectTheJoinerAdmitted(FakeTime& fake, WriteGate& gate, Membership& a,
+                                           std::thread& joiner,
                                            const absl::StatusOr<Generation>& joined) {
   gate.Open("c");
-  absl::SleepFor(absl::Milliseconds(150));
+  fake.Sleep(absl::Milliseconds(150));
   gate.OpenAll();
-  std::optional<Generation> admitted = DriveUntilAdmitted(a);
+  std::optional<Generation> admitted = DriveUntilAdmitted(fake, a);
   joiner.join();
   ASSERT_TRUE(joined.ok()) << joined.status();
   ASSERT_TRUE(admitted.has_value());
@@ -815,14 +857,15 @@ void EndTheStallAndExpectTheJoinerAdmitted(WriteGate& gate, Membership& a, std::
 // from theirs, and committed steps were trained again (lost). Silence counts
 // only what an observer has read.
 TEST(Membership, AJoinerDoesNotTakeLiveMembersForDeadWhileTheStoreStallsEveryWrite) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
   WriteGate gate;
   GatedWrites a_view(*store, gate, "a");
   GatedWrites c_view(*store, gate, "c");
-  auto a = MustCreate(a_view, Opts("a", 1, 3));
+  auto a = MustCreate(a_view, Opts(fake, "a", 1, 3));
   JoinAll({a.get()});
-  auto c = MustCreate(c_view, Opts("c", 1, 3));
+  auto c = MustCreate(c_view, Opts(fake, "c", 1, 3));
   absl::StatusOr<Generation> joined;
   std::thread joiner([&] { joined = c->Join(); });
   // c's ticket is in and c watches a (a is in a long step: no boundary).
@@ -832,12 +875,12 @@ TEST(Membership, AJoinerDoesNotTakeLiveMembersForDeadWhileTheStoreStallsEveryWri
     if (seq->has_value() && store->TryGet("join/1").ok() && store->TryGet("join/1")->has_value()) {
       break;
     }
-    absl::SleepFor(absl::Milliseconds(5));
+    fake.Sleep(absl::Milliseconds(5));
   }
-  absl::SleepFor(absl::Milliseconds(100));
+  fake.Sleep(absl::Milliseconds(100));
   gate.Close();
-  absl::SleepFor(absl::Milliseconds(3 * 250));  // 3 peer timeouts without a write landing
-  EndTheStallAndExpectTheJoinerAdmitted(gate, *a, joiner, joined);
+  fake.Sleep(absl::Milliseconds(3 * 250));  // 3 peer timeouts without a write landing
+  EndTheStallAndExpectTheJoinerAdmitted(fake, gate, *a, joiner, joined);
 }
 
 // The same stall, as the soak test met it the second time: the joiner wrote
@@ -846,19 +889,20 @@ TEST(Membership, AJoinerDoesNotTakeLiveMembersForDeadWhileTheStoreStallsEveryWri
 // heartbeat, once the store served writes again, is where observing begins:
 // the time it waited before is no silence of the member's.
 TEST(Membership, AJoinerThatBeganWatchingDuringAStallCountsSilenceFromItsFirstRead) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
   WriteGate gate;
   GatedWrites a_view(*store, gate, "a", "hb/");
   GatedWrites c_view(*store, gate, "c", "hb/");
-  auto a = MustCreate(a_view, Opts("a", 1, 3));
+  auto a = MustCreate(a_view, Opts(fake, "a", 1, 3));
   JoinAll({a.get()});
-  auto c = MustCreate(c_view, Opts("c", 1, 3));
+  auto c = MustCreate(c_view, Opts(fake, "c", 1, 3));
   gate.Close();  // every heartbeat write waits; tickets and proposals pass
   absl::StatusOr<Generation> joined;
   std::thread joiner([&] { joined = c->Join(); });
-  absl::SleepFor(absl::Milliseconds(3 * 250));
-  EndTheStallAndExpectTheJoinerAdmitted(gate, *a, joiner, joined);
+  fake.Sleep(absl::Milliseconds(3 * 250));
+  EndTheStallAndExpectTheJoinerAdmitted(fake, gate, *a, joiner, joined);
 }
 
 // Found by the soak test: a replica restarted from its checkpoint joined
@@ -869,18 +913,19 @@ TEST(Membership, AJoinerThatBeganWatchingDuringAStallCountsSilenceFromItsFirstRe
 // were trained again. Without an incumbent that reported, an incumbent is
 // dropped only after the full peer timeout.
 TEST(Membership, AJoinerAloneDoesNotRecoverWithoutTheMembersThatHoldTheState) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
   WriteGate gate;
   GatedWrites a_view(*store, gate, "a", "hb/");
-  auto a = MustCreate(a_view, Opts("a", 1, 8));
-  auto b = MustCreate(*store, Opts("b", 1, 8));
+  auto a = MustCreate(a_view, Opts(fake, "a", 1, 8));
+  auto b = MustCreate(*store, Opts(fake, "b", 1, 8));
   JoinAll({a.get(), b.get()});
   int64_t step = 1;
-  auto c = MustCreate(*store, Opts("c", 1, 8));
+  auto c = MustCreate(*store, Opts(fake, "c", 1, 8));
   absl::StatusOr<Generation> joined;
   std::thread jc([&] { joined = c->Join(); });
-  ASSERT_TRUE(DriveAllUntilChange({a.get(), b.get()}, step).has_value());
+  ASSERT_TRUE(DriveAllUntilChange(fake, {a.get(), b.get()}, step).has_value());
   jc.join();
   ASSERT_TRUE(joined.ok()) << joined.status();
   ASSERT_EQ(joined->joined, (std::vector<std::string>{"c"}));
@@ -888,9 +933,9 @@ TEST(Membership, AJoinerAloneDoesNotRecoverWithoutTheMembersThatHoldTheState) {
   gate.Close();  // a's heartbeats wait: 200 ms, below the 250 ms peer timeout
   absl::StatusOr<Generation> rc;
   std::thread tc([&] { rc = c->Recover(step); });
-  absl::SleepFor(absl::Milliseconds(200));
+  fake.Sleep(absl::Milliseconds(200));
   gate.OpenAll();
-  absl::SleepFor(absl::Milliseconds(200));  // a's collective fails later
+  fake.Sleep(absl::Milliseconds(200));  // a's collective fails later
   absl::StatusOr<Generation> ra = a->Recover(step);
   tc.join();
   ASSERT_TRUE(rc.ok()) << rc.status();
@@ -917,11 +962,12 @@ class CountingProposals final : public ForwardingStore {
 // generation 1 (long taken) in a busy loop, a store write each time, until
 // admitted, and past its join timeout.
 TEST(Membership, AnEvictedReplicaWaitsToBeAdmittedWithoutProposingAnything) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
   CountingProposals b_view(*store);
-  auto a = MustCreate(*store, Opts("a", 1));
-  auto b = MustCreate(b_view, Opts("b", 1));
+  auto a = MustCreate(*store, Opts(fake, "a", 1));
+  auto b = MustCreate(b_view, Opts(fake, "b", 1));
   JoinAll({a.get(), b.get()});
   const std::string text =
       R"({"number":2,"kind":"recover","at_step":4,"members":[{"id":"a","host":"h"}],)"
@@ -935,9 +981,9 @@ TEST(Membership, AnEvictedReplicaWaitsToBeAdmittedWithoutProposingAnything) {
   const int before = b_view.proposals.load();
   absl::StatusOr<Generation> rejoined;
   std::thread tb([&] { rejoined = b->Join(); });
-  absl::SleepFor(absl::Milliseconds(700));  // past the 300 ms settle; a in a long step
+  fake.Sleep(absl::Milliseconds(700));  // past the 300 ms settle; a in a long step
   const int while_waiting = b_view.proposals.load() - before;
-  std::optional<Generation> admitted = DriveUntilAdmitted(*a);
+  std::optional<Generation> admitted = DriveUntilAdmitted(fake, *a);
   tb.join();
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   ASSERT_TRUE(admitted.has_value());
@@ -946,13 +992,14 @@ TEST(Membership, AnEvictedReplicaWaitsToBeAdmittedWithoutProposingAnything) {
 }
 
 TEST(Membership, AnUnreachableStoreFailsCreateWithinItsRetryBound) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
   // Lost at once (a rename), not file by file under the running writers.
   fs::rename(dir.path() + "/store", dir.path() + "/store.lost");
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<std::unique_ptr<Membership>> m = Membership::Create(*store, Opts("a"));
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int64_t t0 = fake.clock.NowNanos();
+  absl::StatusOr<std::unique_ptr<Membership>> m = Membership::Create(*store, Opts(fake, "a"));
+  const double s = absl::ToDoubleSeconds(fake.Since(t0));
   ASSERT_FALSE(m.ok());
   EXPECT_TRUE(absl::IsUnavailable(m.status())) << m.status();
   EXPECT_TRUE(absl::StrContains(m.status().message(), "store unreachable")) << m.status();
@@ -964,17 +1011,18 @@ TEST(Membership, AnUnreachableStoreFailsCreateWithinItsRetryBound) {
 // members must notice that the store lost its state and stop, rather than
 // train on beside them (a fork of the job).
 TEST(Membership, AStoreThatLostItsStateStopsTheRunningMembersInsteadOfForking) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 2));
-  auto b = MustCreate(*store, Opts("b", 2));
+  auto a = MustCreate(*store, Opts(fake, "a", 2));
+  auto b = MustCreate(*store, Opts(fake, "b", 2));
   std::vector<Generation> g = JoinAll({a.get(), b.get()});
   ASSERT_EQ(g[0].number, 1);
   for (const auto& entry : fs::directory_iterator(dir.path() + "/store")) {
     if (entry.path().filename() != ".lock") fs::remove(entry.path());
   }
-  auto c = MustCreate(*store, Opts("c", 2));
-  auto d = MustCreate(*store, Opts("d", 2));
+  auto c = MustCreate(*store, Opts(fake, "c", 2));
+  auto d = MustCreate(*store, Opts(fake, "d", 2));
   std::vector<Generation> fork = JoinAll({c.get(), d.get()});
   EXPECT_EQ(fork[0].number, 1);  // what the newcomers see: an empty store
 
@@ -986,7 +1034,7 @@ TEST(Membership, AStoreThatLostItsStateStopsTheRunningMembersInsteadOfForking) {
       break;
     }
     ASSERT_FALSE(next->has_value()) << (*next)->ToString();
-    absl::SleepFor(absl::Milliseconds(10));
+    fake.Sleep(absl::Milliseconds(10));
   }
   ASSERT_FALSE(stopped.ok()) << "the running members went on beside the new generation 1";
   EXPECT_TRUE(absl::IsDataLoss(stopped)) << stopped;
@@ -997,9 +1045,10 @@ TEST(Membership, AStoreThatLostItsStateStopsTheRunningMembersInsteadOfForking) {
 // Issue 13, item 5: a generation record with a field of the wrong type made
 // every replica exit with a raw JSON exception.
 TEST(Membership, AMalformedGenerationRecordIsRefusedNamingTheKeyAndTheField) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 1));
+  auto a = MustCreate(*store, Opts(fake, "a", 1));
   ASSERT_TRUE(a->Join().ok());
   ASSERT_TRUE(store
                   ->Set("gen/2", R"({"number":2,"kind":"join","at_step":"soon",)"
@@ -1025,13 +1074,14 @@ TEST(Membership, AMalformedGenerationRecordIsRefusedNamingTheKeyAndTheField) {
 // server died) is reported at the next boundary as a store failure, which
 // the caller can tell from a lost peer and answer with a local save.
 TEST(Membership, ALostStoreIsAStoreFailureAtTheNextBoundary) {
+  FakeTime fake;
   TempDir dir;
   auto store = OpenFileStore(dir);
-  auto a = MustCreate(*store, Opts("a", 1));
+  auto a = MustCreate(*store, Opts(fake, "a", 1));
   ASSERT_TRUE(a->Join().ok());
   // Lost at once (a rename), not file by file under the running writers.
   fs::rename(dir.path() + "/store", dir.path() + "/store.lost");
-  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = fake.clock.NowNanos();
   absl::Status failed;
   for (int64_t step = 1; step < 400; ++step) {
     absl::StatusOr<std::optional<Generation>> next = a->AtBoundary(step);
@@ -1039,9 +1089,9 @@ TEST(Membership, ALostStoreIsAStoreFailureAtTheNextBoundary) {
       failed = next.status();
       break;
     }
-    absl::SleepFor(absl::Milliseconds(5));
+    fake.Sleep(absl::Milliseconds(5));
   }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double s = absl::ToDoubleSeconds(fake.Since(t0));
   ASSERT_FALSE(failed.ok());
   EXPECT_TRUE(IsStoreFailure(failed)) << failed;
   EXPECT_LT(s, 2.0);

@@ -1,6 +1,7 @@
 // Runtime in elastic mode with one checkpoint directory shared by the
 // replicas (job-level checkpoints): replicas as threads over a real
-// FileStore with real Gloo (loopback).
+// FileStore with real Gloo (loopback), on a fake clock that moves whenever
+// every thread waits (auto_advance.h).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -9,10 +10,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
+#include "auto_advance.h"
 #include "omni/config.h"
 #include "omni/runtime.h"
 #include "omni/state.h"
@@ -21,6 +24,7 @@
 namespace omni {
 namespace {
 
+using test_util::AutoAdvance;
 using test_util::TempDir;
 
 #if OMNI_HAVE_GLOO
@@ -90,15 +94,19 @@ struct Outcome {
 };
 
 // Trains to `total` or a kSaveAndExit; the monitored replica gets a notice
-// after step `notice_at` (a save fits, another step and a save do not).
-void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at, Outcome* out) {
+// after step `notice_at` (a save fits, another step and a save do not). Each
+// step computes for `step_time` of fake time (kInstant: computing takes no
+// fake time, see auto_advance.h).
+constexpr std::chrono::nanoseconds kInstant(0);
+void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at,
+           std::chrono::nanoseconds step_time, Outcome* out) {
   Trainer t;
-  absl::StatusOr<std::unique_ptr<Runtime>> created = Runtime::Create(o);
+  absl::StatusOr<std::unique_ptr<Runtime>> created = Runtime::Create(std::move(o));
   ASSERT_TRUE(created.ok()) << created.status();
   Runtime& rt = **created;
   ASSERT_TRUE(rt.Register("model", &t.w_state).ok());
   ASSERT_TRUE(rt.Register("counter", &t.counter_state, StateScope::kPerReplica).ok());
-  t.counter[0] = 1000 * (rt.rank() + 1);  // before Start: a restore replaces it
+  t.counter[0] = int64_t{1000} * (rt.rank() + 1);  // before Start: a restore replaces it
   absl::StatusOr<int64_t> start = rt.Start();
   ASSERT_TRUE(start.ok()) << start.status();
   out->start_step = *start;
@@ -107,6 +115,7 @@ void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at,
       rt.preemption()->Notice(clock->NowNanos() + 60'000'000);
     }
     ASSERT_TRUE(rt.BeginStep().ok());
+    if (step_time.count() > 0) clock->SleepFor(step_time);
     float g = static_cast<float>(rt.step() + t.counter[0] % 97);
     if (rt.AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok()) {
       for (float& x : t.w) x = x * 0.5F + g;
@@ -140,7 +149,7 @@ std::vector<Outcome> RunReplicas(const TempDir& dir, const std::string& store, F
     RuntimeOptions o = Options(dir / "ckpt", dir / store, clock, log, "r" + std::to_string(i), n, n,
                                i == monitored);
     o.ckpt_every = ckpt_every;
-    threads.emplace_back(Train, o, total, clock, notice_at, &out[i]);
+    threads.emplace_back(Train, o, total, clock, notice_at, kInstant, &out[i]);
   }
   for (std::thread& t : threads) t.join();
   return out;
@@ -149,6 +158,7 @@ std::vector<Outcome> RunReplicas(const TempDir& dir, const std::string& store, F
 TEST(RuntimeSharedCheckpoint, TwoReplicasStopIntoOneCheckpointAndResumeBitExactlyAtTwo) {
   constexpr int64_t kTotal = 14;
   FakeClock clock;
+  AutoAdvance advance(clock);  // the group waits on it
   Log log;
   TempDir ref_dir;
   const std::vector<Outcome> ref = RunReplicas(ref_dir, "store", &clock, &log, 2, kTotal, -1);
@@ -182,6 +192,7 @@ TEST(RuntimeSharedCheckpoint, TwoReplicasStopIntoOneCheckpointAndResumeBitExactl
 TEST(RuntimeSharedCheckpoint, ACheckpointOfTwoReplicasResumesWithOneAndTheStepContinues) {
   constexpr int64_t kTotal = 12;
   FakeClock clock;
+  AutoAdvance advance(clock);  // the group waits on it
   Log log;
   TempDir dir;
   const std::vector<Outcome> stopped = RunReplicas(dir, "store1", &clock, &log, 2, kTotal, 3, 0);
@@ -194,7 +205,11 @@ TEST(RuntimeSharedCheckpoint, ACheckpointOfTwoReplicasResumesWithOneAndTheStepCo
 
 TEST(RuntimeSharedCheckpoint, PeriodicCheckpointsFollowTheGroupThroughAJoin) {
   constexpr int64_t kTotal = 400;
+  // Steps that take time, so that the third replica is admitted while the
+  // others train.
+  constexpr std::chrono::milliseconds kStep(5);
   FakeClock clock;
+  AutoAdvance advance(clock);  // the group waits on it
   Log log;
   TempDir dir;
   std::vector<Outcome> out(3);
@@ -203,7 +218,7 @@ TEST(RuntimeSharedCheckpoint, PeriodicCheckpointsFollowTheGroupThroughAJoin) {
     RuntimeOptions o =
         Options(dir / "ckpt", dir / "store", &clock, &log, "r" + std::to_string(i), 2, 3, false);
     o.ckpt_every = 10;
-    threads.emplace_back(Train, o, kTotal, &clock, -1, &out[i]);
+    threads.emplace_back(Train, o, kTotal, &clock, -1, kStep, &out[i]);
   }
   // The third replica starts once the first two have a checkpoint: it
   // restores it, joins at a boundary and receives the current state.
@@ -215,13 +230,12 @@ TEST(RuntimeSharedCheckpoint, PeriodicCheckpointsFollowTheGroupThroughAJoin) {
       }
       return false;
     };
-    // Waits (bounded) for an event of the other threads, not for time.
-    for (int i = 0; i < 4000 && !saved(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    // Waits (bounded) for an event of the other threads, looking again
+    // each time they all wait.
+    for (int i = 0; i < 4000 && !saved(); ++i) clock.SleepFor(std::chrono::milliseconds(5));
     RuntimeOptions o = Options(dir / "ckpt", dir / "store", &clock, &log, "r2", 2, 3, false);
     o.ckpt_every = 10;
-    Train(o, kTotal, &clock, -1, &out[2]);
+    Train(o, kTotal, &clock, -1, kStep, &out[2]);
   });
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < 3; ++i) {
@@ -236,6 +250,7 @@ TEST(RuntimeSharedCheckpoint, PeriodicCheckpointsFollowTheGroupThroughAJoin) {
 TEST(RuntimeSharedCheckpoint, AReplicaLostAtASaveBoundaryAbandonsThatSaveAndTheSurvivorsGoOn) {
   constexpr int64_t kTotal = 8;
   FakeClock clock;
+  AutoAdvance advance(clock);  // the group waits on it
   Log log;
   TempDir dir;
   std::vector<Outcome> out(2);
@@ -244,7 +259,7 @@ TEST(RuntimeSharedCheckpoint, AReplicaLostAtASaveBoundaryAbandonsThatSaveAndTheS
     RuntimeOptions o =
         Options(dir / "ckpt", dir / "store", &clock, &log, "r" + std::to_string(i), 1, 3, false);
     o.ckpt_every = 1;
-    threads.emplace_back(Train, o, kTotal, &clock, -1, &out[i]);
+    threads.emplace_back(Train, o, kTotal, &clock, -1, kInstant, &out[i]);
   }
   // A third replica that disappears after two steps (and two saves), between
   // the collective of its third step and that step's save.

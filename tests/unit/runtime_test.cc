@@ -1,6 +1,7 @@
 // Runtime: options from the environment, and the step-boundary decisions on a
 // fake clock — single process, and replicas as threads over a real FileStore
-// with real Gloo (loopback).
+// with real Gloo (loopback), whose fake clock moves whenever every thread
+// waits (auto_advance.h).
 #include "omni/runtime.h"
 
 #include <gtest/gtest.h>
@@ -14,10 +15,12 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
+#include "auto_advance.h"
 #include "omni/config.h"
 #include "omni/state.h"
 #include "temp_dir.h"
@@ -28,6 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
+using test_util::AutoAdvance;
 using test_util::TempDir;
 
 EnvLookup Env(std::map<std::string, std::string> vars) {
@@ -358,6 +362,20 @@ TEST(Runtime, EndStepWithoutBeginStepIsRefused) {
   EXPECT_EQ(rt->EndStep().status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// One clock times the whole Runtime: the elastic group gets RuntimeOptions'
+// clock, and another one given to its membership is refused.
+TEST(Runtime, AnElasticGroupClockOtherThanTheRuntimesIsRefused) {
+  TempDir dir;
+  FakeClock clock, other;
+  Log log;
+  RuntimeOptions o = Local(dir, &clock, &log);
+  o.elastic.membership.clock = &other;
+  absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(o);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(rt.status())) << rt.status();
+  EXPECT_TRUE(absl::StrContains(rt.status().message(), "elastic.membership.clock")) << rt.status();
+}
+
 #if OMNI_HAVE_GLOO
 
 // Replicas as threads: each its own Runtime, checkpoint directory and model,
@@ -393,7 +411,7 @@ struct Outcome {
 // monitored one) gets a notice after step `notice_at`.
 void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at, Outcome* out) {
   Model m;
-  absl::StatusOr<std::unique_ptr<Runtime>> created = Runtime::Create(o);
+  absl::StatusOr<std::unique_ptr<Runtime>> created = Runtime::Create(std::move(o));
   ASSERT_TRUE(created.ok()) << created.status();
   Runtime& rt = **created;
   ASSERT_TRUE(rt.Register("model", &m.state).ok());
@@ -418,9 +436,11 @@ void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at,
 TEST(RuntimeElastic, ANoticeToOneReplicaStopsAllAtOneAgreedBoundaryWithASave) {
   TempDir dir;
   FakeClock clock;
+  AutoAdvance advance(clock);  // the group waits on it
   Log log;
   std::vector<Outcome> out(2);
   std::vector<std::thread> threads;
+  threads.reserve(2);
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back(Train, Replica(dir, &clock, &log, i, 1, 2, i == 1), 1000, &clock, 3,
                          &out[i]);
@@ -441,6 +461,7 @@ TEST(RuntimeElastic, ANoticeToOneReplicaStopsAllAtOneAgreedBoundaryWithASave) {
 TEST(RuntimeElastic, AGracefulLeaveLetsTheOthersGoOnReconfigured) {
   TempDir dir;
   FakeClock clock;
+  AutoAdvance advance(clock);  // the group waits on it
   Log log;
   std::vector<Outcome> out(3);
   std::vector<std::thread> threads;
@@ -468,6 +489,7 @@ TEST(RuntimeElastic, AGracefulLeaveLetsTheOthersGoOnReconfigured) {
 TEST(RuntimeElastic, ARefusedLeaveStopsTheWholeJobAtOneBoundary) {
   TempDir dir;
   FakeClock clock;
+  AutoAdvance advance(clock);  // the group waits on it
   Log log;
   std::vector<Outcome> out(2);
   std::vector<std::thread> threads;
@@ -488,10 +510,13 @@ TEST(RuntimeElastic, ARefusedLeaveStopsTheWholeJobAtOneBoundary) {
 TEST(RuntimeElastic, AFailedCollectiveIsRedoneByTheSurvivorsWithoutCommitting) {
   TempDir dir;
   FakeClock clock;
+  AutoAdvance advance(clock);  // the group waits on it
+  const int64_t t0 = clock.NowNanos();
   Log log;
   constexpr int64_t kTotal = 8;
   std::vector<Outcome> out(2);
   std::vector<std::thread> threads;
+  threads.reserve(2);
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back(Train, Replica(dir, &clock, &log, i, 1, 3, false), kTotal, &clock, -1,
                          &out[i]);
@@ -520,6 +545,9 @@ TEST(RuntimeElastic, AFailedCollectiveIsRedoneByTheSurvivorsWithoutCommitting) {
   }
   EXPECT_EQ(out[0].w, out[1].w);
   EXPECT_TRUE(log.Has("after recovery"));
+  // The survivors waited on the Runtime's clock for the lost replica's
+  // silence (3 heartbeats): nothing else moves it.
+  EXPECT_GE(clock.NowNanos() - t0, 3 * 20'000'000);
 }
 
 #endif  // OMNI_HAVE_GLOO
