@@ -80,6 +80,31 @@ def test_a_preempted_guest_saves_exits_75_and_resumes_bit_exactly(tmp_path, refe
     assert [u["step"] for u in units(tmp_path)] == list(range(STEPS)), "no step lost or repeated"
 
 
+def test_a_notice_to_leave_now_exits_76_without_a_save_and_the_work_is_redone(tmp_path, reference):
+    """{"yield_in_s": 0} (the policy's "now, without a save"): no checkpoint
+    is written; started again, the guest redoes the steps from its last
+    checkpoint (none here: from the start) and still ends bit-identical."""
+    notice = tmp_path / "notice.json"
+    p = subprocess.Popen(guest(tmp_path, "--notice-file", notice), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(units(tmp_path)) < 50:
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1]
+        time.sleep(0.01)
+    (tmp_path / "n.tmp").write_text('{"yield_in_s": 0}')
+    (tmp_path / "n.tmp").rename(notice)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 76, err
+    assert "no time to save" in err and "saved step=" not in err, err
+    assert not list((tmp_path / "ckpt").glob("step-*")), "nothing saved"
+    notice.unlink()
+    again = subprocess.run(guest(tmp_path), capture_output=True, text=True, timeout=120,
+                           check=False)
+    assert again.returncode == 0, again.stderr
+    assert "resumed at step" not in again.stderr
+    assert final(again.stdout) == reference
+
+
 def test_a_gated_guest_starts_steps_only_in_the_hosts_idle_windows(tmp_path):
     channel = f"omni-it-{os.getpid()}"
     host = subprocess.Popen([str(HOST), "--steps", "60", "--eval-every", "10", "--quiet",
