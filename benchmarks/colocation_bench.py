@@ -658,6 +658,10 @@ def bench(b, out, steps, pairs):
         "critical_step_ms_alone": r(med(a_ms)),
         "critical_step_ms_with_guest": r(med(sp["with_ms"] for sp in per_pair)),
         "critical_slowdown_pct": r(med(sp["paired_pct"] for sp in per_pair)),
+        # With n pairs, [min, max] of the pairs covers the median slowdown with
+        # probability 1 - 2^(1-n) (a sign-test interval; 0.97 for 6 pairs).
+        "critical_slowdown_pct_range": [r(min(sp["paired_pct"] for sp in per_pair)),
+                                        r(max(sp["paired_pct"] for sp in per_pair))],
         "critical_slowdown_pct_pairs": [r(sp["paired_pct"]) for sp in per_pair],
         "critical_slowdown_pct_of_sums_pairs": [r(sp["paired_sum_pct"]) for sp in per_pair],
         "critical_slowdown_pct_of_medians_pairs": [r(sp["slowdown_pct"]) for sp in per_pair],
@@ -703,8 +707,9 @@ def main(argv=None, mode="bench"):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("build", nargs="?", default=str(REPO / "build"))
     ap.add_argument("--out", default=None)
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--pairs", type=int, default=3, help="bench: alternating pairs (default 3)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="critical steps per run (demo 120, bench 150)")
+    ap.add_argument("--pairs", type=int, default=6, help="bench: alternating pairs (default 6)")
     ap.add_argument("--old-setup", action="store_true",
                     help="every process in this session, the paused trainer in the normal class "
                          "(the setup of the earlier figures)")
@@ -718,7 +723,7 @@ def main(argv=None, mode="bench"):
     out = pathlib.Path(a.out or pathlib.Path(a.build) / mode / "colocation").resolve()
     if mode == "demo":
         return demo(b, out, a.steps or 120)
-    return bench(b, out, a.steps or 100, max(1, a.pairs))
+    return bench(b, out, a.steps or 150, max(1, a.pairs))
 
 
 if __name__ == "__main__":
