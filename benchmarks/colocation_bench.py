@@ -58,10 +58,10 @@ GUEST = ["--hidden", "64", "--batch", "32", "--seed", "7", "--guard-ms", "1", "-
 # The gated guest: stopped and continued by its supervisor by window
 # (colocate_guest --pause), data stalls only.
 GATE_BOUND_MS = 1.0  # the supervisor's yield bound (--yield-bound-ms)
-GATED = ["--kinds", "data_stall", "--poll-ms", "20", "--yield-bound-ms", str(GATE_BOUND_MS)]
+GATED = ["--kinds", "data_stall", "--poll-ms", "100", "--yield-bound-ms", str(GATE_BOUND_MS)]
 # The supervisor runs the guest from the open of a stall to its close
 # (SIGSTOP then), woken by the host's notices (no polling; the remainder is
-# not needed: --poll-ms 20): a blocked host's wake-up preempts the guest.
+# not needed: --poll-ms 100): a blocked host's wake-up preempts the guest.
 PAUSE = ["--pause", "--until-close"]
 # --old-setup: as measured before (docs/colocation.md, "Why a yield looked
 # slow"): every process in the benchmark's session and the paused trainer in
@@ -714,6 +714,9 @@ def main(argv=None, mode="bench"):
                     help="every process in this session, the paused trainer in the normal class "
                          "(the setup of the earlier figures)")
     a = ap.parse_args(argv)
+    # Stopped from outside: end the children too (they run in sessions of
+    # their own, out of reach of a terminal's signals).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     global OLD_SETUP
     OLD_SETUP = a.old_setup
     b = pathlib.Path(a.build).resolve() / "bin"

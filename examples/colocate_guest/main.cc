@@ -110,6 +110,9 @@ absl::StatusOr<std::unique_ptr<omni::colocate::ChannelWindowSource>> Attach(
   so.poll = absl::Nanoseconds(static_cast<int64_t>(1e6 * flags.poll_ms));
   so.kinds = *kinds;
   so.watcher = watcher;
+  // Without a watcher (the supervisor) nothing but a notice needs it between
+  // windows: each timed wake-up is CPU on the host's core.
+  if (!watcher) so.closed_poll = absl::Milliseconds(100);
   for (auto until = std::chrono::steady_clock::now() +
                     std::chrono::milliseconds(static_cast<int64_t>(1e3 * flags.attach_s));
        ;) {

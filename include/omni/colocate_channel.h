@@ -114,7 +114,7 @@ class OMNI_EXPORT ChannelWindowSource final : public WindowSource {
  private:
   void Watch();
   // The next wait for a notice: `poll` while a window is open, else
-  // `closed_poll`, at most 50 ms.
+  // `closed_poll` (with a watcher at most 50 ms).
   absl::Duration NextWait() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies a read (or its error) and counts the wake-up.
   void Take(const absl::StatusOr<WindowNotice>& n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -59,7 +59,9 @@ ChannelWindowSource::~ChannelWindowSource() {
 }
 
 absl::Duration ChannelWindowSource::NextWait() const {
-  return std::min(window_.open ? options_.poll : options_.closed_poll, absl::Milliseconds(50));
+  const absl::Duration wait = window_.open ? options_.poll : options_.closed_poll;
+  // The watcher looks at least every 50 ms whether it should stop.
+  return options_.watcher ? std::min(wait, absl::Milliseconds(50)) : wait;
 }
 
 void ChannelWindowSource::Take(const absl::StatusOr<WindowNotice>& n) {
