@@ -9,10 +9,12 @@
 // duration at the stated confidence covers the step's cost bound + a guard
 // (omni/colocate_guest.h), and yields at the next step boundary when the host
 // is busy again. On SIGTERM or a scheduler's notice (--notice-file) it saves
-// through its CheckpointManager and exits 75 ("preempted, resumable"), or 76
-// when not even a save fits the notice's deadline; started again with the same
-// flags it resumes bit-exactly. Without --channel it trains ungated (the
-// baselines: plain time sharing, or SCHED_IDLE set by its launcher).
+// through its own omni::Runtime (Runtime::Yield) and exits 75 ("preempted,
+// resumable"), or 76 when not even a save fits the notice's deadline; started
+// again with the same flags it resumes bit-exactly. With --pause a supervisor
+// stops and continues the trainer by window instead (SIGSTOP / SIGCONT).
+// Without --channel it trains ungated (the baselines: plain time sharing, or
+// SCHED_IDLE set by its launcher). docs/colocation.md.
 // Last line of stdout: final step=N params_xxh3=H loss=L
 #include <sched.h>
 #include <signal.h>
