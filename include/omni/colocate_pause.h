@@ -62,8 +62,9 @@ class OMNI_EXPORT ProcessPauser {
   // observed stop, it says how long the guest really ran after being told,
   // whatever the wall time until its stop was observed (a stopped process
   // must get a core once more to stop, which a woken host may keep for a
-  // while). NotFound when the process does not exist (or its clock cannot
-  // be read).
+  // while). A thread running on another core counts up to the kernel's
+  // last update of its time (a scheduler tick at most). NotFound when the
+  // process does not exist (or its clock cannot be read).
   absl::StatusOr<int64_t> CpuNanos() const;
 
   bool paused() const { return paused_; }
