@@ -26,8 +26,10 @@ reported as critical_alone_spread_pct, the noise floor of the machine).
 """
 
 import argparse
+import atexit
 import bisect
 import json
+import math
 import os
 import pathlib
 import re
@@ -55,25 +57,48 @@ CRITICAL = ["--seed", "1", "--batch", "8", "--eval-every", "10", "--quiet", "--m
 GUEST = ["--hidden", "64", "--batch", "32", "--seed", "7", "--guard-ms", "1", "--unit-ms", "5"]
 # The gated guest: stopped and continued by its supervisor by window
 # (colocate_guest --pause), data stalls only.
-GATED = ["--kinds", "data_stall", "--poll-ms", "20", "--yield-bound-ms", "1"]
+GATE_BOUND_MS = 1.0  # the supervisor's yield bound (--yield-bound-ms)
+GATED = ["--kinds", "data_stall", "--poll-ms", "100", "--yield-bound-ms", str(GATE_BOUND_MS)]
 # The supervisor runs the guest from the open of a stall to its close
 # (SIGSTOP then), woken by the host's notices (no polling; the remainder is
-# not needed: --poll-ms 20): a blocked host's wake-up preempts the guest.
+# not needed: --poll-ms 100): a blocked host's wake-up preempts the guest.
 PAUSE = ["--pause", "--until-close"]
+# --old-setup: as measured before (docs/colocation.md, "Why a yield looked
+# slow"): every process in the benchmark's session and the paused trainer in
+# the normal class.
+OLD_SETUP = False
 CPU_IDLE_PHASES = {"data_wait"}  # the critical job's real idle time on a CPU host
 # Cores: r0 and the guest share core 0 (the guest uses r0's windows, as a GPU
 # guest uses its host's device); r1 has core 1. None when fewer than 2 cores.
 CORES = sorted(os.sched_getaffinity(0))
 PIN = {"r0": CORES[0], "r1": CORES[1], "guest": CORES[0]} if len(CORES) >= 2 else {}
 WARMUP_STEPS = 10  # excluded from step-time means (the runtime's own warm-up)
+LOAD_AT_START = os.getloadavg()[0]
 
 
 def log(msg):
     print(msg, flush=True)
 
 
+_STARTED = []
+
+
+@atexit.register
+def _kill_started():
+    """Children run in sessions of their own: an interrupted run ends them."""
+    for p in _STARTED:
+        if p.poll() is None:
+            p.kill()
+
+
 class Proc:
-    """A child process with its stdout/stderr in files under `d`."""
+    """A child process with its stdout/stderr in files under `d`.
+
+    Each is a session of its own, as separate jobs are (their own containers
+    or cgroups): Linux schedules the processes of one session as one group
+    (autogroup), so a guest in the critical job's session spends that
+    session's share of the core and delays the critical job's wake-ups
+    (docs/colocation.md, "Why a yield looked slow")."""
 
     def __init__(self, d, name, args, sched_idle=False, core=None):
         self.name, self.d = name, d
@@ -85,7 +110,9 @@ class Proc:
             if sched_idle:
                 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         with open(self.out, "w") as o, open(self.err, "w") as e:
-            self.p = subprocess.Popen([str(a) for a in args], stdout=o, stderr=e, preexec_fn=pre)
+            self.p = subprocess.Popen([str(a) for a in args], stdout=o, stderr=e, preexec_fn=pre,
+                                      start_new_session=not OLD_SETUP)
+        _STARTED.append(self.p)
 
     def wait(self, timeout=240):
         rc = self.p.wait(timeout=timeout)
@@ -102,6 +129,7 @@ class Critical:
     def __init__(self, b, d, steps, channel):
         self.b, self.d, self.steps, self.channel = b, d, steps, channel
         self.store = d / "store"
+        self.sched = [None, None]
         self.reps = {"r1": self.start("r1")}
         deadline = time.monotonic() + 120
         while not (self.store / "k-hb%r1").exists():
@@ -125,6 +153,29 @@ class Critical:
         f = self.d / "r0.loss"
         return len(f.read_text().splitlines()) if f.exists() else 0
 
+    def sample(self, step):
+        """r0's training thread from /proc/<pid>/schedstat: CPU time and time
+        spent runnable but waiting for a core, first after the warm-up and
+        last (per-step figures: sched_per_step)."""
+        pid = self.reps["r0"].p.pid
+        try:
+            run_ns, wait_ns, _ = (int(x) for x in
+                                  pathlib.Path(f"/proc/{pid}/schedstat").read_text().split())
+        except (OSError, ValueError):
+            return
+        if step >= WARMUP_STEPS:
+            if self.sched[0] is None:
+                self.sched[0] = (step, run_ns, wait_ns)
+            self.sched[1] = (step, run_ns, wait_ns)
+
+    def sched_per_step(self):
+        """(CPU ms, wait-for-a-core ms) per step of r0 after the warm-up."""
+        a, b = self.sched
+        if a is None or b[0] <= a[0]:
+            return None, None
+        n = b[0] - a[0]
+        return (b[1] - a[1]) / 1e6 / n, (b[2] - a[2]) / 1e6 / n
+
     def finish(self):
         res = {}
         for rid, p in self.reps.items():
@@ -139,7 +190,8 @@ class Critical:
 
 
 def guest_args(b, d, channel, notice=None, steps=1_000_000):
-    args = [b / "colocate_guest"] + (PAUSE if channel else []) + [
+    pause = PAUSE + (["--normal-class"] if OLD_SETUP else [])
+    args = [b / "colocate_guest"] + (pause if channel else []) + [
         "--ckpt-dir", d / "guest_ckpt", "--steps", steps, *GUEST, "--log", d / "guest.jsonl"]
     if channel:
         args += ["--channel", channel, *GATED, "--runs-log", d / "guest_runs.jsonl"]
@@ -253,7 +305,7 @@ def run_critical_alone(b, d, steps):
     d.mkdir(parents=True)
     c = Critical(b, d, steps, channel=None)
     progress(c, None)
-    return c.finish(), step_records(d / "r0.jsonl")
+    return c.finish(), step_records(d / "r0.jsonl"), c.sched_per_step()
 
 
 def progress(c, guest_log, every=3.0, hooks=()):
@@ -266,6 +318,7 @@ def progress(c, guest_log, every=3.0, hooks=()):
                 p.p.kill()
             sys.exit("the critical job did not finish within 300 s")
         s = c.step()
+        c.sample(s)
         for h in [h for h in pending if s >= h[0]]:
             pending.remove(h)
             h[1]()
@@ -315,6 +368,7 @@ def colocated(b, d, steps, mode, channel, hooks_fn=None):
     step, gdigest = last_saved(err)
     runs = d / "guest_runs.jsonl"
     return {"critical_digest": digest, "steps": step_records(d / "r0.jsonl"), "guest_steps": step,
+            "sched": c.sched_per_step(),
             "guest_digest": gdigest, "gate": gate_stats(g["errs"]), "guest_runs": g["runs"],
             "units": read_jsonl(d / "guest.jsonl") if (d / "guest.jsonl").exists() else [],
             "marks": g["marks"], "d": d,
@@ -393,6 +447,66 @@ def write_trace(path, d, res):
     path.write_text(json.dumps({"traceEvents": ev, "displayTimeUnit": "ms"}))
 
 
+def quantile(xs, q):
+    """The q-quantile (nearest rank) of xs; 0 for none."""
+    if not xs:
+        return 0
+    v = sorted(xs)
+    return v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))]
+
+
+def stops_after_close(runs, bound_ms):
+    """The supervisor's stops after a host's close, from its runs log.
+
+    wall: the close to the kernel's report of the stop (the earlier
+    definition of a yield). A stop completes only when the stopped trainer's
+    threads get a core again, and the host that just woke has it, so this
+    includes time in which the guest is not running at all.
+    signal: the close to SIGSTOP sent (the supervisor's wake-up, which the
+    host's notice rings; the guest may run in it only if the host lost its
+    core). cpu_after_signal: the trainer's CPU time from the signal to the
+    stop, from its CPU clock.
+    cpu_bound: signal + cpu_after_signal, an upper bound of the CPU the guest
+    used after the close: what the critical job could notice. A miss is a
+    stop whose cpu_bound exceeds bound_ms (wall_misses: whose wall time
+    does)."""
+    st = [r for r in runs or () if r.get("close_ns", 0) > 0]
+    wall = [(r["stop_ns"] - r["close_ns"]) / 1e6 for r in st]
+    sig = [max(0, r["signal_ns"] - r["close_ns"]) / 1e6 for r in st]
+    after = [max(0, r["cpu_stop_ns"] - r["cpu_signal_ns"]) / 1e6 if r["cpu_signal_ns"] >= 0
+             else float("inf") for r in st]
+    bound = [a + b for a, b in zip(sig, after)]
+    return {"stops": len(st),
+            "wall_p50_ms": quantile(wall, 0.5), "wall_p99_ms": quantile(wall, 0.99),
+            "wall_misses": sum(w > bound_ms for w in wall),
+            "signal_p50_ms": quantile(sig, 0.5), "signal_p99_ms": quantile(sig, 0.99),
+            "signal_max_ms": max(sig, default=0),
+            "cpu_after_signal_p99_ms": quantile(after, 0.99),
+            "cpu_after_signal_max_ms": max(after, default=0),
+            "cpu_bound_p99_ms": quantile(bound, 0.99), "cpu_bound_max_ms": max(bound, default=0),
+            "misses": sum(b > bound_ms for b in bound),
+            "guest_cpu_s": sum(max(0, r.get("cpu_stop_ns", 0) - r.get("cpu_resume_ns", 0))
+                               for r in runs or () if r.get("cpu_resume_ns", -1) >= 0) / 1e9}
+
+
+def paired_slowdown(a_steps, b_steps, skip=()):
+    """Slowdown of run b against run a, step by step: both runs do the same
+    work at the same step (same seed, same modelled stalls), so each step of
+    b is compared with the same step of a. Returns (median of the per-step
+    differences over the median step of a, difference of the sums), in %."""
+    a = {r["step"]: r["end_ns"] - r["start_ns"] for r in a_steps
+         if r["step"] >= WARMUP_STEPS and r["step"] not in skip}
+    b = {r["step"]: r["end_ns"] - r["start_ns"] for r in b_steps
+         if r["step"] >= WARMUP_STEPS and r["step"] not in skip}
+    common = sorted(a.keys() & b.keys())
+    if not common:
+        return 0.0, 0.0
+    med = statistics.median(a[i] for i in common)
+    diff = statistics.median(b[i] - a[i] for i in common)
+    sa, sb = sum(a[i] for i in common), sum(b[i] for i in common)
+    return 100 * diff / med, 100 * (sb - sa) / sa
+
+
 def summary(alone, res, ref_guest, nominal, skip=(), alone_ms=None):
     steps, idle_phases = res["steps"]
     idle = idle_intervals(steps, idle_phases, CPU_IDLE_PHASES)
@@ -403,13 +517,27 @@ def summary(alone, res, ref_guest, nominal, skip=(), alone_ms=None):
     t1 = median_step_ms(steps, skip)
     m0, m1 = mean_step_ms(alone[1][0], skip), mean_step_ms(steps, skip)
     n = len([r for r in steps if r["step"] >= WARMUP_STEPS])
+    paired, paired_sum = paired_slowdown(alone[1][0], steps, skip)
+    gate = res["gate"]
+    stops = stops_after_close(res["runs"], GATE_BOUND_MS)
+    cpu_a, wait_a = alone[2]
+    cpu_g, wait_g = res["sched"]
     return {"alone_ms": t0, "with_ms": t1, "slowdown_pct": 100 * (t1 - t0) / t0, "harvest": h,
+            "paired_pct": paired, "paired_sum_pct": paired_sum, "stops": stops,
+            "harvest_cpu": (stops["guest_cpu_s"] / (idle_ns / 1e9)
+                            if res["runs"] is not None and idle_ns else None),
+            "cpu_ms": (cpu_a, cpu_g), "wait_ms": (wait_a, wait_g),
+            "supervisor_ms_per_step": gate["supervisor_cpu_ms"] / max(1, len(steps)),
             "slowdown_mean_pct": 100 * (m1 - m0) / m0, "offered": offered,
             "idle_s": idle_ns / 1e9, "idle_share": idle_ns / sum(r["end_ns"] - r["start_ns"]
                                                                  for r in steps),
             "outside_ms_per_step": outside_ns / 1e6 / max(1, n),
             "critical_bit_exact": res["critical_digest"] == alone[0],
             "guest_bit_exact": res["guest_digest"] == ref_guest}
+
+
+def fmt_ms(x):
+    return "n/a" if x is None else f"{x:.2f} ms"
 
 
 def demo(b, out, steps):
@@ -437,7 +565,6 @@ def demo(b, out, steps):
         a = np.fromfile(out / "alone" / "r0.bin", dtype="<f4").astype(np.float64)
         c = np.fromfile(out / "colocated" / "r0.bin", dtype="<f4").astype(np.float64)
         s["critical_rel_l2"] = float(np.linalg.norm(a - c) / np.linalg.norm(a))
-    g = res["gate"]
     track = out / "colocated" / "guest_track.jsonl"
     track.write_text("".join(json.dumps(u) + "\n" for u in res["units"]) +
                      "".join(json.dumps({"t_ns": t, "mark": m}) + "\n" for t, m in res["marks"]))
@@ -448,21 +575,31 @@ def demo(b, out, steps):
     write_trace(trace, out / "colocated", res)
     crit_eq = "yes (bit-exact)" if s["critical_bit_exact"] else \
         f"no: rel. L2 {s.get('critical_rel_l2', 0):.1e} (elastic tolerance 7e-4: summation order)"
+    st = s["stops"]
+    cpu, wait = s["cpu_ms"], s["wait_ms"]
     rows = [
         ("critical median step alone / with guest",
          f"{s['alone_ms']:.1f} ms / {s['with_ms']:.1f} ms"),
-        ("critical slowdown (of medians; of means)",
-         f"{s['slowdown_pct']:+.2f} %; {s['slowdown_mean_pct']:+.2f} %"),
+        ("critical slowdown (step by step, median; of sums)",
+         f"{s['paired_pct']:+.2f} %; {s['paired_sum_pct']:+.2f} %"),
+        ("  r0's CPU per step alone / with guest", f"{fmt_ms(cpu[0])} / {fmt_ms(cpu[1])}"),
+        ("  r0's wait for a core per step alone / with", f"{fmt_ms(wait[0])} / {fmt_ms(wait[1])}"),
         ("critical real idle time (r0's blocked data stalls)",
          f"{s['idle_s']:.2f} s ({100 * s['idle_share']:.1f} % of its steps)"),
-        ("harvest (share of it the guest used)", f"{s['harvest']:.3f}"),
+        ("harvest (share of it the guest used)",
+         f"{s['harvest']:.3f} (its CPU: {s['harvest_cpu'] or 0:.3f})"),
         ("  share in which the guest was running", f"{s['offered'] or 0:.3f}"),
-        ("guest on the cores outside it", f"{s['outside_ms_per_step']:.2f} ms per critical step"),
         ("guest steps done", f"{res['guest_steps']} (in {res['guest_runs']} runs)"),
-        ("yields / p99 latency", f"{g['yields']} / {g['yield_p99_ms']:.2f} ms"),
+        ("stops after a close", f"{st['stops']}"),
+        ("  supervisor's signal after the close p50 / p99",
+         f"{st['signal_p50_ms']:.3f} / {st['signal_p99_ms']:.3f} ms"),
+        ("  guest CPU after the close p99 / max (bound)",
+         f"{st['cpu_bound_p99_ms']:.3f} / {st['cpu_bound_max_ms']:.3f} ms"),
+        ("  stop observed after the close p99 (wall)", f"{st['wall_p99_ms']:.2f} ms"),
+        ("deadline misses (guest CPU after a close > 1 ms)", f"{st['misses']}"),
+        ("  by wall time (observed stop > 1 ms after the close)", f"{st['wall_misses']}"),
         ("preemptions (guest exit 75, resumed)", "1"),
-        ("deadline misses (stopped > yield bound after a close)", f"{g['deadline_misses']}"),
-        ("stops after a close (any delay)", f"{g['overruns']}"),
+        ("supervisor CPU per critical step", f"{s['supervisor_ms_per_step']:.3f} ms"),
         ("critical final params = undisturbed run", crit_eq),
         ("guest final params = undisturbed run", "yes (bit-exact)" if s["guest_bit_exact"] else "NO"),
     ]
@@ -475,14 +612,17 @@ def demo(b, out, steps):
 
 def bench(b, out, steps, pairs):
     """Alternating pairs (alone, gated), the order flipped every pair so that
-    a drift of the machine does not favour one side; slowdown per pair, the
-    median reported. The noise floor: the same comparison between the alone
-    runs of consecutive pairs (the job against itself)."""
+    a drift of the machine does not favour one side. Per pair, the slowdown
+    step by step (paired_slowdown: the same step of both runs does the same
+    work); the median over the pairs is reported. The noise floor: the same
+    comparison between the alone runs of consecutive pairs (the job against
+    itself): a slowdown below it is not resolved."""
     if out.exists():
         shutil.rmtree(out)
     t_start = time.monotonic()
     log(f"colocation bench: {pairs} alternating pairs (critical alone, with the gated guest), "
-        f"then the guest plain and in SCHED_IDLE ({steps} steps each; cores {PIN or 'unpinned'})")
+        f"then the guest plain and in SCHED_IDLE ({steps} steps each; cores {PIN or 'unpinned'}; "
+        f"load average {os.getloadavg()[0]:.2f})")
     ch = f"omni-bench-{os.getpid()}"
     alone, gated = [], []
     for i in range(pairs):
@@ -500,43 +640,63 @@ def bench(b, out, steps, pairs):
     a_ms = [median_step_ms(a[1][0]) for a in alone]
     per_pair = [summary(alone[i], gated[i], ref_guest, nominal, alone_ms=a_ms[i])
                 for i in range(pairs)]
-    noise = [100 * (a_ms[i + 1] - a_ms[i]) / a_ms[i] for i in range(pairs - 1)]
-    a_med = statistics.median(a_ms)
-    base = {m: summary(alone[0], r, ref_guest, nominal, alone_ms=a_med) for m, r in results.items()}
+    noise = [paired_slowdown(alone[i][1][0], alone[i + 1][1][0])[0] for i in range(pairs - 1)]
+    # The baselines ran after the last pair: against its alone run.
+    base = {m: summary(alone[-1], r, ref_guest, nominal) for m, r in results.items()}
     med = statistics.median
-    g0 = gated[0]
+
+    def r(x, n=2):
+        return None if x is None else round(x, n)
+
+    def stop_sum(key):
+        return sum(sp["stops"][key] for sp in per_pair)
+    stops = [sp["stops"] for sp in per_pair]
     line = {
         "benchmark": "colocation", "steps": steps, "replicas": 2, "pairs": pairs,
-        "cores": PIN or None,
-        "critical_step_ms_alone": round(a_med, 2),
-        "critical_step_ms_with_guest": round(med(s["with_ms"] for s in per_pair), 2),
-        "critical_slowdown_pct": round(med(s["slowdown_pct"] for s in per_pair), 2),
-        "critical_slowdown_pct_pairs": [round(s["slowdown_pct"], 2) for s in per_pair],
-        "critical_slowdown_pct_of_means_pairs": [round(s["slowdown_mean_pct"], 2)
-                                                 for s in per_pair],
-        "noise_floor_pct": round(med(abs(x) for x in noise), 2) if noise else None,
-        "noise_pairs_pct": [round(x, 2) for x in noise],
-        "harvest_fraction": round(med(s["harvest"] for s in per_pair), 3),
-        "harvest_pairs": [round(s["harvest"], 3) for s in per_pair],
-        "harvest_offered": round(med(s["offered"] for s in per_pair), 3),
-        "critical_idle_s": round(med(s["idle_s"] for s in per_pair), 2),
-        "critical_idle_share": round(med(s["idle_share"] for s in per_pair), 4),
-        "guest_outside_idle_ms_per_step": round(med(s["outside_ms_per_step"] for s in per_pair), 3),
-        "guest_steps": g0["guest_steps"],
-        "guest_yields": sum(g["gate"]["yields"] for g in gated),
-        "guest_yield_p99_ms": round(max(g["gate"]["yield_p99_ms"] for g in gated), 2),
-        "deadline_misses": sum(g["gate"]["deadline_misses"] for g in gated),
-        "guest_overruns": sum(g["gate"]["overruns"] for g in gated),
-        "supervisor_cpu_ms_per_critical_step": round(med(
-            g["gate"]["supervisor_cpu_ms"] / max(1, len(g["steps"][0])) for g in gated), 3),
-        "critical_bit_exact": all(s["critical_bit_exact"] for s in per_pair) and
+        "cores": PIN or None, "load_avg_start": r(LOAD_AT_START), "load_avg_end":
+        r(os.getloadavg()[0]),
+        "critical_step_ms_alone": r(med(a_ms)),
+        "critical_step_ms_with_guest": r(med(sp["with_ms"] for sp in per_pair)),
+        "critical_slowdown_pct": r(med(sp["paired_pct"] for sp in per_pair)),
+        # With n pairs, [min, max] of the pairs covers the median slowdown with
+        # probability 1 - 2^(1-n) (a sign-test interval; 0.97 for 6 pairs).
+        "critical_slowdown_pct_range": [r(min(sp["paired_pct"] for sp in per_pair)),
+                                        r(max(sp["paired_pct"] for sp in per_pair))],
+        "critical_slowdown_pct_pairs": [r(sp["paired_pct"]) for sp in per_pair],
+        "critical_slowdown_pct_of_sums_pairs": [r(sp["paired_sum_pct"]) for sp in per_pair],
+        "critical_slowdown_pct_of_medians_pairs": [r(sp["slowdown_pct"]) for sp in per_pair],
+        "noise_floor_pct": r(med(abs(x) for x in noise)) if noise else None,
+        "noise_pairs_pct": [r(x) for x in noise],
+        "critical_cpu_ms_per_step": {"alone": r(med(sp["cpu_ms"][0] for sp in per_pair), 3),
+                                     "with_guest": r(med(sp["cpu_ms"][1] for sp in per_pair), 3)},
+        "critical_wait_ms_per_step": {"alone": r(med(sp["wait_ms"][0] for sp in per_pair), 3),
+                                      "with_guest": r(med(sp["wait_ms"][1] for sp in per_pair), 3)},
+        "harvest_fraction": r(med(sp["harvest"] for sp in per_pair), 3),
+        "harvest_pairs": [r(sp["harvest"], 3) for sp in per_pair],
+        "harvest_cpu": r(med(sp["harvest_cpu"] for sp in per_pair), 3),
+        "harvest_offered": r(med(sp["offered"] for sp in per_pair), 3),
+        "critical_idle_s": r(med(sp["idle_s"] for sp in per_pair)),
+        "critical_idle_share": r(med(sp["idle_share"] for sp in per_pair), 4),
+        "guest_outside_idle_ms_per_step": r(med(sp["outside_ms_per_step"] for sp in per_pair), 3),
+        "guest_steps": gated[0]["guest_steps"],
+        "guest_yields": stop_sum("stops"),
+        "guest_cpu_after_close_p99_ms": r(max(x["cpu_bound_p99_ms"] for x in stops), 3),
+        "guest_cpu_after_close_max_ms": r(max(x["cpu_bound_max_ms"] for x in stops), 3),
+        "supervisor_signal_p99_ms": r(max(x["signal_p99_ms"] for x in stops), 3),
+        "deadline_misses": stop_sum("misses"),
+        "guest_yield_p99_ms": r(max(x["wall_p99_ms"] for x in stops)),
+        "deadline_misses_wall": stop_sum("wall_misses"),
+        "supervisor_cpu_ms_per_critical_step": r(med(sp["supervisor_ms_per_step"]
+                                                     for sp in per_pair), 3),
+        "critical_bit_exact": all(sp["critical_bit_exact"] for sp in per_pair) and
         len({a[0] for a in alone}) == 1,
         "guest_bit_exact": per_pair[0]["guest_bit_exact"],
-        "baselines": {m: {"critical_slowdown_pct": round(base[m]["slowdown_pct"], 2),
-                          "harvest_fraction": round(base[m]["harvest"], 3),
+        "baselines": {m: {"critical_slowdown_pct": r(base[m]["paired_pct"]),
+                          "harvest_fraction": r(base[m]["harvest"], 3),
+                          "critical_wait_ms_per_step": r(base[m]["wait_ms"][1], 3),
                           "guest_steps": results[m]["guest_steps"]}
                       for m in ("plain", "idle")},
-        "wall_s": round(time.monotonic() - t_start, 1),
+        "wall_s": r(time.monotonic() - t_start, 1),
     }
     line["baselines"]["sched_idle"] = line["baselines"].pop("idle")
     print(json.dumps(line), flush=True)
@@ -547,9 +707,18 @@ def main(argv=None, mode="bench"):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("build", nargs="?", default=str(REPO / "build"))
     ap.add_argument("--out", default=None)
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--pairs", type=int, default=3, help="bench: alternating pairs (default 3)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="critical steps per run (demo 120, bench 150)")
+    ap.add_argument("--pairs", type=int, default=6, help="bench: alternating pairs (default 6)")
+    ap.add_argument("--old-setup", action="store_true",
+                    help="every process in this session, the paused trainer in the normal class "
+                         "(the setup of the earlier figures)")
     a = ap.parse_args(argv)
+    # Stopped from outside: end the children too (they run in sessions of
+    # their own, out of reach of a terminal's signals).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    global OLD_SETUP
+    OLD_SETUP = a.old_setup
     b = pathlib.Path(a.build).resolve() / "bin"
     for exe in ("omni_train", "colocate_guest", "omni"):
         if not (b / exe).exists():
@@ -557,7 +726,7 @@ def main(argv=None, mode="bench"):
     out = pathlib.Path(a.out or pathlib.Path(a.build) / mode / "colocation").resolve()
     if mode == "demo":
         return demo(b, out, a.steps or 120)
-    return bench(b, out, a.steps or 100, max(1, a.pairs))
+    return bench(b, out, a.steps or 150, max(1, a.pairs))
 
 
 if __name__ == "__main__":

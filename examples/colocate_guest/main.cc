@@ -9,16 +9,19 @@
 // duration at the stated confidence covers the step's cost bound + a guard
 // (omni/colocate_guest.h), and yields at the next step boundary when the host
 // is busy again. On SIGTERM or a scheduler's notice (--notice-file) it saves
-// through its CheckpointManager and exits 75 ("preempted, resumable"), or 76
-// when not even a save fits the notice's deadline; started again with the same
-// flags it resumes bit-exactly. Without --channel it trains ungated (the
-// baselines: plain time sharing, or SCHED_IDLE set by its launcher).
+// through its own omni::Runtime (Runtime::Yield) and exits 75 ("preempted,
+// resumable"), or 76 when not even a save fits the notice's deadline; started
+// again with the same flags it resumes bit-exactly. With --pause a supervisor
+// stops and continues the trainer by window instead (SIGSTOP / SIGCONT).
+// Without --channel it trains ungated (the baselines: plain time sharing, or
+// SCHED_IDLE set by its launcher). docs/colocation.md.
 // Last line of stdout: final step=N params_xxh3=H loss=L
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -27,21 +30,21 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
-#include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "omni/checkpoint.h"
 #include "omni/colocate_channel.h"
 #include "omni/colocate_guest.h"
 #include "omni/colocate_pause.h"
 #include "omni/hash.h"
 #include "omni/preemption.h"
+#include "omni/runtime.h"
 #include "omni/state.h"
 #include "omni/torch/params.h"
 #include "omni/torch/state.h"
@@ -58,6 +61,7 @@ struct Flags {
   double yield_bound_ms = 1;  // --pause: a stop later than this after a close is a miss
   bool pause = false;         // supervisor + stopped/continued trainer child
   bool until_close = false;   // --pause: run to the close, not to the claimed remainder
+  bool normal_class = false;  // --pause: leave the trainer in the normal class (not SCHED_IDLE)
   bool child = false;         // (internal) the trainer child of --pause
 };
 
@@ -78,11 +82,10 @@ bool Parse(int argc, char** argv, Flags& f) {
                                                 {"--poll-ms", &f.poll_ms},
                                                 {"--yield-bound-ms", &f.yield_bound_ms}};
   int i = 1;
-  for (; i < argc && argv[i][0] == '-' && argv[i][1] == '-' &&
-         (std::string(argv[i]) == "--pause" || std::string(argv[i]) == "--until-close");
-       ++i) {
-    (std::string(argv[i]) == "--pause" ? f.pause : f.until_close) = true;
-  }
+  const std::map<std::string, bool*> switches = {{"--pause", &f.pause},
+                                                 {"--until-close", &f.until_close},
+                                                 {"--normal-class", &f.normal_class}};
+  for (; i < argc && switches.count(argv[i]) != 0; ++i) *switches.at(argv[i]) = true;
   for (; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (auto t = text.find(k); t != text.end()) {
@@ -99,13 +102,19 @@ bool Parse(int argc, char** argv, Flags& f) {
          (!f.pause || !f.channel.empty());
 }
 
+// `watcher`: a thread reads the notices (else the thread that waits for a
+// change does: the supervisor, woken once per notice).
 absl::StatusOr<std::unique_ptr<omni::colocate::ChannelWindowSource>> Attach(
-    const Flags& flags, omni::colocate::GuestGate* gate) {
+    const Flags& flags, omni::colocate::GuestGate* gate, bool watcher = true) {
   absl::StatusOr<uint32_t> kinds = omni::colocate::ParseKinds(flags.kinds);
   if (!kinds.ok()) return kinds.status();
   omni::colocate::ChannelSourceOptions so;
   so.poll = absl::Nanoseconds(static_cast<int64_t>(1e6 * flags.poll_ms));
   so.kinds = *kinds;
+  so.watcher = watcher;
+  // Without a watcher (the supervisor) nothing but a notice needs it between
+  // windows: each timed wake-up is CPU on the host's core.
+  if (!watcher) so.closed_poll = absl::Milliseconds(100);
   for (auto until = std::chrono::steady_clock::now() +
                     std::chrono::milliseconds(static_cast<int64_t>(1e3 * flags.attach_s));
        ;) {
@@ -128,10 +137,20 @@ void PrintGateLine(int64_t units, const omni::colocate::GateStats& s) {
 }
 
 int Run(const Flags& flags) {
-  omni::PreemptionOptions po;  // first: a SIGTERM during start-up is a preemption too
-  po.notice_file = flags.notice_file;
-  auto monitor = omni::PreemptionMonitor::Create(po);
-  if (!monitor.ok()) return Fail(monitor.status());
+  // The Runtime first: its preemption monitor makes a SIGTERM during
+  // start-up a preemption too. It saves and restores the whole state by key.
+  omni::RuntimeOptions ro;
+  ro.source = "colocate_guest";
+  ro.job_id = "colocate_guest";
+  ro.ckpt_dir = flags.ckpt_dir;
+  ro.preemption.notice_file = flags.notice_file;
+  // A guest needs no forecasts of its own steps (it leaves at its next
+  // boundary on any notice, below), and its telemetry worker need not wake
+  // every 2 ms: each thread of a paused guest must run once to stop.
+  ro.telemetry.forecast_enabled = false;
+  ro.telemetry.worker_poll = absl::Milliseconds(100);
+  auto rt = omni::Runtime::Create(ro);
+  if (!rt.ok()) return Fail(rt.status());
   torch::set_num_threads(1);
   torch::manual_seed(static_cast<uint64_t>(flags.seed));
 
@@ -141,47 +160,47 @@ int Run(const Flags& flags) {
                               torch::nn::Linear(flags.hidden, 1));
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-3));
   const torch::Tensor teacher = torch::randn({32, 1});
-  struct Progress {
-    int64_t step = 0;
-    float loss = 0;
-  } progress;
+  float last_loss = 0;
   omni::torch_ext::ModuleState model_state(*model);
   omni::torch_ext::OptimizerState optim_state(optimizer);
   omni::torch_ext::RngState rng_state;  // the data come from the global generator
-  omni::BytesState progress_state("progress", &progress, sizeof(progress));
-  omni::StateRegistry state;
+  omni::BytesState loss_state("loss", &last_loss, sizeof(last_loss));
   for (auto [k, s] : {std::pair<const char*, omni::Stateful*>{"model", &model_state},
                       {"optim", &optim_state},
                       {"rng", &rng_state},
-                      {"train", &progress_state}}) {
-    if (auto st = state.Register(k, s); !st.ok()) return Fail(st);
+                      {"loss", &loss_state}}) {
+    if (auto st = (*rt)->Register(k, s); !st.ok()) return Fail(st);
   }
-  omni::CheckpointOptions co;
-  co.dir = flags.ckpt_dir;
-  co.job_id = "colocate_guest";
-  auto ckpt = omni::CheckpointManager::Open(co);
-  if (!ckpt.ok()) return Fail(ckpt.status());
-  if (auto r = (*ckpt)->Restore(state); r.ok()) {
-    std::fprintf(stderr, "colocate_guest: resumed at step %" PRId64 "\n", progress.step);
-  } else if (!absl::IsNotFound(r.status())) {
-    return Fail(r.status());
-  }
+  absl::StatusOr<int64_t> first = (*rt)->Start();  // restores the newest checkpoint
+  if (!first.ok()) return Fail(first.status());
+  if (*first > 0) std::fprintf(stderr, "colocate_guest: resumed at step %" PRId64 "\n", *first);
 
-  // ---- one unit of work: a training step on a fresh synthetic batch
+  // ---- one unit of work: a training step on a fresh synthetic batch, one
+  // Runtime step (its boundary may answer "save and exit": a notice whose
+  // deadline leaves no room for another step)
   std::FILE* log = flags.log.empty() ? nullptr : std::fopen(flags.log.c_str(), "a");
+  std::atomic<bool> stop{false}, done{false};
+  std::optional<omni::Decision> stopped;  // a kSaveAndExit answered by EndStep
   const auto step = [&]() -> absl::Status {
     const int64_t t0 = omni::Clock::Real()->NowNanos();
+    if (auto st = (*rt)->BeginStep(); !st.ok()) return st;
     const torch::Tensor x = torch::randn({flags.batch, 32});
     const torch::Tensor y = torch::tanh(x.matmul(teacher));
     optimizer.zero_grad();
     torch::Tensor loss = torch::mse_loss(model->forward(x), y);
     loss.backward();
     optimizer.step();
-    progress.loss = loss.item<float>();
-    ++progress.step;
+    last_loss = loss.item<float>();
+    const int64_t s = (*rt)->step();
+    absl::StatusOr<omni::Decision> d = (*rt)->EndStep();
+    if (!d.ok()) return d.status();
     if (log != nullptr) {
       std::fprintf(log, "{\"step\":%" PRId64 ",\"start_ns\":%" PRId64 ",\"end_ns\":%" PRId64 "}\n",
-                   progress.step - 1, t0, omni::Clock::Real()->NowNanos());
+                   s, t0, omni::Clock::Real()->NowNanos());
+    }
+    if (d->kind == omni::Decision::kSaveAndExit) {
+      stopped = *d;
+      stop.store(true);
     }
     return absl::OkStatus();
   };
@@ -200,57 +219,65 @@ int Run(const Flags& flags) {
   // The trainer child of --pause: ready, it stops itself until the
   // supervisor resumes it in a window.
   if (flags.child) ::raise(SIGSTOP);
-  // Stop at the next boundary on a preemption or when the host has finished.
-  std::atomic<bool> stop{false}, done{false};
-  std::thread watcher([&] {
-    while (!done.load() && !stop.load()) {
-      if ((*monitor)->pending() || (source && source->Stats().writer_closed)) stop.store(true);
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  });
+  // A best-effort guest gives the devices back at its next boundary on any
+  // notice, whatever its deadline (it has no progress to make in a grace: it
+  // runs only in windows), and when the host has finished.
+  omni::PreemptionMonitor* monitor = (*rt)->preemption();
   omni::colocate::GuestLoopOptions lo;
-  lo.max_units = flags.steps - progress.step;
+  lo.max_units = flags.steps - *first;
   lo.wait_poll = absl::Milliseconds(5);
   lo.initial_unit_ns = static_cast<int64_t>(1e6 * flags.unit_ms);
   omni::colocate::GuestLoopResult r;
   if (source) {
+    // Gated: the loop may be waiting for a window when told; a watcher
+    // thread sets its stop.
+    std::thread watcher([&] {
+      while (!done.load() && !stop.load()) {
+        if (monitor->pending() || source->Stats().writer_closed) stop.store(true);
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    });
     r = omni::colocate::RunGuestLoop(**gate, *source, step, stop, lo);
+    done.store(true);
+    watcher.join();
   } else {
-    while (r.units < lo.max_units && !stop.load()) {
+    // Ungated (or the trainer of --pause): asked at each boundary, no thread.
+    while (r.units < lo.max_units && !stop.load() && !monitor->pending()) {
       if (auto st = step(); !st.ok()) return Fail(st);
       ++r.units;
     }
   }
-  done.store(true);
-  watcher.join();
   if (log != nullptr) std::fclose(log);
   if (r.why == omni::colocate::GuestStop::kUnitFailed) return Fail(r.unit_status);
   if (!flags.child) PrintGateLine(r.units, r.stats);
 
-  // ---- preempted, or the host finished first: save and exit resumable
-  if (progress.step < flags.steps) {
-    // Give the devices back as soon as a save allows: no further step.
-    const omni::Cost never{std::numeric_limits<double>::infinity(), 0};
-    omni::BoundaryDecision d = (*monitor)->AtBoundary(never, {0.05, 0.05});
-    if (d.action == omni::BoundaryAction::kExitWithoutSave) {
-      std::fprintf(stderr, "colocate_guest: no time to save; exiting 76\n");
-      return omni::kExitPreemptedNoSave;
+  // ---- preempted, or the host finished first: save through the Runtime
+  // (when the notice's deadline still allows it) and exit resumable
+  if ((*rt)->step() < flags.steps) {
+    if (!stopped.has_value()) {
+      absl::StatusOr<omni::Decision> d = (*rt)->Yield("the host finished");
+      if (!d.ok()) return Fail(d.status());
+      stopped = *d;
     }
-    auto saved = (*ckpt)->Save(progress.step, state, {{"source", "colocate_guest"}});
-    if (!saved.ok()) return Fail(saved.status());
+    if (auto st = (*rt)->Finish(); !st.ok()) return Fail(st);
+    if (stopped->exit_code != omni::kExitPreempted) {
+      std::fprintf(stderr, "colocate_guest: no time to save (%s); exiting %d\n",
+                   stopped->reason.c_str(), stopped->exit_code);
+      return stopped->exit_code;
+    }
     auto digest = omni::torch_ext::ParamsXxh3(*model);
     if (!digest.ok()) return Fail(digest.status());
     std::fprintf(stderr,
                  "colocate_guest: saved step=%" PRId64
                  " params_xxh3=%s; exiting 75 (resumable): %s\n",
-                 progress.step, omni::HexDigest(*digest).c_str(),
-                 d.reason.empty() ? "the host finished" : d.reason.c_str());
+                 stopped->saved_step, omni::HexDigest(*digest).c_str(), stopped->reason.c_str());
     return omni::kExitPreempted;
   }
+  if (auto st = (*rt)->Finish(); !st.ok()) return Fail(st);
   auto digest = omni::torch_ext::ParamsXxh3(*model);
   if (!digest.ok()) return Fail(digest.status());
-  std::printf("final step=%" PRId64 " params_xxh3=%s loss=%.6f\n", progress.step,
-              omni::HexDigest(*digest).c_str(), static_cast<double>(progress.loss));
+  std::printf("final step=%" PRId64 " params_xxh3=%s loss=%.6f\n", (*rt)->step(),
+              omni::HexDigest(*digest).c_str(), static_cast<double>(last_loss));
   return 0;
 }
 
@@ -273,13 +300,13 @@ int Supervise(const Flags& flags, pid_t child) {
   };
   omni::colocate::GateOptions go;
   go.guard = absl::Microseconds(static_cast<int64_t>(1e3 * flags.guard_ms));
-  // The yield it promises: the host's close wakes the watcher and this loop
-  // at once (the channel's doorbell); the stop takes a fraction of a
-  // millisecond when the guest is on a core.
+  // The yield it promises: the host's close wakes this loop at once (the
+  // channel's doorbell; it reads the notices itself, no watcher thread); the
+  // stop takes a fraction of a millisecond when the guest is on a core.
   go.miss_tolerance = absl::Nanoseconds(static_cast<int64_t>(1e6 * flags.yield_bound_ms));
   auto gate = omni::colocate::GuestGate::Create(go);
   if (!gate.ok()) return finish_child(SIGTERM), Fail(gate.status());
-  auto source = Attach(flags, gate->get());
+  auto source = Attach(flags, gate->get(), /*watcher=*/false);
   if (!source.ok()) return finish_child(SIGTERM), Fail(source.status());
   std::FILE* runs = flags.runs_log.empty() ? nullptr : std::fopen(flags.runs_log.c_str(), "a");
   const omni::Clock* clock = omni::Clock::Real();
@@ -289,12 +316,28 @@ int Supervise(const Flags& flags, pid_t child) {
   ::getrusage(RUSAGE_SELF, &self0);
   omni::colocate::PauseController ctl(gate->get(), absl::ToInt64Nanoseconds(poll),
                                       flags.until_close);
-  int64_t resumes = 0, run_start = 0, run_ns = 0;
+  // The trainer's CPU time (all its threads), read at each resume, stop
+  // signal and observed stop: what it really ran, and whether it ran after
+  // the host's close (a stop is observed only once the stopped threads get a
+  // core again, which a woken host may keep for a while). -1: unreadable.
+  const auto cpu_ns = [&]() -> int64_t { return pauser.CpuNanos().value_or(-1); };
+  struct RunRecord {
+    int64_t resume_ns = 0, cpu_resume_ns = 0;
+    int64_t close_ns = 0, woke_ns = 0, signal_ns = 0, cpu_signal_ns = 0;  // at the stop
+  } run;
+  int64_t resumes = 0, run_ns = 0, woke_ns = clock->NowNanos(), notice_checked_ns = 0, turns = 0;
   const auto end_run = [&](int64_t end_ns) {
-    run_ns += end_ns - run_start;
+    run_ns += end_ns - run.resume_ns;
     if (runs != nullptr) {
-      std::fprintf(runs, "{\"resume_ns\":%" PRId64 ",\"stop_ns\":%" PRId64 "}\n", run_start,
-                   end_ns);
+      // close_ns: the host's close of the window it ran in (0: stopped before
+      // one); woke_ns: when this loop woke for the stop; signal_ns: SIGSTOP
+      // sent; cpu_*: the trainer's CPU clock (-1: unreadable).
+      std::fprintf(runs,
+                   "{\"resume_ns\":%" PRId64 ",\"stop_ns\":%" PRId64 ",\"close_ns\":%" PRId64
+                   ",\"woke_ns\":%" PRId64 ",\"signal_ns\":%" PRId64 ",\"cpu_resume_ns\":%" PRId64
+                   ",\"cpu_signal_ns\":%" PRId64 ",\"cpu_stop_ns\":%" PRId64 "}\n",
+                   run.resume_ns, end_ns, run.close_ns, run.woke_ns, run.signal_ns,
+                   run.cpu_resume_ns, run.cpu_signal_ns, cpu_ns());
     }
   };
   int forward = SIGTERM;  // how the child is told to save and exit
@@ -307,13 +350,18 @@ int Supervise(const Flags& flags, pid_t child) {
       return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
     }
     if (g_signal.load() != 0 || (*source)->Stats().writer_closed) break;
-    if (!flags.notice_file.empty() && ::access(flags.notice_file.c_str(), F_OK) == 0) {
-      forward = 0;  // the child reads the notice itself
-      break;
+    // The notice file every 100 ms (the monitor's own poll), not at every
+    // notice of the host.
+    if (!flags.notice_file.empty() && woke_ns - notice_checked_ns >= 100'000'000) {
+      notice_checked_ns = woke_ns;
+      if (::access(flags.notice_file.c_str(), F_OK) == 0) {
+        forward = 0;  // the child reads the notice itself
+        break;
+      }
     }
     switch (ctl.Tick((*source)->Current())) {
       case omni::colocate::PauseController::Action::kResume: {
-        run_start = clock->NowNanos();
+        run = RunRecord{clock->NowNanos(), cpu_ns()};
         absl::StatusOr<absl::Duration> r = pauser.Resume();
         if (!r.ok()) error = r.status();
         ctl.Resumed();
@@ -321,7 +369,11 @@ int Supervise(const Flags& flags, pid_t child) {
         break;
       }
       case omni::colocate::PauseController::Action::kPause: {
+        run.woke_ns = woke_ns;
+        if (!(*gate)->ClosedAt(ctl.window_id(), &run.close_ns)) run.close_ns = 0;
+        run.cpu_signal_ns = cpu_ns();
         const int64_t sent = clock->NowNanos();
+        run.signal_ns = sent;
         absl::StatusOr<absl::Duration> r = pauser.Pause();
         if (!r.ok()) error = r.status();
         const int64_t stopped = sent + (r.ok() ? absl::ToInt64Nanoseconds(*r) : 0);
@@ -336,7 +388,9 @@ int Supervise(const Flags& flags, pid_t child) {
     // Running to the close, only an open or a close matters (the source wakes
     // this wait at once); otherwise the shrinking remainder is looked at
     // every poll while the guest runs.
-    (*source)->WaitForChange(flags.until_close || !ctl.running() ? absl::Milliseconds(20) : poll);
+    (*source)->WaitForChange(flags.until_close || !ctl.running() ? absl::Milliseconds(100) : poll);
+    woke_ns = clock->NowNanos();
+    ++turns;
   }
   // Preempted, or the host finished: the child runs on to save and exit.
   if (ctl.running()) end_run(clock->NowNanos());
@@ -350,10 +404,15 @@ int Supervise(const Flags& flags, pid_t child) {
   };
   // Its CPU time while it watched (start-up excluded), and whether it ran in
   // the real-time class.
+  // Its wake-ups: the loop's turns and the context switches it made.
   std::fprintf(stderr,
-               "colocate_guest: supervisor resumes=%" PRId64 " run_ms=%.1f cpu_ms=%.1f rt=%d\n",
+               "colocate_guest: supervisor resumes=%" PRId64
+               " run_ms=%.1f cpu_ms=%.1f rt=%d turns=%" PRId64 " switches=%ld wakeups=%" PRId64
+               " read_errors=%" PRId64 "\n",
                resumes, static_cast<double>(run_ns) / 1e6, ms(self) - ms(self0),
-               ::sched_getscheduler(0) == SCHED_FIFO ? 1 : 0);
+               ::sched_getscheduler(0) == SCHED_FIFO ? 1 : 0, turns,
+               (self.ru_nvcsw + self.ru_nivcsw) - (self0.ru_nvcsw + self0.ru_nivcsw),
+               (*source)->Stats().wakeups, (*source)->Stats().read_errors);
   const int code = finish_child(forward);
   if (!error.ok()) return Fail(error);
   return code;
@@ -364,13 +423,15 @@ int Supervise(const Flags& flags, pid_t child) {
 int main(int argc, char** argv) {
   Flags flags;
   if (!Parse(argc, argv, flags)) {
-    std::fprintf(stderr,
-                 "usage: colocate_guest --ckpt-dir DIR [--channel NAME] [--steps N] [--seed S]\n"
-                 "  [--hidden H] [--batch B] [--guard-ms G] [--unit-ms U] [--notice-file F]\n"
-                 "  [--log PATH] [--attach-s S] [--poll-ms P] [--kinds K1,K2|all]\n"
-                 "  [--yield-bound-ms B]\n"
-                 "  (--pause [--until-close] first: stop/continue the trainer by window)\n"
-                 "  [--runs-log PATH]\n");
+    std::fprintf(
+        stderr,
+        "usage: colocate_guest --ckpt-dir DIR [--channel NAME] [--steps N] [--seed S]\n"
+        "  [--hidden H] [--batch B] [--guard-ms G] [--unit-ms U] [--notice-file F]\n"
+        "  [--log PATH] [--attach-s S] [--poll-ms P] [--kinds K1,K2|all]\n"
+        "  [--yield-bound-ms B]\n"
+        "  (--pause [--until-close] [--normal-class] first: stop/continue the trainer\n"
+        "   by window; it runs in SCHED_IDLE in a session of its own unless --normal-class)\n"
+        "  [--runs-log PATH]\n");
     return 2;
   }
   if (flags.pause) {
@@ -390,6 +451,20 @@ int main(int argc, char** argv) {
       return Supervise(flags, child);
     }
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never left stopped without its supervisor
+    if (!flags.normal_class) {
+      // The trainer in the idle class: a host thread that wakes on the
+      // guest's core (its data stall ends) preempts it at once, before its
+      // close notice reaches the supervisor; in the normal class the host may
+      // wait up to a scheduler tick for the guest's turn to end.
+      sched_param idle = {};
+      ::sched_setscheduler(0, SCHED_IDLE, &idle);
+      // And a session of its own: the kernel schedules a session as one
+      // group (autogroup), and a guest in the host's group would spend the
+      // host's share of the core in the host's idle time, so that the woken
+      // host waits for other sessions' work (a container has its own cgroup
+      // for the same reason). docs/colocation.md, "Why a yield looked slow".
+      ::setsid();
+    }
     flags.pause = false;
     flags.child = true;
   }

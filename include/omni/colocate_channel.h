@@ -24,6 +24,8 @@
 //
 // Thread safety: Current and WaitForChange may be called from any thread;
 // the watcher thread is started by Open and joined by the destructor.
+// Without a watcher (ChannelSourceOptions::watcher = false) one thread at a
+// time calls WaitForChange; Current and Stats may still be called from any.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +58,13 @@ struct ChannelSourceOptions {
   // which the host blocks (data stalls that wait on I/O) free a core: eval
   // scoring and host-side work are CPU work there (docs/colocation.md).
   uint32_t kinds = ~uint32_t{0};
+  // false: no watcher thread; the notices are read by the thread that calls
+  // WaitForChange, which then sleeps on the host's doorbell itself (a
+  // supervisor that only waits for opens and closes: one wake-up per notice
+  // instead of two, the watcher's and its own). Current() then returns what
+  // the last WaitForChange (or Open) read; HostClosed reaches the gate from
+  // that thread.
+  bool watcher = true;
 };
 
 constexpr uint32_t KindBit(IdleKind kind) { return uint32_t{1} << static_cast<unsigned>(kind); }
@@ -92,7 +101,9 @@ class OMNI_EXPORT ChannelWindowSource final : public WindowSource {
   OpenWindow Current() override;
   // True when a window opened or closed, or an open window's remaining
   // duration grew (a long phase proved longer than the typical one), since
-  // the last Current(); waits at most `timeout`.
+  // the last Current(); waits at most `timeout`. Without a watcher it reads
+  // the notices itself, and returns false at once after the host's writer
+  // closed.
   bool WaitForChange(absl::Duration timeout) override;
   ChannelSourceStats Stats();
 
@@ -102,10 +113,16 @@ class OMNI_EXPORT ChannelWindowSource final : public WindowSource {
 
  private:
   void Watch();
+  // The next wait for a notice: `poll` while a window is open, else
+  // `closed_poll` (with a watcher at most 50 ms).
+  absl::Duration NextWait() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies a read (or its error) and counts the wake-up.
+  void Take(const absl::StatusOr<WindowNotice>& n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Apply(const WindowNotice& n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseOpen(int64_t closed_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  std::unique_ptr<WindowChannelReader> reader_;  // watcher thread only
+  // The watcher thread only (without one: WaitForChange's caller).
+  std::unique_ptr<WindowChannelReader> reader_;
   GuestGate* gate_;
   ChannelSourceOptions options_;
   absl::Notification stop_;

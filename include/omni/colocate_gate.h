@@ -105,6 +105,10 @@ class OMNI_EXPORT GuestGate {
   // Any thread; lock-free.
   void HostClosed(uint64_t window_id, int64_t closed_ns);
 
+  // Whether the host closed window `window_id` (or a later one): then true,
+  // with the close time in *closed_ns. Any thread.
+  bool ClosedAt(uint64_t window_id, int64_t* closed_ns) const;
+
   // Records a yield that happened outside the gate (e.g. a measured pause).
   void RecordYield(int64_t latency_ns);
 
@@ -113,8 +117,6 @@ class OMNI_EXPORT GuestGate {
   GuestGate(const GateOptions& options, const Clock* clock);  // use Create
 
  private:
-  bool ClosedFor(uint64_t window_id, int64_t* closed_ns) const;
-
   GateOptions options_;
   const Clock* clock_;
   int64_t guard_ns_;

@@ -124,6 +124,8 @@ class OMNI_EXPORT PauseController {
   void Resumed();
   void Paused(int64_t stopped_ns);
   bool running() const { return running_; }
+  // The window the guest was last resumed in (0 before any).
+  uint64_t window_id() const { return window_id_; }
 
  private:
   GuestGate* gate_;

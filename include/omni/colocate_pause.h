@@ -24,6 +24,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <time.h>
 
 #include <cstdint>
 
@@ -40,7 +41,7 @@ class OMNI_EXPORT ProcessPauser {
   // `is_child` (pid is the caller's child and nobody else waits for it) the
   // stop and the continue are awaited with waitpid (WUNTRACED / WCONTINUED),
   // which the kernel wakes at the change, instead of polling /proc.
-  explicit ProcessPauser(pid_t pid, bool is_child = false) : pid_(pid), is_child_(is_child) {}
+  explicit ProcessPauser(pid_t pid, bool is_child = false);
   ~ProcessPauser();
   ProcessPauser(const ProcessPauser&) = delete;
   ProcessPauser& operator=(const ProcessPauser&) = delete;
@@ -56,6 +57,16 @@ class OMNI_EXPORT ProcessPauser {
   // longer stopped; returns that time. Errors as Pause.
   absl::StatusOr<absl::Duration> Resume(absl::Duration timeout = absl::Seconds(1));
 
+  // The CPU time the process has used, all its threads together (its
+  // CPU-time clock, clock_getcpuclockid): read at the stop signal and at the
+  // observed stop, it says how long the guest really ran after being told,
+  // whatever the wall time until its stop was observed (a stopped process
+  // must get a core once more to stop, which a woken host may keep for a
+  // while). A thread running on another core counts up to the kernel's
+  // last update of its time (a scheduler tick at most). NotFound when the
+  // process does not exist (or its clock cannot be read).
+  absl::StatusOr<int64_t> CpuNanos() const;
+
   bool paused() const { return paused_; }
   pid_t pid() const { return pid_; }
 
@@ -63,6 +74,8 @@ class OMNI_EXPORT ProcessPauser {
   pid_t pid_;
   bool is_child_;
   bool paused_ = false;
+  bool have_cpu_clock_ = false;
+  clockid_t cpu_clock_ = 0;  // the process's CPU-time clock
 };
 
 // The state letter of /proc/<pid>/stat ('R', 'S', 'T', 'Z', ...). NotFound

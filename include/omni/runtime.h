@@ -215,6 +215,19 @@ class OMNI_EXPORT Runtime {
   // The indices of this replica's share of the next global batch (the
   // sampler's committed cursor). FailedPrecondition without a sampler.
   virtual absl::StatusOr<std::vector<int64_t>> LocalBatch() const = 0;
+  // Between steps, when this job will start no further step now (a guest
+  // whose host has no idle window for it, or whose host has finished; see
+  // docs/colocation.md), it gives its devices back at once. With a
+  // preemption pending: the decision EndStep takes when the next step no
+  // longer fits: save and kSaveAndExit with kExitPreempted when the save fits
+  // before the deadline, else kSaveAndExit with kExitPreemptedNoSave (a
+  // {"yield_in_s": 0} notice). With nothing pending: save and kSaveAndExit
+  // with kExitPreempted, `reason` in the log and the Decision: the job leaves
+  // resumable by its own decision. Without a ckpt_dir nothing is saved
+  // (kExitPreemptedNoSave). FailedPrecondition before Start, while a step is
+  // open, after a kSaveAndExit, or in elastic mode (the replicas of a group
+  // stop together at an EndStep); the save's errors.
+  virtual absl::StatusOr<Decision> Yield(std::string reason) = 0;
   // After the last step (or a kSaveAndExit): waits for a pending
   // checkpoint, tells replicas waiting to join that the job is over (not
   // after a kSaveAndExit: the job is only stopped), closes the telemetry

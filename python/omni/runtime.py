@@ -212,6 +212,16 @@ class Runtime(_ClosingContext):
         self.decision = Decision(**self._c.end_step())
         return self.decision
 
+    def yield_now(self, reason: str = "yielded") -> Decision:
+        """Between steps, when no further step will start now (a guest
+        whose host has no window for it, or has finished): give the devices
+        back at once. A pending preemption: save if the save still fits
+        before its deadline (exit code 75), else exit without one (76);
+        nothing pending: save and exit 75 with ``reason``. RuntimeError
+        before ``start``, while a step is open, or in elastic mode."""
+        self.decision = Decision(**self._c.yield_now(reason))
+        return self.decision
+
     def steps(self, total: int, *, exit: bool = True) -> Iterator[int]:
         """The loop as a generator: starts (unless started), then yields
         each step to run, between ``begin_step`` and ``end_step``; a

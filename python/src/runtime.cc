@@ -268,6 +268,18 @@ class PyRuntime final : public Closeable {
     return DecisionDict(*d);
   }
 
+  py::dict YieldNow(const std::string& reason) {
+    omni::Runtime& rt = runtime();
+    state_.ClearError();
+    absl::StatusOr<omni::Decision> d;
+    {
+      py::gil_scoped_release release;
+      d = rt.Yield(reason);
+    }
+    if (!d.ok()) state_.Raise(d.status());
+    return DecisionDict(*d);
+  }
+
   std::vector<int64_t> LocalBatch() const { return ValueOrThrow(runtime().LocalBatch()); }
 
   void Finish() {
@@ -343,6 +355,7 @@ void DefineRuntime(py::module_& m) {
       .def("begin_step", &PyRuntime::BeginStep)
       .def("allreduce", &PyRuntime::AllReduce, py::arg("buffer"), py::arg("op") = "sum")
       .def("end_step", &PyRuntime::EndStep)
+      .def("yield_now", &PyRuntime::YieldNow, py::arg("reason") = "yielded")
       .def("local_batch", &PyRuntime::LocalBatch)
       .def("finish", &PyRuntime::Finish)
       .def("close", &PyRuntime::CloseQuietly)

@@ -87,6 +87,28 @@ def test_the_decision_loop_by_hand_and_the_telemetry_view(tmp_path):
     assert (tmp_path / "steps.jsonl").stat().st_size > 0
 
 
+def test_yield_now_saves_between_steps_and_a_new_runtime_resumes_there(tmp_path):
+    w = {"w": np.zeros(2, dtype=np.float64)}
+    with _runtime(ckpt_dir=str(tmp_path / "ckpt"), job_id="y") as rt:
+        rt.register("model", ArrayState(w))
+        rt.start()
+        for _ in range(3):
+            rt.begin_step()
+            w["w"] += 1
+            assert rt.end_step().kind == "continue"
+        d = rt.yield_now("the host finished")
+        assert (d.kind, d.exit_code, d.saved_step, d.reason) == ("save_and_exit", 75, 3,
+                                                                 "the host finished")
+        with pytest.raises(RuntimeError, match="stopped already"):
+            rt.yield_now()
+        rt.finish()
+    w2 = {"w": np.zeros(2, dtype=np.float64)}
+    with _runtime(ckpt_dir=str(tmp_path / "ckpt"), job_id="y") as rt:
+        rt.register("model", ArrayState(w2))
+        assert rt.start() == 3
+        np.testing.assert_array_equal(w2["w"], w["w"])
+
+
 def test_registration_is_checked_and_only_before_start(tmp_path):
     with _runtime(dataset_size=8, global_batch=2) as rt:
         with pytest.raises(TypeError, match="save\\(writer\\) and load"):

@@ -11,6 +11,10 @@
 
 namespace omni::colocate {
 
+// The guest's kind flags are the bits the host's doorbell rings.
+static_assert(KindBit(IdleKind::kDataStall) == internal::DoorbellKindBit(IdleKind::kDataStall) &&
+              KindBit(IdleKind::kHostSide) == internal::DoorbellKindBit(IdleKind::kHostSide));
+
 absl::StatusOr<uint32_t> ParseKinds(const std::string& list) {
   if (list == "all") return ~uint32_t{0};
   uint32_t bits = 0;
@@ -40,12 +44,33 @@ absl::StatusOr<std::unique_ptr<ChannelWindowSource>> ChannelWindowSource::Open(
 ChannelWindowSource::ChannelWindowSource(std::unique_ptr<WindowChannelReader> reader,
                                          GuestGate* gate, const ChannelSourceOptions& options)
     : reader_(std::move(reader)), gate_(gate), options_(options) {
-  watcher_ = std::thread([this] { Watch(); });
+  if (options_.watcher) {
+    watcher_ = std::thread([this] { Watch(); });
+  } else {
+    absl::MutexLock l(&mu_);
+    Take(reader_->Read());
+    seen_ = version_;
+  }
 }
 
 ChannelWindowSource::~ChannelWindowSource() {
   stop_.Notify();
-  watcher_.join();
+  if (watcher_.joinable()) watcher_.join();
+}
+
+absl::Duration ChannelWindowSource::NextWait() const {
+  const absl::Duration wait = window_.open ? options_.poll : options_.closed_poll;
+  // The watcher looks at least every 50 ms whether it should stop.
+  return options_.watcher ? std::min(wait, absl::Milliseconds(50)) : wait;
+}
+
+void ChannelWindowSource::Take(const absl::StatusOr<WindowNotice>& n) {
+  ++stats_.wakeups;
+  if (n.ok()) {
+    Apply(*n);
+  } else {
+    ++stats_.read_errors;
+  }
 }
 
 void ChannelWindowSource::Watch() {
@@ -55,17 +80,12 @@ void ChannelWindowSource::Watch() {
   // see whether it should stop.
   absl::StatusOr<WindowNotice> n = reader_->Read();
   for (;;) {
-    bool open = false;
+    absl::Duration wait;
     bool writer_closed = false;
     {
       absl::MutexLock l(&mu_);
-      ++stats_.wakeups;
-      if (n.ok()) {
-        Apply(*n);
-      } else {
-        ++stats_.read_errors;
-      }
-      open = window_.open;
+      Take(n);
+      wait = NextWait();
       writer_closed = stats_.writer_closed;
     }
     if (stop_.HasBeenNotified()) return;
@@ -73,8 +93,7 @@ void ChannelWindowSource::Watch() {
       stop_.WaitForNotification();
       return;
     }
-    n = internal::WaitForNotice(
-        *reader_, std::min(open ? options_.poll : options_.closed_poll, absl::Milliseconds(50)));
+    n = internal::WaitForNotice(*reader_, wait, options_.kinds);
   }
 }
 
@@ -135,10 +154,28 @@ OpenWindow ChannelWindowSource::Current() {
 }
 
 bool ChannelWindowSource::WaitForChange(absl::Duration timeout) {
-  absl::MutexLock l(&mu_);
-  const uint64_t seen = seen_;
-  auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return version_ != seen; };
-  return mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
+  if (options_.watcher) {
+    absl::MutexLock l(&mu_);
+    const uint64_t seen = seen_;
+    auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return version_ != seen; };
+    return mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
+  }
+  // No watcher: this thread sleeps on the host's doorbell and applies what
+  // it reads.
+  const absl::Time until = absl::Now() + timeout;
+  for (;;) {
+    absl::Duration wait;
+    {
+      absl::MutexLock l(&mu_);
+      if (version_ != seen_) return true;
+      const absl::Duration left = until - absl::Now();
+      if (left <= absl::ZeroDuration() || stats_.writer_closed) return false;
+      wait = std::min(left, NextWait());
+    }
+    const absl::StatusOr<WindowNotice> n = internal::WaitForNotice(*reader_, wait, options_.kinds);
+    absl::MutexLock l(&mu_);
+    Take(n);
+  }
 }
 
 ChannelSourceStats ChannelWindowSource::Stats() {

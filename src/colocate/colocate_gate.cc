@@ -53,7 +53,7 @@ void GuestGate::HostClosed(uint64_t window_id, int64_t closed_ns) {
   }
 }
 
-bool GuestGate::ClosedFor(uint64_t window_id, int64_t* closed_ns) const {
+bool GuestGate::ClosedAt(uint64_t window_id, int64_t* closed_ns) const {
   if (closed_upto_.load(std::memory_order_acquire) <= window_id) return false;
   *closed_ns = closed_at_ns_.load(std::memory_order_relaxed);
   return true;
@@ -63,7 +63,7 @@ GateDecision GuestGate::BeforeUnit(const OpenWindow& window, int64_t unit_cost_n
   const int64_t now = clock_->NowNanos();
   GateDecision d;
   int64_t closed_ns = 0;
-  if (!window.open || ClosedFor(window.window_id, &closed_ns)) {
+  if (!window.open || ClosedAt(window.window_id, &closed_ns)) {
     d.verdict = GateVerdict::kWaitNoWindow;
   } else {
     d.remaining_ns = std::max<int64_t>(0, window.remaining_ns - (now - window.as_of_ns));
@@ -89,7 +89,7 @@ void GuestGate::UnitDone(int64_t end_ns) {
   if (!unit_running_) return;
   unit_running_ = false;
   int64_t closed_ns = 0;
-  if (!ClosedFor(unit_window_, &closed_ns)) return;
+  if (!ClosedAt(unit_window_, &closed_ns)) return;
   if (yielded_window_ > unit_window_) return;  // this close was counted already
   yielded_window_ = unit_window_ + 1;
   const int64_t latency = std::max<int64_t>(0, end_ns - closed_ns);

@@ -85,6 +85,10 @@ absl::StatusOr<char> ProcessState(pid_t pid) {
   return s[close + 2];
 }
 
+ProcessPauser::ProcessPauser(pid_t pid, bool is_child) : pid_(pid), is_child_(is_child) {
+  have_cpu_clock_ = pid > 0 && ::clock_getcpuclockid(pid, &cpu_clock_) == 0;
+}
+
 ProcessPauser::~ProcessPauser() {
   if (paused_) ::kill(pid_, SIGCONT);
 }
@@ -103,6 +107,14 @@ absl::StatusOr<absl::Duration> ProcessPauser::Resume(absl::Duration timeout) {
   paused_ = false;
   if (is_child_) return WaitChild(pid_, /*stopped=*/false, sent);
   return WaitState(pid_, /*stopped=*/false, sent, timeout);
+}
+
+absl::StatusOr<int64_t> ProcessPauser::CpuNanos() const {
+  timespec ts = {};
+  if (!have_cpu_clock_ || ::clock_gettime(cpu_clock_, &ts) != 0) {
+    return absl::NotFoundError(absl::StrCat("no CPU clock of process ", pid_));
+  }
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
 }  // namespace omni::colocate

@@ -83,6 +83,7 @@ class RuntimeImpl final : public Runtime {
   absl::Status BeginStep() override;
   absl::Status AllReduce(void* data, size_t count, DType type, ReduceOp op) override;
   absl::StatusOr<Decision> EndStep() override;
+  absl::StatusOr<Decision> Yield(std::string reason) override;
   absl::StatusOr<std::vector<int64_t>> LocalBatch() const override {
     if (!sampler_.has_value()) {
       return absl::FailedPreconditionError(
@@ -132,8 +133,10 @@ class RuntimeImpl final : public Runtime {
   std::pair<Cost, Cost> PreemptionCosts(int64_t next_step);
   // Job-wide stop: one agreed boundary for the replicas of a generation.
   absl::StatusOr<BoundaryDecision> AgreeOnStop(int64_t step, const BoundaryDecision& local);
+  // `in_step`: the telemetry's step is still open (EndStep), so the save is
+  // its checkpoint phase.
   absl::StatusOr<Decision> Stop(int64_t step, const BoundaryDecision& d, bool saved_here,
-                                bool alone = false);
+                                bool alone = false, bool in_step = true);
   // An error of the elastic group at a boundary. When the store failed (lost
   // its state, holds a malformed record, unreachable: IsStoreFailure) nothing
   // committed may be lost: the completed steps are saved (with a ckpt_dir)
@@ -550,8 +553,31 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
   return Stop(step, d, saved_here);
 }
 
+absl::StatusOr<Decision> RuntimeImpl::Yield(std::string reason) {
+  if (!started_) return absl::FailedPreconditionError("Runtime::Yield before Start");
+  if (step_open_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Runtime::Yield: step ", current_, " is still open (call EndStep)"));
+  }
+  if (stopped_) return absl::FailedPreconditionError("Runtime::Yield: the job has stopped already");
+  if (group_) {
+    return absl::FailedPreconditionError(
+        "Runtime::Yield: the replicas of an elastic group stop together at an EndStep");
+  }
+  BoundaryDecision d;
+  if (monitor_ && monitor_->pending()) {
+    // No further step: only whether the save still fits is asked.
+    const Cost never{std::numeric_limits<double>::infinity(), 0};
+    d = monitor_->AtBoundary(never, PreemptionCosts(step_).second);
+  } else {
+    d.action = BoundaryAction::kSaveAndExit;
+    d.reason = std::move(reason);
+  }
+  return Stop(step_ - 1, d, /*saved_here=*/false, /*alone=*/false, /*in_step=*/false);
+}
+
 absl::StatusOr<Decision> RuntimeImpl::Stop(int64_t step, const BoundaryDecision& d, bool saved_here,
-                                           bool alone) {
+                                           bool alone, bool in_step) {
   Log(absl::StrFormat("preempted after step %d: %s", step, d.reason));
   stopped_ = true;
   Decision out;
@@ -562,7 +588,8 @@ absl::StatusOr<Decision> RuntimeImpl::Stop(int64_t step, const BoundaryDecision&
   out.exit_code = kExitPreemptedNoSave;
   if (d.action == BoundaryAction::kSaveAndExit && HasCheckpoints()) {
     if (!saved_here) {
-      PhaseScope p(*tel_, phase::kCheckpoint);
+      std::optional<PhaseScope> p;
+      if (in_step) p.emplace(*tel_, phase::kCheckpoint);
       absl::Status st = Save(/*background=*/false, alone || left_group_);
       if (!st.ok() && job_ && !alone && !left_group_) {
         // A replica died during the job-wide save: each survivor saves

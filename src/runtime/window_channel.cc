@@ -16,10 +16,10 @@
 #include <cstring>
 #include <memory>
 #include <new>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/fs.h"
 #include "runtime/window_doorbell.h"
 #include "runtime/window_layout.h"
@@ -107,8 +107,23 @@ uint32_t* Doorbell(const std::atomic<uint64_t>& seq) {
   return reinterpret_cast<uint32_t*>(const_cast<std::atomic<uint64_t>*>(&seq));  // NOLINT
 }
 
-void RingDoorbell(const std::atomic<uint64_t>& seq) {
-  ::syscall(SYS_futex, Doorbell(seq), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+// Rings for the readers waiting on any of the idle kinds in `kinds` (a bit
+// per IdleKind, internal::DoorbellKindBit; ~0: every reader): a reader that
+// waits only for data stalls is not woken by an eval's notices.
+void RingDoorbell(const std::atomic<uint64_t>& seq, uint32_t kinds) {
+  ::syscall(SYS_futex, Doorbell(seq), FUTEX_WAKE_BITSET, INT_MAX, nullptr, nullptr, kinds);
+}
+
+// Between two reads that found the writer in the middle of an update: every
+// 64 tries a sleep, not a yield. A writer preempted mid-update on the
+// reader's core (by a reader in a real-time class: a pausing supervisor) can
+// run only once the reader sleeps; sched_yield gives the core to threads of
+// the reader's own class and priority alone, so a yielding real-time reader
+// spun until the writer's core was throttled for it (seen: the supervisor of
+// colocate_guest --pause spinning while the host's telemetry worker, which
+// rewrites the phase table after every step, waited).
+void BackOff(int tries) {
+  if (tries % 64 == 0) absl::SleepFor(absl::Microseconds(20));
 }
 
 // A consistent notice with the remaining duration computed at `now_ns`.
@@ -121,7 +136,7 @@ absl::StatusOr<WindowNotice> ReadLayout(const WindowLayout& l, int64_t now_ns,
       return absl::UnavailableError(
           absl::StrCat(what, ": the writer stayed in the middle of a notice update (did it die?)"));
     }
-    if (tries % 64 == 0) std::this_thread::yield();
+    BackOff(tries);
   }
   PhaseCopy p;
   tries = 0;
@@ -130,7 +145,7 @@ absl::StatusOr<WindowNotice> ReadLayout(const WindowLayout& l, int64_t now_ns,
       return absl::UnavailableError(absl::StrCat(
           what, ": the writer stayed in the middle of a phase-table update (did it die?)"));
     }
-    if (tries % 64 == 0) std::this_thread::yield();
+    BackOff(tries);
   }
   n.writer_closed = l.writer_closed.load(std::memory_order_acquire) != 0;
   n.read_at_ns = now_ns;
@@ -183,7 +198,10 @@ class WriterImpl final : public WindowChannelWriter {
     r.kind.store(static_cast<uint32_t>(kind), std::memory_order_relaxed);
     r.ordinal.store(static_cast<uint32_t>(std::max(0, ordinal)), std::memory_order_relaxed);
     EndWrite(r.seq, notice_seq_);
-    if (!name_.empty()) RingDoorbell(r.seq);
+    // The readers of this kind, and those of a window it replaces unclosed.
+    const uint32_t bit = internal::DoorbellKindBit(kind);
+    if (!name_.empty()) RingDoorbell(r.seq, open_bit_ | bit);
+    open_bit_ = bit;
   }
 
   void CloseWindow(int64_t now_ns) override {
@@ -193,7 +211,8 @@ class WriterImpl final : public WindowChannelWriter {
     r.closed_ns.store(now_ns, std::memory_order_relaxed);
     r.state.store(static_cast<uint32_t>(WindowState::kClosed), std::memory_order_relaxed);
     EndWrite(r.seq, notice_seq_);
-    if (!name_.empty()) RingDoorbell(r.seq);
+    if (!name_.empty()) RingDoorbell(r.seq, open_bit_ != 0 ? open_bit_ : ~uint32_t{0});
+    open_bit_ = 0;
   }
 
   void PublishWindowQuantiles(const PhaseCatalog& catalog,
@@ -226,7 +245,7 @@ class WriterImpl final : public WindowChannelWriter {
 
   void MarkClosed() override {
     l_->writer_closed.store(1, std::memory_order_release);
-    if (!name_.empty()) RingDoorbell(l_->notice.seq);
+    if (!name_.empty()) RingDoorbell(l_->notice.seq, ~uint32_t{0});
   }
 
   WindowNotice Latest(int64_t now_ns) const override {
@@ -268,6 +287,7 @@ class WriterImpl final : public WindowChannelWriter {
   WindowLayout* const l_;
   uint64_t sequence_ = 0;    // training thread
   uint64_t notice_seq_ = 0;  // training thread
+  uint32_t open_bit_ = 0;    // training thread: the open window's kind bit (0: none)
   uint64_t phases_seq_ = 0;  // worker
 };
 
@@ -290,13 +310,17 @@ class ReaderImpl final : public WindowChannelReader {
     return n;
   }
 
-  absl::StatusOr<WindowNotice> WaitForNotice(absl::Duration timeout) {
+  absl::StatusOr<WindowNotice> WaitForNotice(absl::Duration timeout, uint32_t kinds) {
     const uint32_t bell = __atomic_load_n(Doorbell(l_->notice.seq), __ATOMIC_ACQUIRE);
     // A closed writer rings no more: the wait then lasts the whole timeout.
     if (l_->notice.sequence.load(std::memory_order_acquire) == last_sequence_ &&
-        timeout > absl::ZeroDuration()) {
-      const timespec ts = absl::ToTimespec(timeout);
-      if (::syscall(SYS_futex, Doorbell(l_->notice.seq), FUTEX_WAIT, bell, &ts, nullptr, 0) != 0 &&
+        timeout > absl::ZeroDuration() && kinds != 0) {
+      // FUTEX_WAIT_BITSET takes an absolute CLOCK_MONOTONIC deadline.
+      timespec now = {};
+      ::clock_gettime(CLOCK_MONOTONIC, &now);
+      const timespec until = absl::ToTimespec(absl::DurationFromTimespec(now) + timeout);
+      if (::syscall(SYS_futex, Doorbell(l_->notice.seq), FUTEX_WAIT_BITSET, bell, &until, nullptr,
+                    kinds) != 0 &&
           errno != EAGAIN && errno != EINTR && errno != ETIMEDOUT) {
         // No futex on this mapping (a kernel that refuses one on a read-only
         // page): sleep a poll's worth instead of returning at once.
@@ -481,12 +505,13 @@ absl::StatusOr<std::unique_ptr<WindowChannelReader>> WindowChannelReader::Open(
 
 namespace internal {
 
-absl::StatusOr<WindowNotice> WaitForNotice(WindowChannelReader& reader, absl::Duration timeout) {
+absl::StatusOr<WindowNotice> WaitForNotice(WindowChannelReader& reader, absl::Duration timeout,
+                                           uint32_t kinds) {
   auto* impl = dynamic_cast<ReaderImpl*>(&reader);
   if (impl == nullptr) {
     return absl::InvalidArgumentError("WaitForNotice: not a reader from WindowChannelReader::Open");
   }
-  return impl->WaitForNotice(timeout);
+  return impl->WaitForNotice(timeout, kinds);
 }
 
 }  // namespace internal

@@ -51,20 +51,30 @@ def reference(tmp_path_factory):
     return final(p.stdout)
 
 
-@pytest.mark.parametrize("how", ["sigterm", "notice"])
-def test_a_preempted_guest_saves_exits_75_and_resumes_bit_exactly(tmp_path, reference, how):
-    notice = tmp_path / "notice.json"
-    p = subprocess.Popen(guest(tmp_path, "--notice-file", notice), stdout=subprocess.PIPE,
+def started_with_a_notice_file(d):
+    """An ungated guest reading d/notice.json, once it has done 50 steps."""
+    p = subprocess.Popen(guest(d, "--notice-file", d / "notice.json"), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while len(units(tmp_path)) < 50:
+    while len(units(d)) < 50:
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1]
         time.sleep(0.01)
+    return p, d / "notice.json"
+
+
+def write_notice(path, text):
+    """As a scheduler does: a temporary file renamed into place."""
+    (path.parent / "n.tmp").write_text(text)
+    (path.parent / "n.tmp").rename(path)
+
+
+@pytest.mark.parametrize("how", ["sigterm", "notice"])
+def test_a_preempted_guest_saves_exits_75_and_resumes_bit_exactly(tmp_path, reference, how):
+    p, notice = started_with_a_notice_file(tmp_path)
     if how == "sigterm":
         p.send_signal(signal.SIGTERM)
     else:
-        (tmp_path / "n.tmp").write_text('{"yield_in_s": 10}')
-        (tmp_path / "n.tmp").rename(notice)
+        write_notice(notice, '{"yield_in_s": 10}')
     out, err = p.communicate(timeout=60)
     assert p.returncode == 75, err
     saved = int(re.search(r"saved step=(\d+)", err).group(1))
@@ -78,6 +88,24 @@ def test_a_preempted_guest_saves_exits_75_and_resumes_bit_exactly(tmp_path, refe
     assert f"resumed at step {saved}" in again.stderr
     assert final(again.stdout) == reference
     assert [u["step"] for u in units(tmp_path)] == list(range(STEPS)), "no step lost or repeated"
+
+
+def test_a_notice_to_leave_now_exits_76_without_a_save_and_the_work_is_redone(tmp_path, reference):
+    """{"yield_in_s": 0} (the policy's "now, without a save"): no checkpoint
+    is written; started again, the guest redoes the steps from its last
+    checkpoint (none here: from the start) and still ends bit-identical."""
+    p, notice = started_with_a_notice_file(tmp_path)
+    write_notice(notice, '{"yield_in_s": 0}')
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 76, err
+    assert "no time to save" in err and "saved step=" not in err, err
+    assert not list((tmp_path / "ckpt").glob("step-*")), "nothing saved"
+    notice.unlink()
+    again = subprocess.run(guest(tmp_path), capture_output=True, text=True, timeout=120,
+                           check=False)
+    assert again.returncode == 0, again.stderr
+    assert "resumed at step" not in again.stderr
+    assert final(again.stdout) == reference
 
 
 def test_a_gated_guest_starts_steps_only_in_the_hosts_idle_windows(tmp_path):

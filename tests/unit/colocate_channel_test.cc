@@ -121,6 +121,36 @@ TEST(ChannelWindowSource, TheHostsCloseReachesTheGateWhileAUnitRuns) {
   EXPECT_LE(s.yield_max_ns, Now() - closed) << "measured from the host's close";
 }
 
+TEST(ChannelWindowSource, WithoutAWatcherTheWaitingThreadReadsTheHostsOpenAndClose) {
+  auto host = Host(UniqueChannel());
+  auto gate = GuestGate::Create({});
+  ASSERT_TRUE(gate.ok());
+  ChannelSourceOptions o;
+  o.watcher = false;
+  auto src = ChannelWindowSource::Open(host->name(), gate->get(), o);
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_FALSE((*src)->WaitForChange(absl::Milliseconds(1))) << "nothing happened";
+  const int64_t opened = Now();
+  std::thread writer([&] { host->OpenWindow(phase::kDataWait, IdleKind::kDataStall, 3, opened); });
+  EXPECT_TRUE((*src)->WaitForChange(kBound));  // woken by the doorbell
+  writer.join();
+  const OpenWindow w = (*src)->Current();
+  ASSERT_TRUE(w.open);
+  EXPECT_EQ(w.opened_at_ns, opened);
+  int64_t closed = 0;
+  EXPECT_FALSE((*gate)->ClosedAt(w.window_id, &closed));
+  const int64_t close_ns = Now();
+  writer = std::thread([&] { host->CloseWindow(close_ns); });
+  EXPECT_TRUE((*src)->WaitForChange(kBound));
+  writer.join();
+  EXPECT_FALSE((*src)->Current().open);
+  ASSERT_TRUE((*gate)->ClosedAt(w.window_id, &closed)) << "the close reached the gate";
+  EXPECT_EQ(closed, close_ns);
+  const ChannelSourceStats st = (*src)->Stats();
+  EXPECT_EQ(st.opens, 1);
+  EXPECT_EQ(st.closes, 1);
+}
+
 TEST(ChannelWindowSource, EachNewWindowHasAHigherIdAndAnUnseenCloseIsInferred) {
   auto host = Host(UniqueChannel());
   auto gate = GuestGate::Create({});

@@ -113,6 +113,26 @@ TEST(ProcessPauserTest, APauserOfItsOwnChildWaitsForTheKernelsReportOfTheStop) {
   }
 }
 
+TEST(ProcessPauserTest, TheGuestsCpuTimeStandsStillWhileItIsPausedAndGrowsWhileItRuns) {
+  SpinningChild child;
+  ASSERT_TRUE(child.Advances(0));
+  ProcessPauser pauser(child.pid(), /*is_child=*/true);
+  ASSERT_TRUE(pauser.Pause().ok());
+  absl::StatusOr<int64_t> stopped = pauser.CpuNanos();
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_GT(*stopped, 0);
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(*pauser.CpuNanos(), *stopped) << "a stopped guest used CPU";
+  ASSERT_TRUE(pauser.Resume().ok());
+  // A running thread's time reaches the clock at the kernel's next update of
+  // it (a tick at most): wait for that, at most 5 s.
+  const absl::Time limit = absl::Now() + absl::Seconds(5);
+  while (*pauser.CpuNanos() == *stopped && absl::Now() < limit) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_GT(*pauser.CpuNanos(), *stopped) << "a running guest's CPU clock did not move";
+}
+
 TEST(ProcessPauserTest, DestroyingAPauserResumesTheGuest) {
   SpinningChild child;
   ASSERT_TRUE(child.Advances(0));

@@ -238,25 +238,98 @@ TEST(Runtime, NoticeWithTimeLeftContinuesThenSavesAndAResumeIsExact) {
   EXPECT_EQ(rt->sampler()->cursor().offset, saved % 10 * 10);
 }
 
-TEST(Runtime, NoticeTooCloseForASaveExitsWithoutSavingAndKeepsThePreviousCheckpoint) {
-  TempDir dir;
-  FakeClock clock;
-  Log log;
-  RuntimeOptions o = Local(dir, &clock, &log);
-  o.ckpt_every = 2;
+// A Runtime made with `o` (checkpoints every 2 steps), started, after
+// `steps` steps of 10 ms.
+struct StartedJob {
+  StartedJob(RuntimeOptions o, FakeClock& clock, int steps) {
+    o.ckpt_every = 2;
+    rt = MustCreate(o, m);
+    EXPECT_TRUE(rt->Start().ok());
+    for (int i = 0; i < steps; ++i) Step(*rt, m, clock, 10);
+  }
   Model m;
-  auto rt = MustCreate(o, m);
-  ASSERT_TRUE(rt->Start().ok());
-  for (int i = 0; i < 2; ++i) Step(*rt, m, clock, 10);
-  rt->preemption()->Notice(clock.NowNanos() + 1'000);  // 1 µs: no save fits
-  ASSERT_TRUE(rt->BeginStep().ok());
-  absl::StatusOr<Decision> d = rt->EndStep();
+  std::unique_ptr<Runtime> rt;
+};
+
+// `d` stops without a save, and the newest checkpoint is still `kept`'s.
+void ExpectStopWithoutSave(const absl::StatusOr<Decision>& d, Runtime& rt, int64_t kept) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->kind, Decision::kSaveAndExit);
   EXPECT_EQ(d->exit_code, kExitPreemptedNoSave);
   EXPECT_EQ(d->saved_step, -1);
-  EXPECT_EQ((*rt->checkpoints()->List())[0].step, 2);
+  EXPECT_EQ((*rt.checkpoints()->List())[0].step, kept);
+}
+
+TEST(Runtime, NoticeTooCloseForASaveExitsWithoutSavingAndKeepsThePreviousCheckpoint) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  StartedJob job(Local(dir, &clock, &log), clock, 2);
+  job.rt->preemption()->Notice(clock.NowNanos() + 1'000);  // 1 µs: no save fits
+  ASSERT_TRUE(job.rt->BeginStep().ok());
+  ExpectStopWithoutSave(job.rt->EndStep(), *job.rt, 2);
   EXPECT_TRUE(log.Has("cannot finish before the deadline"));
+}
+
+TEST(Runtime, YieldWithNothingPendingSavesAndTheResumeStartsThere) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  Model m;
+  {
+    auto rt = MustCreate(Local(dir, &clock, &log), m);
+    ASSERT_EQ(*rt->Start(), 0);
+    for (int i = 0; i < 5; ++i) Step(*rt, m, clock, 10);
+    absl::StatusOr<Decision> d = rt->Yield("the host finished");
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->kind, Decision::kSaveAndExit);
+    EXPECT_EQ(d->exit_code, kExitPreempted);
+    EXPECT_EQ(d->saved_step, 5);
+    EXPECT_EQ(d->reason, "the host finished");
+    EXPECT_TRUE(log.Has("the host finished"));
+    // Stopped: neither another yield nor a step.
+    EXPECT_EQ(rt->Yield("again").status().code(), absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(rt->Finish().ok());
+  }
+  Model resumed;
+  auto rt = MustCreate(Local(dir, &clock, &log), resumed);
+  ASSERT_EQ(*rt->Start(), 5);
+  EXPECT_EQ(resumed.w, m.w);
+}
+
+TEST(Runtime, YieldUnderANoticeSavesWhenTheSaveFitsAndExitsWithoutOneWhenItDoesNot) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  {
+    // 10 s left: no step may follow a yield, but the save fits.
+    StartedJob job(Local(dir, &clock, &log), clock, 3);
+    job.rt->preemption()->Notice(clock.NowNanos() + 10'000'000'000);
+    absl::StatusOr<Decision> d = job.rt->Yield("unused");
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->exit_code, kExitPreempted);
+    EXPECT_EQ(d->saved_step, 3);
+  }
+  // {"yield_in_s": 0}: no save; the checkpoint of step 4 stays the newest.
+  RuntimeOptions o = Local(dir, &clock, &log);
+  o.ckpt_dir = dir / "ckpt2";
+  StartedJob job(o, clock, 5);
+  job.rt->preemption()->Notice(clock.NowNanos());
+  ExpectStopWithoutSave(job.rt->Yield("unused"), *job.rt, 4);
+}
+
+TEST(Runtime, YieldIsRefusedBeforeStartAndWhileAStepIsOpen) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  Model m;
+  auto rt = MustCreate(Local(dir, &clock, &log), m);
+  EXPECT_EQ(rt->Yield("x").status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(rt->Start().ok());
+  ASSERT_TRUE(rt->BeginStep().ok());
+  absl::StatusOr<Decision> d = rt->Yield("x");
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(d.status().message(), "still open")) << d.status();
 }
 
 TEST(Runtime, AnEvalStepNotSeenYetIsNotStartedUnderANotice) {

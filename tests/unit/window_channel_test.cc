@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "omni/colocate_pause.h"
 #include "omni/sinks.h"
 #include "omni/store.h"
 #include "omni/telemetry.h"
@@ -445,6 +447,42 @@ TEST(WindowChannel, WaitForNoticeSleepsUntilTheWriterRingsAndReturnsAtOnceForANe
   n = internal::WaitForNotice(**r, absl::Milliseconds(1));
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(n->state, WindowState::kClosed);
+}
+
+TEST(WindowChannel, AReaderWaitingForOneKindSleepsThroughTheNoticesOfAnother) {
+  auto w = WindowChannelWriter::Create(UniqueChannel());
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto r = WindowChannelReader::Open((*w)->name());
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE((*r)->Read().ok());
+  std::atomic<int> returns{0};
+  std::atomic<pid_t> tid{0};
+  absl::StatusOr<WindowNotice> got;
+  std::thread reader([&] {
+    tid.store(static_cast<pid_t>(::syscall(SYS_gettid)));
+    for (;;) {
+      got = internal::WaitForNotice(**r, absl::Seconds(30),
+                                    internal::DoorbellKindBit(IdleKind::kDataStall));
+      returns.fetch_add(1);
+      if (!got.ok() || got->kind == IdleKind::kDataStall) return;
+    }
+  });
+  // Until the reader sleeps in its wait (its thread's state in /proc).
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (tid.load() == 0 || colocate::ProcessState(tid.load()).value_or('?') != 'S') {
+    ASSERT_LT(absl::Now(), until) << "the reader never slept";
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  (*w)->OpenWindow(phase::kEval, IdleKind::kEval, 1, Clock::Real()->NowNanos());
+  (*w)->CloseWindow(Clock::Real()->NowNanos());
+  absl::SleepFor(absl::Milliseconds(50));  // a ring for it would have woken it by now
+  EXPECT_EQ(returns.load(), 0) << "woken by an eval's notices";
+  (*w)->OpenWindow(phase::kDataWait, IdleKind::kDataStall, 2, Clock::Real()->NowNanos());
+  reader.join();
+  EXPECT_EQ(returns.load(), 1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->kind, IdleKind::kDataStall);
+  EXPECT_EQ(got->state, WindowState::kOpen);
 }
 
 // Reads from `fd` one byte, waiting at most `ms`; false on timeout or EOF.
