@@ -25,8 +25,8 @@
 // communicator, re-synchronises the state (a replica that did commit the
 // failed step hands it to the others) and the caller redoes the step.
 //
-// Thread safety: one training thread calls everything except generation(),
-// which is thread-safe.
+// Thread safety: one training thread calls everything except generation()
+// and backend(), which are thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -51,6 +51,9 @@ struct ElasticOptions {
   MembershipOptions membership;
   std::string backend = "gloo";  // see CommOptions
   std::string host = "127.0.0.1";
+  // nccl: the CUDA device of this replica (where its model lives, e.g.
+  // LOCAL_RANK); -1 picks the generation rank % visible devices, which
+  // changes with the generation: set it whenever a host has several GPUs.
   int device = -1;
   // Every collective's timeout: a backstop for a peer whose process is alive
   // but stuck (a dead or frozen peer is detected by heartbeat first, and the
@@ -112,6 +115,10 @@ class OMNI_EXPORT ElasticGroup {
   // The current generation (Membership::current()); rank -1 after this
   // replica left.
   virtual Generation generation() const = 0;
+  // ElasticOptions::backend, the kind of memory the collectives take (see
+  // comm.h): "nccl" takes CUDA memory of ElasticOptions::device as it is
+  // and host memory staged through it; "gloo" host memory only.
+  virtual const std::string& backend() const = 0;
   // The current generation's communicator (replaced at each change: do not
   // keep the reference across AtBoundary, Recover or Start).
   virtual Communicator& comm() = 0;

@@ -255,6 +255,7 @@ class ElasticGroupImpl final : public ElasticGroup {
   }
 
   Generation generation() const override { return membership_->current(); }
+  const std::string& backend() const override { return o_.backend; }
 
   Communicator& comm() override {
     absl::MutexLock lock(&comm_mu_);

@@ -17,6 +17,7 @@
 #include "omni/config.h"
 #include "omni/state.h"
 #include "omni/store.h"
+#include "replica_state.h"
 #include "temp_dir.h"
 
 namespace omni {
@@ -24,25 +25,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using test_util::MakeReplica;
+using test_util::Replica;
 using test_util::TempDir;
-
-// A replica's replicated state: some weights and a step counter.
-struct Replica {
-  Replica(size_t n, float fill)
-      : weights(n, fill), w_state("values", weights.data(), n * sizeof(float)) {
-    EXPECT_TRUE(state.Register("w", &w_state).ok());
-    EXPECT_TRUE(state.Register("train", &step_state).ok());
-  }
-  std::vector<float> weights;
-  int64_t step = 0;
-  BytesState w_state;
-  BytesState step_state{"step", &step, sizeof(step)};
-  StateRegistry state;
-};
-
-std::unique_ptr<Replica> MakeReplica(size_t n, float fill) {
-  return std::make_unique<Replica>(n, fill);
-}
 
 TEST(StateTransfer, RoundTripsEveryObject) {
   auto a = MakeReplica(100, 1.5F);
@@ -106,11 +91,13 @@ TEST(ElasticGroup, StartHandsTheMostAdvancedStateToEveryReplica) {
   TempDir dir;
   auto store = Open(dir);
   std::vector<std::unique_ptr<Replica>> reps;
+  reps.reserve(3);
   for (int i = 0; i < 3; ++i) reps.push_back(MakeReplica(1000, static_cast<float>(i)));
   reps[1]->step = 9;  // e.g. restored from a newer checkpoint
   std::vector<std::unique_ptr<ElasticGroup>> groups(3);
   std::vector<GroupChange> changes(3);
   std::vector<std::thread> threads;
+  threads.reserve(3);
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
       auto g = ElasticGroup::Create(*store, Opts("r" + std::to_string(i), 3, 3), reps[i]->state);
@@ -138,10 +125,12 @@ TEST(ElasticGroup, SurvivorsOfALostReplicaRecoverAndKeepReducing) {
   auto store = Open(dir);
   constexpr int kN = 3;
   std::vector<std::unique_ptr<Replica>> reps;
+  reps.reserve(kN);
   for (int i = 0; i < kN; ++i) reps.push_back(MakeReplica(16, 0.0F));
   std::vector<std::unique_ptr<ElasticGroup>> groups(kN);
   {
     std::vector<std::thread> threads;
+    threads.reserve(kN);
     for (int i = 0; i < kN; ++i) {
       threads.emplace_back([&, i] {
         auto g = ElasticGroup::Create(*store, Opts("r" + std::to_string(i), 2, 3), reps[i]->state);
@@ -159,6 +148,7 @@ TEST(ElasticGroup, SurvivorsOfALostReplicaRecoverAndKeepReducing) {
   std::vector<float> sums(kN);
   {
     std::vector<std::thread> threads;
+    threads.reserve(kN);
     for (int i = 0; i < kN; ++i) {
       threads.emplace_back([&, i] {
         float v = 1.0F;
@@ -175,6 +165,7 @@ TEST(ElasticGroup, SurvivorsOfALostReplicaRecoverAndKeepReducing) {
   std::vector<GroupChange> recovered(2);
   std::vector<float> after(2);
   std::vector<std::thread> threads;
+  threads.reserve(2);
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back([&, i] {
       float v = 1.0F;
