@@ -14,11 +14,12 @@
 //
 // After every change of generation the replicas exchange (completed steps,
 // state digest); when they differ, the member with the most completed steps
-// (the lowest rank among equals) broadcasts its replicated state over the new
-// communicator, and every receiver verifies it against the sender's XXH3
-// digest before loading it. Afterwards every replica's replicated state is
-// bit-identical. Per-replica state (RNGs) is not part of it: keep it in
-// another registry (checkpoints save it per rank).
+// (the lowest rank among equals) broadcasts its replicated state
+// (SerializeState, state.h) over the new communicator, and every receiver
+// verifies it against the sender's XXH3 digest before loading it.
+// Afterwards every replica's replicated state is bit-identical. Per-replica
+// state (RNGs) is not part of it: keep it in another registry (checkpoints
+// save it per rank).
 //
 // When a collective fails (a peer died or froze), nothing of that step must
 // be committed: Recover() agrees on the survivors, rebuilds the
@@ -125,13 +126,5 @@ class OMNI_EXPORT ElasticGroup {
   // The membership underneath (heartbeats, dead peers, store failures).
   virtual Membership& membership() = 0;
 };
-
-// The replicated state as one buffer (the format of the state transfer):
-// every object's tensors and blobs with their keys, dtypes and shapes.
-OMNI_EXPORT absl::StatusOr<std::string> SerializeState(const StateRegistry& state);
-// Loads a buffer made by SerializeState into `state` (which must have the
-// same objects). DataLoss for a truncated or malformed buffer; the objects'
-// own errors (other shapes, missing keys) name the key.
-OMNI_EXPORT absl::Status DeserializeState(std::string_view bytes, const StateRegistry& state);
 
 }  // namespace omni
