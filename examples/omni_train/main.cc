@@ -173,7 +173,8 @@ omni::RuntimeOptions Options(const TrainFlags& flags, MultimodalLm& model, omni:
   o.sampler.seed = flags.seed;
   if (device.is_cuda()) {
     o.elastic.backend = "nccl";
-    o.elastic.device = device.index();
+    // TrainingDevice always sets the index (a signed char, never negative).
+    o.elastic.device = static_cast<uint8_t>(device.index());
   }
   return o;
 }
