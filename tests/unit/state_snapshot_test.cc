@@ -56,15 +56,22 @@ class Twice final : public Stateful {
   absl::Status Load(const StateReader& /*in*/) override { return absl::OkStatus(); }
 };
 
+// A Model registered as "model".
+struct ModelState {
+  explicit ModelState(float fill) : model(fill) {
+    EXPECT_TRUE(registry.Register("model", &model).ok());
+  }
+  Model model;
+  StateRegistry registry;
+};
+
 bool Inside(const char* p, const HostBlock& b) { return p >= b.data() && p < b.data() + b.size(); }
 
 TEST(StateSnapshot, CapturesEveryTensorAndTheCopyOutlivesChangesToTheSource) {
-  Model m(1.5f);
-  StateRegistry reg;
-  ASSERT_TRUE(reg.Register("model", &m).ok());
+  ModelState m(1.5f);
   StateSnapshot snap;
-  ASSERT_TRUE(snap.Capture(reg).ok());
-  m.w.assign(1000, -1.0f);
+  ASSERT_TRUE(snap.Capture(m.registry).ok());
+  m.model.w.assign(1000, -1.0f);
   ASSERT_EQ(snap.items().size(), 4u);
   const StateItem& w = snap.items()[0];
   EXPECT_EQ(w.key, "model/w");
@@ -81,11 +88,13 @@ TEST(StateSnapshot, CapturesEveryTensorAndTheCopyOutlivesChangesToTheSource) {
 }
 
 TEST(StateSnapshot, ItemsArePacked64ByteAlignedIntoOneBlock) {
-  Model m(2.0f);
-  StateRegistry reg;
-  ASSERT_TRUE(reg.Register("model", &m).ok());
+  ModelState m(2.0f);
   StateSnapshot snap;
-  ASSERT_TRUE(snap.Capture(reg).ok());
+  ASSERT_TRUE(snap.Capture(m.registry).ok());
+  for (const StateItem& it : snap.items()) {
+    if (it.nbytes == 0) continue;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(it.data) % 64, 0u) << it.key;
+  }
   const std::vector<HostBlock> blocks = snap.TakeBlocks();
   ASSERT_EQ(blocks.size(), 1u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(blocks[0].data()) % HostBlock::kAlign, 0u);
@@ -98,15 +107,12 @@ TEST(StateSnapshot, APooledBlockIsFilledInsteadOfANewMapping) {
   const char* pooled = block->data();
   std::vector<HostBlock> pool;
   pool.push_back(*std::move(block));
-  Model m(3.0f);
-  StateRegistry reg;
-  ASSERT_TRUE(reg.Register("model", &m).ok());
+  ModelState m(3.0f);
   StateSnapshot snap(std::move(pool));
-  ASSERT_TRUE(snap.Capture(reg).ok());
+  ASSERT_TRUE(snap.Capture(m.registry).ok());
   for (const StateItem& it : snap.items()) {
     if (it.nbytes == 0) continue;
     EXPECT_TRUE(it.data >= pooled && it.data < pooled + (size_t{64} << 20)) << it.key;
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(it.data) % 64, 0u) << it.key;
   }
   const std::vector<HostBlock> back = snap.TakeBlocks();
   ASSERT_EQ(back.size(), 1u);
@@ -120,24 +126,20 @@ TEST(StateSnapshot, UnusedPoolBlocksComeBackWithTheBlocks) {
     ASSERT_TRUE(b.ok()) << b.status();
     pool.push_back(*std::move(b));
   }
-  Model m(1.0f);
-  StateRegistry reg;
-  ASSERT_TRUE(reg.Register("model", &m).ok());
+  ModelState m(1.0f);
   StateSnapshot snap(std::move(pool));
-  ASSERT_TRUE(snap.Capture(reg).ok());
+  ASSERT_TRUE(snap.Capture(m.registry).ok());
   EXPECT_EQ(snap.TakeBlocks().size(), 2u);
 }
 
 TEST(StateSnapshot, MoreThanTheLimitIsResourceExhaustedAndSaysSo) {
-  Model m(1.0f);
-  StateRegistry reg;
-  ASSERT_TRUE(reg.Register("model", &m).ok());
+  ModelState m(1.0f);
   StateSnapshot snap;
-  const absl::Status st = snap.Capture(reg, /*max_bytes=*/4000 + 47);
+  const absl::Status st = snap.Capture(m.registry, /*max_bytes=*/4000 + 47);
   EXPECT_TRUE(absl::IsResourceExhausted(st)) << st;
   EXPECT_TRUE(snap.over_limit());
   StateSnapshot fits;
-  EXPECT_TRUE(fits.Capture(reg, 4000 + 48 + 3).ok());
+  EXPECT_TRUE(fits.Capture(m.registry, 4000 + 48 + 3).ok());
   EXPECT_FALSE(fits.over_limit());
 }
 
@@ -153,19 +155,15 @@ TEST(StateSnapshot, ADuplicateKeyIsRefusedNamingIt) {
 }
 
 TEST(StateSnapshot, TheCaptureLoadsBackThroughAnItemReader) {
-  Model a(4.0f);
-  a.blob = "state of a";
-  StateRegistry ra;
-  ASSERT_TRUE(ra.Register("model", &a).ok());
+  ModelState a(4.0f);
+  a.model.blob = "state of a";
   StateSnapshot snap;
-  ASSERT_TRUE(snap.Capture(ra).ok());
-  Model b(0.0f);
-  StateRegistry rb;
-  ASSERT_TRUE(rb.Register("model", &b).ok());
-  ASSERT_TRUE(rb.LoadAll(ItemReader(snap.items(), "the snapshot")).ok());
-  EXPECT_EQ(b.w, a.w);
-  EXPECT_EQ(b.idx, a.idx);
-  EXPECT_EQ(b.blob, "state of a");
+  ASSERT_TRUE(snap.Capture(a.registry).ok());
+  ModelState b(0.0f);
+  ASSERT_TRUE(b.registry.LoadAll(ItemReader(snap.items(), "the snapshot")).ok());
+  EXPECT_EQ(b.model.w, a.model.w);
+  EXPECT_EQ(b.model.idx, a.model.idx);
+  EXPECT_EQ(b.model.blob, "state of a");
 }
 
 // The transfer buffer, built field by field as the format documents it.
@@ -191,11 +189,9 @@ TEST(StateBuffer, TheEncodingIsTheDocumentedLayout) {
 }
 
 TEST(StateBuffer, DecodeGivesBackEveryItemPointingIntoTheBuffer) {
-  Model m(5.0f);
-  StateRegistry reg;
-  ASSERT_TRUE(reg.Register("model", &m).ok());
+  ModelState m(5.0f);
   StateSnapshot snap;
-  ASSERT_TRUE(snap.Capture(reg).ok());
+  ASSERT_TRUE(snap.Capture(m.registry).ok());
   const std::string buf = EncodeState(snap.items());
   absl::StatusOr<std::vector<StateItem>> items = DecodeState(buf);
   ASSERT_TRUE(items.ok()) << items.status();
