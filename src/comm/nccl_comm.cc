@@ -225,8 +225,6 @@ class NcclCommunicator final : public Communicator {
                          absl::Duration timeout) override {
     if (absl::Status s = CheckAllReduceArgs(data, count, type, timeout); !s.ok()) return s;
     if (count == 0) return AsyncError();
-    absl::StatusOr<bool> direct = UsesDirectly(Where(data), device_, "AllReduce", "data");
-    if (!direct.ok()) return direct.status();
     const size_t elem = DataTypeSize(type);
     absl::MutexLock lock(&op_mu_);
     absl::StatusOr<Call> call =
@@ -234,6 +232,8 @@ class NcclCommunicator final : public Communicator {
                                  DataTypeName(type), ") on rank ", rank_, " of ", size_),
                     timeout);
     if (!call.ok()) return call.status();
+    absl::StatusOr<bool> direct = UsesDirectly(Where(data), device_, "AllReduce", "data");
+    if (!direct.ok()) return direct.status();
     if (*direct) {
       return CollectiveLocked(*call, [&](ncclComm_t c, cudaStream_t stream) {
         return ncclAllReduce(data, data, count, ToNccl(type), ToNccl(op), c, stream);
@@ -260,14 +260,14 @@ class NcclCommunicator final : public Communicator {
       return s;
     }
     if (bytes == 0) return AsyncError();
-    absl::StatusOr<bool> direct = UsesDirectly(Where(data), device_, "Broadcast", "data");
-    if (!direct.ok()) return direct.status();
     absl::MutexLock lock(&op_mu_);
     absl::StatusOr<Call> call =
         BeginLocked(absl::StrCat("nccl Broadcast(", bytes, " bytes from root ", root, ") on rank ",
                                  rank_, " of ", size_),
                     timeout);
     if (!call.ok()) return call.status();
+    absl::StatusOr<bool> direct = UsesDirectly(Where(data), device_, "Broadcast", "data");
+    if (!direct.ok()) return direct.status();
     if (*direct) {
       return CollectiveLocked(*call, [&](ncclComm_t c, cudaStream_t stream) {
         return ncclBroadcast(data, data, bytes, ncclUint8, root, c, stream);
@@ -296,15 +296,15 @@ class NcclCommunicator final : public Communicator {
   absl::Status AllGather(const void* in, size_t bytes, void* out, absl::Duration timeout) override {
     if (absl::Status s = CheckAllGatherArgs(in, bytes, out, size_, timeout); !s.ok()) return s;
     if (bytes == 0) return AsyncError();
-    absl::StatusOr<bool> in_direct = UsesDirectly(Where(in), device_, "AllGather", "in");
-    if (!in_direct.ok()) return in_direct.status();
-    absl::StatusOr<bool> out_direct = UsesDirectly(Where(out), device_, "AllGather", "out");
-    if (!out_direct.ok()) return out_direct.status();
     absl::MutexLock lock(&op_mu_);
     absl::StatusOr<Call> call = BeginLocked(
         absl::StrCat("nccl AllGather(", bytes, " bytes per rank) on rank ", rank_, " of ", size_),
         timeout);
     if (!call.ok()) return call.status();
+    absl::StatusOr<bool> in_direct = UsesDirectly(Where(in), device_, "AllGather", "in");
+    if (!in_direct.ok()) return in_direct.status();
+    absl::StatusOr<bool> out_direct = UsesDirectly(Where(out), device_, "AllGather", "out");
+    if (!out_direct.ok()) return out_direct.status();
     if (*in_direct && *out_direct) {
       return CollectiveLocked(*call, [&](ncclComm_t c, cudaStream_t stream) {
         return ncclAllGather(in, out, bytes, ncclUint8, c, stream);
@@ -327,8 +327,10 @@ class NcclCommunicator final : public Communicator {
         });
       }
       for (size_t r = 0; st.ok() && r < static_cast<size_t>(size_); ++r) {
-        st = CopyLocked(*call, dst + r * bytes + chunk.offset, buf + r * chunk.bytes, chunk.bytes);
+        st = EnqueueCopyLocked(*call, dst + r * bytes + chunk.offset, buf + r * chunk.bytes,
+                               chunk.bytes);
       }
+      if (st.ok()) st = WaitStreamLocked(*call);
       if (!st.ok()) return st;
     }
     return absl::OkStatus();
@@ -370,7 +372,7 @@ class NcclCommunicator final : public Communicator {
 
  private:
   // Where `p` lives (cudaPointerGetAttributes; plain host memory when the
-  // runtime does not know the pointer).
+  // runtime does not know the pointer). Asked after BeginLocked, on device_.
   static PointerInfo Where(const void* p) {
     cudaPointerAttributes a;
     std::memset(&a, 0, sizeof(a));
@@ -423,9 +425,9 @@ class NcclCommunicator final : public Communicator {
     return WaitStreamLocked(call);
   }
 
-  // Copies `bytes` between host and device memory (either way) on the
-  // internal stream, after what is queued there, and waits for it.
-  absl::Status CopyLocked(const Call& call, void* dst, const void* src, size_t bytes)
+  // Queues a copy of `bytes` between host and device memory (either way)
+  // on the internal stream, after what is queued there.
+  absl::Status EnqueueCopyLocked(const Call& call, void* dst, const void* src, size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_) {
     if (const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.get());
         e != cudaSuccess) {
@@ -433,6 +435,13 @@ class NcclCommunicator final : public Communicator {
       return BreakLocked(absl::InternalError(
           absl::StrCat(call.what, ": staging copy of ", bytes, " bytes: ", CudaError(e))));
     }
+    return absl::OkStatus();
+  }
+
+  // EnqueueCopyLocked, then waits for it.
+  absl::Status CopyLocked(const Call& call, void* dst, const void* src, size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_) {
+    if (absl::Status s = EnqueueCopyLocked(call, dst, src, bytes); !s.ok()) return s;
     return WaitStreamLocked(call);
   }
 
