@@ -57,11 +57,11 @@ bounded() {
   local limit=$1
   shift
   local room=$(($(left) - 15))
-  if [ "$room" -lt "$limit" ]; then limit=$room; fi
-  if [ "$limit" -lt 5 ]; then
+  if [ "$room" -lt 5 ]; then
     echo "no time left for: $*"
     return 124
   fi
+  if [ "$room" -lt "$limit" ]; then limit=$room; fi
   timeout -k 5 "$limit" "$@"
 }
 # Counts a gtest log's results (one PASS/FAIL line per test).
@@ -71,7 +71,7 @@ count_gtest() {
   n_ok=$(grep -c '^\[       OK \]' "$log" || true)
   n_fail=$(grep -c '^\[  FAILED  \] .*(' "$log" || true)
   n_skip=$(grep -c '^\[  SKIPPED \] .*(' "$log" || true)
-  grep -E '^\[  (FAILED|SKIPPED) \] .*\(' "$log" | sed 's/^/  /' || true
+  grep -E '^\[  (FAILED  |SKIPPED )\] .*\(' "$log" | sed 's/^/  /' || true
   echo "${name}: ${n_ok} ok, ${n_fail} failed, ${n_skip} skipped (exit ${rc})"
   passed=$((passed + n_ok))
   failed=$((failed + n_fail))
