@@ -1,3 +1,5 @@
+// What the NCCL path can use on this host (omni/nccl.h): ProbeNccl and the
+// library version, without touching a device where there is none.
 #include "absl/strings/str_cat.h"
 #include "omni/nccl.h"
 

@@ -19,7 +19,6 @@ namespace {
 // Attempts to build a generation after failures before giving up.
 constexpr int kMaxRecoverAttempts = 8;
 
-
 class ElasticGroupImpl final : public ElasticGroup {
  public:
   ElasticGroupImpl(Store& store, ElasticOptions options, const StateRegistry& replicated,
