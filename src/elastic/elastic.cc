@@ -1,4 +1,6 @@
 // ElasticGroup: membership + one communicator per generation + state sync.
+#include "omni/elastic.h"
+
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -10,7 +12,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "omni/clock.h"
-#include "omni/elastic.h"
 #include "omni/hash.h"
 
 namespace omni {
