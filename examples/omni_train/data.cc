@@ -65,7 +65,7 @@ constexpr uint64_t kSaltContent = 0x636F6E74656E74ULL;
 constexpr uint64_t kSaltDecode = 0x6465636F6465ULL;
 constexpr uint64_t kSaltCaption = 0x63617074696F6EULL;
 constexpr uint64_t kSaltShard = 0x7368617264ULL;
-constexpr double kShardFetchSigma = 0.1;
+constexpr double kShardFetchSigma = 0.05;
 
 uint64_t SampleKey(uint64_t stream, uint64_t index) { return (stream << 56) ^ index; }
 

@@ -70,7 +70,7 @@ with Omni telemetry. The same command gives bit-identical parameters.
   --shard-batches N the training data streams in shards of N global batches; the first
                     batch of a shard waits for its fetch (default 0 = no shards)
   --shard-fetch-ms MS
-                    the fetch of one shard, a blocking wait (median MS, +-10% per shard)
+                    the fetch of one shard, a blocking wait (median MS, +-5% per shard)
   --window N        rolling statistics window in steps (default 200)
   --window-channel NAME
                     publish live window notices ("idle now" / "busy again") on the
