@@ -50,7 +50,9 @@ with Omni telemetry. The same command gives bit-identical parameters.
   --batch B         samples per batch (default 8)
   --lr X            AdamW learning rate (default 0.003)
   --threads T       LibTorch intra-op threads (default 1)
-  --device D        cpu (default), cuda or cuda:N; on CUDA, deterministic kernels only
+  --device D        cpu (default), cuda (the GPU of LOCAL_RANK) or cuda:N; on CUDA,
+                    deterministic kernels only, and with --store the replicas reduce
+                    over NCCL (no Gloo needed)
   --float64         train in double precision (parameters, activations, gradients,
                     optimizer state): summation-order differences between runs then
                     stay near 1e-16 relative per operation (the soak test compares

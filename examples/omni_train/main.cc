@@ -18,10 +18,10 @@
 //
 // With --store the process is one replica of an elastic data-parallel job
 // (omni::ElasticGroup): it takes its share of each global batch, gradients
-// are summed over the replicas with a Gloo allreduce (phase "comm"), and
-// replicas may die, freeze or join at step boundaries; a step whose
-// allreduce fails is not committed, the survivors agree on a new generation
-// and the step is redone.
+// are summed over the replicas (phase "comm": Gloo on the CPU, NCCL on the
+// GPU with --device cuda), and replicas may die, freeze or join at step
+// boundaries; a step whose allreduce fails is not committed, the survivors
+// agree on a new generation and the step is redone.
 //
 // Everything Omni does here goes through one omni::Runtime (see
 // include/omni/runtime.h): the trainer registers its state, wraps each step
@@ -111,14 +111,20 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-// The training device. On CUDA only deterministic kernels run (and cuBLAS
-// gets a fixed workspace, set in main() before CUDA starts), so that a run and
-// its preempted-and-resumed twin stay bit-identical.
-absl::StatusOr<torch::Device> TrainingDevice(const std::string& name) {
+// The training device: "cuda" is the GPU of this process's LOCAL_RANK (one
+// process per GPU under torchrun or Slurm), "cuda:N" GPU N. On CUDA only
+// deterministic kernels run (and cuBLAS gets a fixed workspace, set in
+// main() before CUDA starts), so that a run and its preempted-and-resumed
+// twin stay bit-identical.
+absl::StatusOr<torch::Device> TrainingDevice(const std::string& name, int local_rank) {
   const torch::Device device(name);
   if (!device.is_cuda()) return device;
   const int64_t visible = static_cast<int64_t>(torch::cuda::device_count());
-  const int64_t index = device.has_index() ? device.index() : 0;
+  if (visible == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device ", name, ": no CUDA device is visible to this LibTorch"));
+  }
+  const int64_t index = device.has_index() ? device.index() : local_rank % visible;
   if (index >= visible) {
     return absl::FailedPreconditionError(
         absl::StrCat("--device ", name, ": ", visible, " CUDA device(s) visible to this LibTorch"));
@@ -129,12 +135,11 @@ absl::StatusOr<torch::Device> TrainingDevice(const std::string& name) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
-// The Runtime's options: the environment (torchrun, Slurm, OMNI_*), then the
-// flags, which win.
-absl::StatusOr<omni::RuntimeOptions> Options(const TrainFlags& flags, MultimodalLm& model) {
-  absl::StatusOr<omni::RuntimeOptions> env = omni::RuntimeOptions::FromEnvironment();
-  if (!env.ok()) return env.status();
-  omni::RuntimeOptions o = *std::move(env);
+// The Runtime's options: the environment's (torchrun, Slurm, OMNI_*), then
+// the flags, which win. On CUDA the replicas reduce over NCCL on the training
+// device (no Gloo needed); on the CPU over Gloo.
+omni::RuntimeOptions Options(const TrainFlags& flags, MultimodalLm& model, omni::RuntimeOptions o,
+                             const torch::Device& device) {
   o.source = "omni_train";
   o.job_id = JobId(flags);
   o.total_steps = flags.steps;
@@ -166,6 +171,11 @@ absl::StatusOr<omni::RuntimeOptions> Options(const TrainFlags& flags, Multimodal
   o.sampler.dataset_size = kDatasetSize;
   o.sampler.global_batch = flags.batch;
   o.sampler.seed = flags.seed;
+  if (device.is_cuda()) {
+    o.elastic.backend = "nccl";
+    // TrainingDevice always sets the index (a signed char, never negative).
+    o.elastic.device = static_cast<uint8_t>(device.index());
+  }
   return o;
 }
 
@@ -202,7 +212,10 @@ void PrintReport(const TrainFlags& flags, omni::Telemetry& tel, const DataLoader
 int Run(const TrainFlags& flags) {
   torch::set_num_threads(flags.threads);
   torch::manual_seed(flags.seed);
-  const absl::StatusOr<torch::Device> device_or = TrainingDevice(flags.device);
+  // The environment first: LOCAL_RANK picks the GPU of "--device cuda".
+  absl::StatusOr<omni::RuntimeOptions> env = omni::RuntimeOptions::FromEnvironment();
+  if (!env.ok()) return Fail(env.status());
+  const absl::StatusOr<torch::Device> device_or = TrainingDevice(flags.device, env->local_rank);
   if (!device_or.ok()) return Fail(device_or.status());
   const torch::Device device = *device_or;
 
@@ -221,9 +234,8 @@ int Run(const TrainFlags& flags) {
 
   // ---- the runtime: telemetry, preemption, checkpoints, elastic group, sampler
   if (auto st = omni::torch_ext::RegisterTcpStore(); !st.ok()) return Fail(st);
-  absl::StatusOr<omni::RuntimeOptions> options = Options(flags, model);
-  if (!options.ok()) return Fail(options.status());
-  absl::StatusOr<std::unique_ptr<omni::Runtime>> created = omni::Runtime::Create(*options);
+  absl::StatusOr<std::unique_ptr<omni::Runtime>> created =
+      omni::Runtime::Create(Options(flags, model, *std::move(env), device));
   if (!created.ok()) return Fail(created.status());
   omni::Runtime& rt = **created;
   omni::Telemetry& tel = rt.telemetry();

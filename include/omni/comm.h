@@ -18,10 +18,20 @@
 // every later call fails with that same error, and the owner builds a new one
 // for the next generation. Buffers are left unspecified after a failed call.
 //
+// Memory: gloo takes host memory only. nccl takes CUDA device memory of its
+// device (CommOptions::device) as it is, and host memory too (pageable or
+// pinned; found with cudaPointerGetAttributes): the nccl communicator copies
+// it through a device staging buffer, at most 64 MiB at a time, one NCCL
+// collective per chunk — slower than device memory, meant for small or rare
+// transfers (the elastic group's digests and state, a loss, a flag per
+// parameter). Because the chunking follows the kind of memory, every rank
+// passes the same kind (host or device) to one call.
+//
 // A call with bad arguments (a null buffer with a non-zero size, a root out
-// of range, a timeout <= 0) returns InvalidArgument without communicating and
-// without breaking the communicator. A call with nothing to move (count or
-// bytes 0) returns OK (or the sticky error) without communicating.
+// of range, a timeout <= 0, nccl: device memory of another device) returns
+// InvalidArgument without communicating and without breaking the
+// communicator. A call with nothing to move (count or bytes 0) returns OK
+// (or the sticky error) without communicating.
 //
 // Thread safety: the collectives of one communicator must be called from one
 // thread at a time, in the same order on every rank. Abort(), AsyncError(),
@@ -59,7 +69,8 @@ OMNI_EXPORT const char* DataTypeName(DType type);
 OMNI_EXPORT const char* ReduceOpName(ReduceOp op);
 
 struct CommOptions {
-  // "gloo" (host memory, TCP) or "nccl" (CUDA device memory).
+  // "gloo" (host memory, TCP) or "nccl" (CUDA device memory; host memory
+  // is staged, see the file comment).
   std::string backend = "gloo";
   int rank = 0;
   int size = 1;

@@ -14,11 +14,12 @@
 //
 // After every change of generation the replicas exchange (completed steps,
 // state digest); when they differ, the member with the most completed steps
-// (the lowest rank among equals) broadcasts its replicated state over the new
-// communicator, and every receiver verifies it against the sender's XXH3
-// digest before loading it. Afterwards every replica's replicated state is
-// bit-identical. Per-replica state (RNGs) is not part of it: keep it in
-// another registry (checkpoints save it per rank).
+// (the lowest rank among equals) broadcasts its replicated state
+// (SerializeState, state.h) over the new communicator, and every receiver
+// verifies it against the sender's XXH3 digest before loading it.
+// Afterwards every replica's replicated state is bit-identical. Per-replica
+// state (RNGs) is not part of it: keep it in another registry (checkpoints
+// save it per rank).
 //
 // When a collective fails (a peer died or froze), nothing of that step must
 // be committed: Recover() agrees on the survivors, rebuilds the
@@ -34,8 +35,8 @@
 // that waits for it is aborted then, so on a FakeClock no real-time bound is
 // waited out for a lost peer.
 //
-// Thread safety: one training thread calls everything except generation(),
-// which is thread-safe.
+// Thread safety: one training thread calls everything except generation()
+// and backend(), which are thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -61,6 +62,9 @@ struct ElasticOptions {
   MembershipOptions membership;
   std::string backend = "gloo";  // see CommOptions
   std::string host = "127.0.0.1";
+  // nccl: the CUDA device of this replica (where its model lives, e.g.
+  // LOCAL_RANK); -1 picks the generation rank % visible devices, which
+  // changes with the generation: set it whenever a host has several GPUs.
   int device = -1;
   // Every collective's timeout, in real time: a backstop for a peer whose
   // process is alive but stuck (a dead or frozen peer is detected by
@@ -122,19 +126,15 @@ class OMNI_EXPORT ElasticGroup {
   // The current generation (Membership::current()); rank -1 after this
   // replica left.
   virtual Generation generation() const = 0;
+  // ElasticOptions::backend, the kind of memory the collectives take (see
+  // comm.h): "nccl" takes CUDA memory of ElasticOptions::device as it is
+  // and host memory staged through it; "gloo" host memory only.
+  virtual const std::string& backend() const = 0;
   // The current generation's communicator (replaced at each change: do not
   // keep the reference across AtBoundary, Recover or Start).
   virtual Communicator& comm() = 0;
   // The membership underneath (heartbeats, dead peers, store failures).
   virtual Membership& membership() = 0;
 };
-
-// The replicated state as one buffer (the format of the state transfer):
-// every object's tensors and blobs with their keys, dtypes and shapes.
-OMNI_EXPORT absl::StatusOr<std::string> SerializeState(const StateRegistry& state);
-// Loads a buffer made by SerializeState into `state` (which must have the
-// same objects). DataLoss for a truncated or malformed buffer; the objects'
-// own errors (other shapes, missing keys) name the key.
-OMNI_EXPORT absl::Status DeserializeState(std::string_view bytes, const StateRegistry& state);
 
 }  // namespace omni

@@ -114,7 +114,9 @@ struct OMNI_EXPORT RuntimeOptions {
   std::string store_uri;
   Store* store = nullptr;  // not owned; must outlive the Runtime; wins over store_uri
   // membership.job_id is taken from job_id (else `source`) when empty,
-  // membership.self.host from the host name when empty.
+  // membership.self.host from the host name when empty. A GPU trainer sets
+  // elastic.backend = "nccl" and elastic.device to its CUDA device (e.g.
+  // local_rank): no Gloo needed; the store carries the membership.
   ElasticOptions elastic;
   // A preempted replica leaves the group alone at the next boundary but one
   // while the others go on (instead of a job-wide stop).
@@ -204,9 +206,12 @@ class OMNI_EXPORT Runtime {
   // Opens step step() in the telemetry. FailedPrecondition before Start or
   // while a step is open.
   virtual absl::Status BeginStep() = 0;
-  // A collective of the current generation (sum of gradients). Without a
-  // group: OK, the data untouched. An error latches: EndStep answers
-  // kRedoStep; do not commit anything of the step (skip the optimizer).
+  // A collective of the current generation (sum of gradients). `data` is
+  // host memory, or CUDA memory of elastic.device with the nccl backend
+  // (host memory is staged there; every replica passes the same kind, see
+  // comm.h). Without a group: OK, the data untouched. An error latches:
+  // EndStep answers kRedoStep; do not commit anything of the step (skip the
+  // optimizer).
   virtual absl::Status AllReduce(void* data, size_t count, DType type, ReduceOp op) = 0;
   // The boundary (see the file comment). Errors: a failed save, a failed
   // rebuild (fewer than min_replicas for join_timeout), store errors.

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "omni/export.h"
 
@@ -129,5 +130,18 @@ class OMNI_EXPORT BytesState final : public Stateful {
   void* data_;
   size_t size_;
 };
+
+// The state as one buffer, the format in which the elastic group hands it
+// to a replica that lacks it: every object's tensors and blobs with their
+// keys, dtypes and shapes (the same capture as an asynchronous checkpoint's
+// snapshot). Errors: the objects' own; InvalidArgument naming the key for a
+// malformed or duplicate key or a size that does not match its dtype and
+// shape.
+OMNI_EXPORT absl::StatusOr<std::string> SerializeState(const StateRegistry& state);
+// Loads a buffer made by SerializeState into `state` (which must have the
+// same objects). DataLoss for a truncated or malformed buffer, before any
+// object is loaded; the objects' own errors (other shapes, missing keys)
+// name the key.
+OMNI_EXPORT absl::Status DeserializeState(std::string_view bytes, const StateRegistry& state);
 
 }  // namespace omni

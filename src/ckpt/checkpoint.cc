@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <stdio.h>  // renameat2
 #include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "ckpt/checkpoint_fs.h"
 #include "ckpt/safetensors.h"
+#include "ckpt/state_snapshot.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "omni/hash.h"
@@ -753,134 +753,11 @@ absl::Status ParseFragment(const std::string& text, const std::string& path, int
 
 // ---------------------------------------------------------------- snapshot
 
-// Anonymous memory, unmapped on destruction. 2 MiB-aligned and advised for
-// transparent huge pages: a snapshot then takes a few hundred page faults
-// instead of one per 4 KiB (3x faster copies of a large state).
-class HostBlock {
- public:
-  static constexpr size_t kAlign = size_t{2} << 20;
-  static absl::StatusOr<HostBlock> Map(size_t size) {
-    size = (size + kAlign - 1) / kAlign * kAlign;
-    const size_t mapped = size + kAlign;
-    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) {
-      return ErrnoStatus(errno, absl::StrCat("map ", size, " bytes for a checkpoint snapshot"));
-    }
-    const auto base = reinterpret_cast<uintptr_t>(p);
-    char* aligned = static_cast<char*>(p) + (kAlign - base % kAlign) % kAlign;
-#ifdef MADV_HUGEPAGE
-    ::madvise(aligned, size, MADV_HUGEPAGE);  // a hint; fine to fail
-#endif
-    return HostBlock(static_cast<char*>(p), mapped, aligned, size);
-  }
-  HostBlock(HostBlock&& o) noexcept
-      : map_(std::exchange(o.map_, nullptr)), mapped_(o.mapped_), p_(o.p_), size_(o.size_) {}
-  HostBlock& operator=(HostBlock&& o) noexcept {
-    if (this != &o) {
-      Unmap();
-      map_ = std::exchange(o.map_, nullptr);
-      mapped_ = o.mapped_;
-      p_ = o.p_;
-      size_ = o.size_;
-    }
-    return *this;
-  }
-  HostBlock(const HostBlock&) = delete;
-  HostBlock& operator=(const HostBlock&) = delete;
-  ~HostBlock() { Unmap(); }
-  char* data() const { return p_; }
-  size_t size() const { return size_; }
-
- private:
-  HostBlock(char* map, size_t mapped, char* p, size_t size)
-      : map_(map), mapped_(mapped), p_(p), size_(size) {}
-  void Unmap() {
-    if (map_ != nullptr) ::munmap(map_, mapped_);
-    map_ = nullptr;
-  }
-  char* map_ = nullptr;
-  size_t mapped_ = 0;
-  char* p_ = nullptr;
-  size_t size_ = 0;
-};
-
 // A state copied into host memory, written later by the background thread.
 struct Snapshot {
-  struct Item {
-    std::string key;
-    DType dtype;
-    std::vector<int64_t> shape;
-    const char* data;
-    size_t nbytes;
-  };
   int64_t step = 0;
   Metadata metadata;
-  std::vector<Item> items;
-  std::vector<HostBlock> blocks;
-  uint64_t bytes = 0;
-};
-
-class SnapshotWriter final : public StateWriter {
- public:
-  // `pool`: blocks of an earlier snapshot to fill first (no page faults).
-  SnapshotWriter(Snapshot& snap, size_t limit, std::vector<HostBlock> pool)
-      : snap_(snap), limit_(limit), pool_(std::move(pool)) {}
-  // Unused pooled blocks stay with the snapshot, to be reused again.
-  ~SnapshotWriter() override {
-    for (HostBlock& b : pool_) snap_.blocks.push_back(std::move(b));
-  }
-  SnapshotWriter(const SnapshotWriter&) = delete;
-  SnapshotWriter& operator=(const SnapshotWriter&) = delete;
-  absl::Status PutTensor(std::string_view key, DType dtype, std::vector<int64_t> shape,
-                         const void* data, size_t nbytes) override {
-    if (absl::Status st = ckpt::CheckPut(key, dtype, shape, data, nbytes); !st.ok()) return st;
-    if (!keys_.insert(std::string(key)).second) {
-      return absl::InvalidArgumentError(absl::StrCat("duplicate key '", Sv(key), "'"));
-    }
-    if (snap_.bytes + nbytes > limit_) {
-      over_limit_ = true;
-      return absl::ResourceExhaustedError("snapshot exceeds max_snapshot_bytes");
-    }
-    char* dst = nullptr;
-    if (nbytes > 0) {
-      if (used_ + nbytes > cap_) {
-        const size_t want = std::max(nbytes, size_t{64} << 20);
-        auto it = std::find_if(pool_.begin(), pool_.end(),
-                               [want](const HostBlock& b) { return b.size() >= want; });
-        if (it != pool_.end()) {
-          snap_.blocks.push_back(std::move(*it));
-          pool_.erase(it);
-        } else {
-          absl::StatusOr<HostBlock> b = HostBlock::Map(want);
-          if (!b.ok()) return b.status();
-          snap_.blocks.push_back(*std::move(b));
-        }
-        used_ = 0;
-        cap_ = snap_.blocks.back().size();
-      }
-      dst = snap_.blocks.back().data() + used_;
-      std::memcpy(dst, data, nbytes);
-      used_ += (nbytes + 63) / 64 * 64;
-    }
-    snap_.items.push_back({std::string(key), dtype, std::move(shape), dst, nbytes});
-    snap_.bytes += nbytes;
-    return absl::OkStatus();
-  }
-  absl::Status PutBytes(std::string_view key, std::string_view bytes) override {
-    return PutTensor(key, DType::kU8, {static_cast<int64_t>(bytes.size())}, bytes.data(),
-                     bytes.size());
-  }
-  bool over_limit() const { return over_limit_; }
-
- private:
-  Snapshot& snap_;
-  size_t limit_;
-  size_t used_ = 0;
-  size_t cap_ = 0;
-  bool over_limit_ = false;
-  std::unordered_set<std::string> keys_;
-  std::vector<HostBlock> pool_;
+  ckpt::StateSnapshot state;
 };
 
 // ---------------------------------------------------------------- the manager
@@ -960,7 +837,7 @@ class CheckpointManagerImpl final : public CheckpointManager {
   // milliseconds).
   std::vector<std::string> trash_ ABSL_GUARDED_BY(mu_);
   // The memory of the last snapshot, for the next one (keep_snapshot_memory).
-  std::vector<HostBlock> spare_ ABSL_GUARDED_BY(mu_);
+  std::vector<ckpt::HostBlock> spare_ ABSL_GUARDED_BY(mu_);
   // Steps this manager committed or found valid: retention checks each step
   // directory once, not on every save.
   std::set<int64_t> known_valid_ ABSL_GUARDED_BY(mu_);
@@ -1392,7 +1269,7 @@ absl::StatusOr<SaveStats> CheckpointManagerImpl::SaveAsync(int64_t step, const S
                                                            const Metadata& metadata) {
   if (absl::Status st = CheckWritable(); !st.ok()) return st;
   if (absl::Status st = CheckStepNumber(step); !st.ok()) return st;
-  std::vector<HostBlock> pool;
+  std::vector<ckpt::HostBlock> pool;
   {
     absl::MutexLock l(&mu_);
     if (pending_ && !opt_.wait_for_pending) {
@@ -1409,22 +1286,18 @@ absl::StatusOr<SaveStats> CheckpointManagerImpl::SaveAsync(int64_t step, const S
   auto snap = std::make_unique<Snapshot>();
   snap->step = step;
   snap->metadata = metadata;
-  bool over_limit = false;
-  absl::Status snapped;
-  {
-    SnapshotWriter sw(*snap, opt_.max_snapshot_bytes, std::move(pool));
-    snapped = Guard("saving", [&] { return state.SaveAll(sw); });
-    over_limit = sw.over_limit();
-  }
-  if (absl::Status st = snapped; !st.ok()) {
-    if (!over_limit) return st;
+  snap->state = ckpt::StateSnapshot(std::move(pool));
+  if (absl::Status st =
+          Guard("saving", [&] { return snap->state.Capture(state, opt_.max_snapshot_bytes); });
+      !st.ok()) {
+    if (!snap->state.over_limit()) return st;
     snap.reset();  // too large to hold: write it now, from the caller's memory
     return Save(step, state, metadata);
   }
   SaveStats stats;
   stats.snapshot_s = Seconds(t0);
   stats.background = true;
-  stats.bytes = static_cast<int64_t>(snap->bytes);  // the data; the header comes when written
+  stats.bytes = static_cast<int64_t>(snap->state.bytes());  // the data; the header when written
   absl::MutexLock l(&mu_);
   StartWorker();
   job_ = std::move(snap);
@@ -1454,7 +1327,7 @@ void CheckpointManagerImpl::WorkerLoop() {
     }
     std::vector<TensorEntry> plan;
     uint64_t off = 0;
-    for (const Snapshot::Item& it : job->items) {
+    for (const ckpt::StateItem& it : job->state.items()) {
       TensorEntry e;
       e.key = it.key;
       e.dtype = it.dtype;
@@ -1468,7 +1341,7 @@ void CheckpointManagerImpl::WorkerLoop() {
     absl::StatusOr<SaveStats> r = Write(
         snap.step, snap.metadata,
         [&snap](ckpt::ShardWriter& w) {
-          for (const Snapshot::Item& it : snap.items) {
+          for (const ckpt::StateItem& it : snap.state.items()) {
             if (absl::Status st = w.PutTensor(it.key, it.dtype, it.shape, it.data, it.nbytes);
                 !st.ok()) {
               return st;
@@ -1478,7 +1351,7 @@ void CheckpointManagerImpl::WorkerLoop() {
         },
         &plan);
     absl::MutexLock l(&mu_);
-    if (opt_.keep_snapshot_memory) spare_ = std::move(job->blocks);
+    if (opt_.keep_snapshot_memory) spare_ = job->state.TakeBlocks();
     job.reset();  // free the host copy (unless kept) before reporting
     if (!r.ok() && latched_.ok()) latched_ = r.status();
     pending_ = false;

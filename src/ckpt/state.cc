@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "ckpt/state_snapshot.h"
 #include "common/strings.h"
 
 namespace omni {
@@ -184,6 +185,18 @@ absl::Status StateRegistry::LoadAll(const StateReader& reader) const {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> SerializeState(const StateRegistry& state) {
+  ckpt::StateSnapshot snap;
+  if (absl::Status st = snap.Capture(state); !st.ok()) return st;
+  return ckpt::EncodeState(snap.items());
+}
+
+absl::Status DeserializeState(std::string_view bytes, const StateRegistry& state) {
+  absl::StatusOr<std::vector<ckpt::StateItem>> items = ckpt::DecodeState(bytes);
+  if (!items.ok()) return items.status();
+  return state.LoadAll(ckpt::ItemReader(*items, "the received state"));
 }
 
 absl::Status BytesState::Save(StateWriter& writer) const {

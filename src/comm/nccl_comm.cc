@@ -9,6 +9,14 @@
 // communicator is aborted (ncclCommAbort, which also ends kernels still
 // running on the internal stream) and the error is latched.
 //
+// Host memory: NCCL reads and writes device memory only, so a buffer that
+// is not device memory of this communicator's device (cudaPointerGetAttributes)
+// is copied through a device staging buffer (src/comm/staging.h), at most
+// 64 MiB at a time, one collective per chunk, on the same stream and under
+// the same deadline and abort checks. Device memory of another device is
+// InvalidArgument. The staging buffer grows on demand and lives as long as
+// the communicator.
+//
 // Threads: one thread at a time runs a collective; it holds op_mu_ while it
 // touches comm_. Abort() only sets a flag and latches Aborted; the running
 // call sees the flag in its poll loop and aborts comm_ itself. When no call is
@@ -37,6 +45,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/comm_internal.h"
+#include "comm/staging.h"
 #include "omni/comm.h"
 #include "omni/nccl.h"
 #include "omni/store.h"
@@ -216,11 +225,34 @@ class NcclCommunicator final : public Communicator {
                          absl::Duration timeout) override {
     if (absl::Status s = CheckAllReduceArgs(data, count, type, timeout); !s.ok()) return s;
     if (count == 0) return AsyncError();
-    const std::string what = absl::StrCat("nccl AllReduce(", ReduceOpName(op), ", ", count, " x ",
-                                          DataTypeName(type), ") on rank ", rank_, " of ", size_);
-    return Run(what, timeout, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllReduce(data, data, count, ToNccl(type), ToNccl(op), c, s);
-    });
+    const size_t elem = DataTypeSize(type);
+    absl::MutexLock lock(&op_mu_);
+    absl::StatusOr<Call> call =
+        BeginLocked(absl::StrCat("nccl AllReduce(", ReduceOpName(op), ", ", count, " x ",
+                                 DataTypeName(type), ") on rank ", rank_, " of ", size_),
+                    timeout);
+    if (!call.ok()) return call.status();
+    absl::StatusOr<bool> direct = UsesDirectly(Where(data), device_, "AllReduce", "data");
+    if (!direct.ok()) return direct.status();
+    if (*direct) {
+      return CollectiveLocked(*call, [&](ncclComm_t c, cudaStream_t stream) {
+        return ncclAllReduce(data, data, count, ToNccl(type), ToNccl(op), c, stream);
+      });
+    }
+    char* host = static_cast<char*>(data);
+    for (const StageChunk& chunk : StageChunks(count * elem, elem, kStageBytes)) {
+      absl::StatusOr<void*> buf = StageLocked(*call, chunk.bytes);
+      if (!buf.ok()) return buf.status();
+      absl::Status st = CopyLocked(*call, *buf, host + chunk.offset, chunk.bytes);
+      if (st.ok()) {
+        st = CollectiveLocked(*call, [&](ncclComm_t c, cudaStream_t stream) {
+          return ncclAllReduce(*buf, *buf, chunk.bytes / elem, ToNccl(type), ToNccl(op), c, stream);
+        });
+      }
+      if (st.ok()) st = CopyLocked(*call, host + chunk.offset, *buf, chunk.bytes);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) override {
@@ -228,30 +260,92 @@ class NcclCommunicator final : public Communicator {
       return s;
     }
     if (bytes == 0) return AsyncError();
-    const std::string what = absl::StrCat("nccl Broadcast(", bytes, " bytes from root ", root,
-                                          ") on rank ", rank_, " of ", size_);
-    return Run(what, timeout, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclBroadcast(data, data, bytes, ncclUint8, root, c, s);
-    });
+    absl::MutexLock lock(&op_mu_);
+    absl::StatusOr<Call> call =
+        BeginLocked(absl::StrCat("nccl Broadcast(", bytes, " bytes from root ", root, ") on rank ",
+                                 rank_, " of ", size_),
+                    timeout);
+    if (!call.ok()) return call.status();
+    absl::StatusOr<bool> direct = UsesDirectly(Where(data), device_, "Broadcast", "data");
+    if (!direct.ok()) return direct.status();
+    if (*direct) {
+      return CollectiveLocked(*call, [&](ncclComm_t c, cudaStream_t stream) {
+        return ncclBroadcast(data, data, bytes, ncclUint8, root, c, stream);
+      });
+    }
+    char* host = static_cast<char*>(data);
+    for (const StageChunk& chunk : StageChunks(bytes, 1, kStageBytes)) {
+      absl::StatusOr<void*> buf = StageLocked(*call, chunk.bytes);
+      if (!buf.ok()) return buf.status();
+      // Only the root's bytes travel in; only the others' come back out.
+      absl::Status st;
+      if (rank_ == root) st = CopyLocked(*call, *buf, host + chunk.offset, chunk.bytes);
+      if (st.ok()) {
+        st = CollectiveLocked(*call, [&](ncclComm_t c, cudaStream_t stream) {
+          return ncclBroadcast(*buf, *buf, chunk.bytes, ncclUint8, root, c, stream);
+        });
+      }
+      if (st.ok() && rank_ != root) {
+        st = CopyLocked(*call, host + chunk.offset, *buf, chunk.bytes);
+      }
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
   }
 
   absl::Status AllGather(const void* in, size_t bytes, void* out, absl::Duration timeout) override {
     if (absl::Status s = CheckAllGatherArgs(in, bytes, out, size_, timeout); !s.ok()) return s;
     if (bytes == 0) return AsyncError();
-    const std::string what =
-        absl::StrCat("nccl AllGather(", bytes, " bytes per rank) on rank ", rank_, " of ", size_);
-    return Run(what, timeout, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllGather(in, out, bytes, ncclUint8, c, s);
-    });
+    absl::MutexLock lock(&op_mu_);
+    absl::StatusOr<Call> call = BeginLocked(
+        absl::StrCat("nccl AllGather(", bytes, " bytes per rank) on rank ", rank_, " of ", size_),
+        timeout);
+    if (!call.ok()) return call.status();
+    absl::StatusOr<bool> in_direct = UsesDirectly(Where(in), device_, "AllGather", "in");
+    if (!in_direct.ok()) return in_direct.status();
+    absl::StatusOr<bool> out_direct = UsesDirectly(Where(out), device_, "AllGather", "out");
+    if (!out_direct.ok()) return out_direct.status();
+    if (*in_direct && *out_direct) {
+      return CollectiveLocked(*call, [&](ncclComm_t c, cudaStream_t stream) {
+        return ncclAllGather(in, out, bytes, ncclUint8, c, stream);
+      });
+    }
+    // Each chunk: this rank's piece is copied to its slot of the device
+    // buffer, gathered in place, and every rank's piece copied out to its
+    // place in `out`.
+    const char* src = static_cast<const char*>(in);
+    char* dst = static_cast<char*>(out);
+    for (const StageChunk& chunk : StageChunks(bytes, 1, GatherPieceBytes(kStageBytes, size_))) {
+      absl::StatusOr<void*> stage = StageLocked(*call, chunk.bytes * static_cast<size_t>(size_));
+      if (!stage.ok()) return stage.status();
+      char* buf = static_cast<char*>(*stage);
+      char* mine = buf + static_cast<size_t>(rank_) * chunk.bytes;
+      absl::Status st = CopyLocked(*call, mine, src + chunk.offset, chunk.bytes);
+      if (st.ok()) {
+        st = CollectiveLocked(*call, [&](ncclComm_t c, cudaStream_t stream) {
+          return ncclAllGather(mine, buf, chunk.bytes, ncclUint8, c, stream);
+        });
+      }
+      for (size_t r = 0; st.ok() && r < static_cast<size_t>(size_); ++r) {
+        st = EnqueueCopyLocked(*call, dst + r * bytes + chunk.offset, buf + r * chunk.bytes,
+                               chunk.bytes);
+      }
+      if (st.ok()) st = WaitStreamLocked(*call);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Barrier(absl::Duration timeout) override {
     if (absl::Status s = CheckTimeout(timeout, "Barrier"); !s.ok()) return s;
-    const std::string what = absl::StrCat("nccl Barrier on rank ", rank_, " of ", size_);
     // NCCL has no barrier: an all-reduce of one int on a scratch buffer.
     void* scratch = scratch_.get();
-    return Run(what, timeout, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllReduce(scratch, scratch, 1, ncclInt32, ncclSum, c, s);
+    absl::MutexLock lock(&op_mu_);
+    absl::StatusOr<Call> call =
+        BeginLocked(absl::StrCat("nccl Barrier on rank ", rank_, " of ", size_), timeout);
+    if (!call.ok()) return call.status();
+    return CollectiveLocked(*call, [&](ncclComm_t c, cudaStream_t stream) {
+      return ncclAllReduce(scratch, scratch, 1, ncclInt32, ncclSum, c, stream);
     });
   }
 
@@ -277,50 +371,127 @@ class NcclCommunicator final : public Communicator {
                                                        absl::Duration timeout) override;
 
  private:
-  // Runs one collective: enqueue on the internal stream, then poll until done.
-  template <typename Enqueue>
-  absl::Status Run(const std::string& what, absl::Duration timeout, Enqueue&& enqueue) {
+  // Where `p` lives (cudaPointerGetAttributes; plain host memory when the
+  // runtime does not know the pointer). Asked after BeginLocked, on device_.
+  static PointerInfo Where(const void* p) {
+    cudaPointerAttributes a;
+    std::memset(&a, 0, sizeof(a));
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();  // CUDA < 11 reports host memory as an error: clear it
+      return PointerInfo{};
+    }
+    return PointerInfo{static_cast<MemoryType>(a.type), a.device};
+  }
+
+  // One call in progress: what it is (for errors) and its time bound.
+  struct Call {
+    std::string what;
+    absl::Time deadline;
+    absl::Duration timeout;
+  };
+
+  // The start of every call, under op_mu_: the latched error, or Aborted
+  // after Abort(); else the call, with this thread on device_.
+  absl::StatusOr<Call> BeginLocked(std::string what, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_) {
     if (absl::Status s = AsyncError(); !s.ok()) return s;
-    absl::MutexLock op(&op_mu_);
     if (abort_requested_.load() || comm_.get() == nullptr) {
       return BreakLocked(absl::AbortedError(absl::StrCat(what, ": aborted (Abort() called)")));
     }
-    const absl::Time deadline = absl::Now() + timeout;
+    Call call{std::move(what), absl::Now() + timeout, timeout};
     if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
       cudaGetLastError();
       return BreakLocked(absl::InternalError(
-          absl::StrCat(what, ": cudaSetDevice(", device_, "): ", CudaError(e))));
+          absl::StrCat(call.what, ": cudaSetDevice(", device_, "): ", CudaError(e))));
     }
+    return call;
+  }
+
+  // One collective: enqueue on the internal stream, then poll until done.
+  template <typename Enqueue>
+  absl::Status CollectiveLocked(const Call& call, Enqueue&& enqueue)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_) {
     const ncclResult_t r = enqueue(comm_.get(), stream_.get());
     if (r == ncclInProgress) {
       // Non-blocking: the enqueue itself may still be running.
-      if (absl::Status s = WaitReady(comm_.get(), deadline, timeout, &abort_requested_, what);
+      if (absl::Status s =
+              WaitReady(comm_.get(), call.deadline, call.timeout, &abort_requested_, call.what);
           !s.ok()) {
         return BreakLocked(std::move(s));
       }
     } else if (r != ncclSuccess) {
-      return BreakLocked(FromNccl(r, comm_.get(), what));
+      return BreakLocked(FromNccl(r, comm_.get(), call.what));
     }
+    return WaitStreamLocked(call);
+  }
+
+  // Queues a copy of `bytes` between host and device memory (either way)
+  // on the internal stream, after what is queued there.
+  absl::Status EnqueueCopyLocked(const Call& call, void* dst, const void* src, size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_) {
+    if (const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.get());
+        e != cudaSuccess) {
+      cudaGetLastError();
+      return BreakLocked(absl::InternalError(
+          absl::StrCat(call.what, ": staging copy of ", bytes, " bytes: ", CudaError(e))));
+    }
+    return absl::OkStatus();
+  }
+
+  // EnqueueCopyLocked, then waits for it.
+  absl::Status CopyLocked(const Call& call, void* dst, const void* src, size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_) {
+    if (absl::Status s = EnqueueCopyLocked(call, dst, src, bytes); !s.ok()) return s;
+    return WaitStreamLocked(call);
+  }
+
+  // The device buffer host memory is staged through, at least `bytes` long
+  // (grown on demand, kept for the next call). ResourceExhausted (latched:
+  // the peers would wait for this rank's part) when it cannot be allocated.
+  absl::StatusOr<void*> StageLocked(const Call& call, size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_) {
+    if (stage_bytes_ >= bytes) return stage_.get();
+    stage_.reset();
+    stage_bytes_ = 0;
+    // Small requests (digests, a loss) round up to 1 MiB: one allocation.
+    const size_t want = std::max(bytes, size_t{1} << 20);
+    void* raw = nullptr;
+    if (const cudaError_t e = cudaMalloc(&raw, want); e != cudaSuccess) {
+      cudaGetLastError();
+      return BreakLocked(absl::ResourceExhaustedError(
+          absl::StrCat(call.what, ": cudaMalloc of a ", want,
+                       "-byte staging buffer for host memory: ", CudaError(e))));
+    }
+    stage_.reset(raw);
+    stage_bytes_ = want;
+    return raw;
+  }
+
+  // Polls the internal stream until its work is done, NCCL reports an
+  // error, the deadline passes or Abort() is called (each breaks the
+  // communicator).
+  absl::Status WaitStreamLocked(const Call& call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_) {
     Backoff backoff;
     for (;;) {
       const cudaError_t q = cudaStreamQuery(stream_.get());
       if (q == cudaSuccess) return absl::OkStatus();
       if (q != cudaErrorNotReady) {
         cudaGetLastError();
-        return BreakLocked(absl::InternalError(absl::StrCat(what, ": CUDA: ", CudaError(q))));
+        return BreakLocked(absl::InternalError(absl::StrCat(call.what, ": CUDA: ", CudaError(q))));
       }
       ncclResult_t state = ncclSuccess;
       const ncclResult_t a = ncclCommGetAsyncError(comm_.get(), &state);
-      if (a != ncclSuccess) return BreakLocked(FromNccl(a, comm_.get(), what));
+      if (a != ncclSuccess) return BreakLocked(FromNccl(a, comm_.get(), call.what));
       if (state != ncclSuccess && state != ncclInProgress) {
-        return BreakLocked(FromNccl(state, comm_.get(), what));
+        return BreakLocked(FromNccl(state, comm_.get(), call.what));
       }
       if (abort_requested_.load()) {
-        return BreakLocked(absl::AbortedError(absl::StrCat(what, ": aborted (Abort() called)")));
+        return BreakLocked(
+            absl::AbortedError(absl::StrCat(call.what, ": aborted (Abort() called)")));
       }
-      if (absl::Now() >= deadline) {
-        return BreakLocked(absl::DeadlineExceededError(
-            absl::StrCat(what, ": a peer did not answer within ", absl::FormatDuration(timeout))));
+      if (absl::Now() >= call.deadline) {
+        return BreakLocked(absl::DeadlineExceededError(absl::StrCat(
+            call.what, ": a peer did not answer within ", absl::FormatDuration(call.timeout))));
       }
       backoff.Sleep();
     }
@@ -349,7 +520,9 @@ class NcclCommunicator final : public Communicator {
   const int size_;
   const int device_;
   const StreamPtr stream_;
-  const DevicePtr scratch_;  // one int, for Barrier
+  const DevicePtr scratch_;                  // one int, for Barrier
+  DevicePtr stage_ ABSL_GUARDED_BY(op_mu_);  // host memory goes through it
+  size_t stage_bytes_ ABSL_GUARDED_BY(op_mu_) = 0;
   std::atomic<bool> abort_requested_{false};
   absl::Mutex op_mu_;
   OwnedComm comm_ ABSL_GUARDED_BY(op_mu_);

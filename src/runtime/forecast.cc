@@ -1,6 +1,8 @@
 // The forecaster's learning side: options, Observe (claims scored, regime
 // checked, rhythm relearned) and the public facade. Publishing is in
 // forecast_windows.cc; the model is described in omni/forecast.h.
+#include "omni/forecast.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -8,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "forecast_impl.h"
-#include "omni/forecast.h"
 
 namespace omni {
 

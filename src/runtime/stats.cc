@@ -1,8 +1,9 @@
+#include "omni/stats.h"
+
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "omni/stats.h"
 
 namespace omni {
 

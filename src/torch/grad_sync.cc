@@ -1,9 +1,12 @@
 #include "omni/torch/grad_sync.h"
 
+#include <torch/cuda.h>
+
 #include <cstddef>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "omni/elastic.h"
 
 namespace omni::torch_ext {
 namespace {
@@ -16,12 +19,22 @@ absl::StatusOr<DType> CommType(c10::ScalarType t, size_t index) {
                                                  "; float32 and float64 are supported"));
 }
 
-// Reduces one bucket of gradients of one dtype.
+// Reduces one bucket of gradients of one dtype on one device, in place.
+// `on_device`: the communicator takes CUDA memory (nccl), so CUDA gradients
+// are reduced where they live; otherwise (gloo) they go through host memory.
 absl::Status ReduceBucket(Runtime& rt, const std::vector<torch::Tensor>& grads, DType type,
-                          bool average) {
+                          bool average, bool on_device) {
   const torch::Tensor& first = grads.front();
+  const bool cuda = first.is_cuda();
+  const bool in_place = first.is_cpu() || (cuda && on_device);
   const double scale = average ? 1.0 / rt.size() : 1.0;
-  if (grads.size() == 1 && first.is_cpu() && first.is_contiguous()) {
+  // NCCL runs on the communicator's own stream: what LibTorch queued on the
+  // device (the backward pass, the packing below) must be done first.
+  const auto device_ready = [&] {
+    if (cuda && on_device) torch::cuda::synchronize(first.device().index());
+  };
+  if (grads.size() == 1 && in_place && first.is_contiguous()) {
+    device_ready();
     if (auto st = rt.AllReduce(first.data_ptr(), static_cast<size_t>(first.numel()), type,
                                ReduceOp::kSum);
         !st.ok()) {
@@ -30,10 +43,14 @@ absl::Status ReduceBucket(Runtime& rt, const std::vector<torch::Tensor>& grads, 
     if (average) first.mul_(scale);
     return absl::OkStatus();
   }
+  // Packed into one buffer: on the device with nccl, else on the host.
   std::vector<torch::Tensor> flat;
   flat.reserve(grads.size());
-  for (const torch::Tensor& g : grads) flat.push_back(g.reshape({-1}).to(torch::kCPU));
+  for (const torch::Tensor& g : grads) {
+    flat.push_back(in_place ? g.reshape({-1}) : g.reshape({-1}).to(torch::kCPU));
+  }
   torch::Tensor buf = torch::cat(flat);
+  device_ready();
   if (auto st =
           rt.AllReduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), type, ReduceOp::kSum);
       !st.ok()) {
@@ -53,12 +70,13 @@ absl::Status ReduceBucket(Runtime& rt, const std::vector<torch::Tensor>& grads, 
 absl::Status AllReduceGradients(Runtime& rt, const std::vector<torch::Tensor>& params,
                                 const GradSyncOptions& options) {
   if (rt.group() == nullptr) return absl::OkStatus();
+  const bool on_device = rt.group()->backend() == "nccl";
   std::vector<torch::Tensor> bucket;
   DType bucket_type = DType::kF32;
   size_t bucket_bytes = 0;
   const auto flush = [&]() -> absl::Status {
     if (bucket.empty()) return absl::OkStatus();
-    absl::Status st = ReduceBucket(rt, bucket, bucket_type, options.average);
+    absl::Status st = ReduceBucket(rt, bucket, bucket_type, options.average, on_device);
     bucket.clear();
     bucket_bytes = 0;
     return st;

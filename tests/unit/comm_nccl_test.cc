@@ -3,22 +3,15 @@
 // FailedPrecondition naming the CUDA error, never crash or hang. With
 // devices (tests/gpu/run.sh on a GPU host) every check runs in forked
 // processes, one per GPU, because CUDA does not survive fork(): this test
-// process itself never touches CUDA.
+// process itself never touches CUDA (fork_ranks.h).
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
-#include <functional>
+#include <cstring>
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "comm/staging.h"
+#include "fork_ranks.h"
 #include "omni/comm.h"
 #include "omni/config.h"
 #include "omni/nccl.h"
@@ -40,87 +35,10 @@
 namespace omni {
 namespace {
 
-namespace fs = std::filesystem;
-
-constexpr int kSkipCode = 77;  // a forked check that found nothing to test
-
-class TempDir {
- public:
-  TempDir() {
-    std::error_code ec;
-    const fs::path base = fs::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0
-                              ? fs::path("/dev/shm")
-                              : fs::temp_directory_path();
-    std::string tmpl = (base / "omni_nccl_XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string Uri() const { return "file://" + path_; }
-
- private:
-  std::string path_;
-};
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Outcome {
-  int code = -1;  // exit code; -1 when killed or hung
-  std::string message;
-};
-
-// Runs `body(rank, store)` in `n` forked processes sharing a FileStore; the
-// body returns "" on success, "skip: why" to skip, else what went wrong.
-// Ranks still running after `limit` are killed and reported as hung.
-std::vector<Outcome> Fork(int n, const std::function<std::string(int, Store&)>& body,
-                          absl::Duration limit = absl::Seconds(120)) {
-  TempDir dir;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(dir.Uri() + "/store");
-      std::string msg = store.ok() ? body(r, **store) : store.status().ToString();
-      std::ofstream(absl::StrCat(dir.path(), "/rank", r)) << msg;
-      ::_exit(msg.empty() ? 0 : msg.rfind("skip:", 0) == 0 ? kSkipCode : 1);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<Outcome> out(static_cast<size_t>(n));
-  const absl::Time deadline = absl::Now() + limit;
-  for (int r = 0; r < n; ++r) {
-    int status = 0;
-    pid_t got = 0;
-    while ((got = ::waitpid(pids[r], &status, WNOHANG)) == 0 && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    if (got == 0) {
-      ::kill(pids[r], SIGKILL);
-      ::waitpid(pids[r], nullptr, 0);
-      out[r].message = absl::StrCat("rank ", r, " hung");
-      continue;
-    }
-    out[r].code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    out[r].message = Slurp(absl::StrCat(dir.path(), "/rank", r));
-    if (WIFSIGNALED(status)) absl::StrAppend(&out[r].message, " (signal ", WTERMSIG(status), ")");
-  }
-  return out;
-}
-
-#define RANK_CHECK(cond, ...)                                                        \
-  do {                                                                               \
-    if (!(cond)) return absl::StrCat("rank ", rank, ": ", #cond, ": ", __VA_ARGS__); \
-  } while (false)
+using test_util::DeviceCount;
+using test_util::Fork;
+using test_util::kSkipCode;
+using test_util::Outcome;
 
 CommOptions Options(int rank, int size, Store* store, absl::Duration init_timeout) {
   CommOptions o;
@@ -157,40 +75,7 @@ TEST(CommNcclNoGpu, CreateIsFailedPreconditionNamingTheCudaError) {
 
 #if OMNI_HAVE_NCCL
 
-// The number of CUDA devices, asked in a child so that this process never
-// initializes CUDA (it could not fork usable children afterwards).
-int DeviceCount() {
-  const std::vector<Outcome> out = Fork(1, [](int, Store&) -> std::string {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-    return n == 0 ? "skip: no CUDA device" : absl::StrCat("devices=", n);
-  });
-  const std::string& m = out[0].message;
-  return m.rfind("devices=", 0) == 0 ? std::stoi(m.substr(8)) : 0;
-}
-
-// Device memory for a test, copied from / back to the host.
-template <typename T>
-class DeviceVector {
- public:
-  explicit DeviceVector(const std::vector<T>& host) : n_(host.size()) {
-    if (cudaMalloc(&p_, n_ * sizeof(T)) != cudaSuccess) p_ = nullptr;
-    if (p_ != nullptr) cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~DeviceVector() { cudaFree(p_); }
-  DeviceVector(const DeviceVector&) = delete;
-  DeviceVector& operator=(const DeviceVector&) = delete;
-  T* get() const { return static_cast<T*>(p_); }
-  std::vector<T> Host() const {
-    std::vector<T> h(n_);
-    cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-
- private:
-  size_t n_;
-  void* p_ = nullptr;
-};
+using test_util::DeviceVector;
 
 // AllReduce (sum, avg, min, max; float32 and int64), Broadcast from the last
 // rank, AllGather and Barrier on `c`, checked on the host.
@@ -235,6 +120,68 @@ std::string CheckCollectives(Communicator& c) {
   return "";
 }
 
+// The collectives on host memory, which the communicator stages through its
+// device buffer (src/comm/staging.h): pageable buffers larger than the
+// staging buffer (several chunks each; an offset error would scramble
+// them), pinned memory, and an AllGather from device to host memory.
+std::string CheckHostCollectives(Communicator& c) {
+  const int rank = c.rank();
+  const int n = c.size();
+  const absl::Duration t = absl::Seconds(60);
+  const size_t per_chunk = internal::kStageBytes / sizeof(int64_t);
+  const size_t count = per_chunk + 1000;
+  std::vector<int64_t> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = static_cast<int64_t>(i) * n + rank;
+  absl::Status s = c.AllReduce(v.data(), count, DType::kI64, ReduceOp::kSum, t);
+  RANK_CHECK(s.ok(), s.ToString());
+  for (size_t i : {size_t{0}, per_chunk - 1, per_chunk, count - 1}) {
+    const int64_t want = static_cast<int64_t>(i) * n * n + static_cast<int64_t>(n) * (n - 1) / 2;
+    RANK_CHECK(v[i] == want, "staged AllReduce element ", i, ": ", v[i], " want ", want);
+  }
+
+  const size_t bytes = internal::kStageBytes + 17;
+  std::vector<uint8_t> b(bytes, 0);
+  if (rank == n - 1) {
+    for (size_t i = 0; i < bytes; ++i) b[i] = static_cast<uint8_t>(i * 7);
+  }
+  s = c.Broadcast(b.data(), bytes, n - 1, t);
+  RANK_CHECK(s.ok(), s.ToString());
+  for (size_t i : {size_t{1}, internal::kStageBytes - 1, internal::kStageBytes, bytes - 1}) {
+    RANK_CHECK(b[i] == static_cast<uint8_t>(i * 7), "staged Broadcast byte ", i);
+  }
+
+  const size_t piece = internal::GatherPieceBytes(internal::kStageBytes, n) + 5;
+  std::vector<uint8_t> in(piece);
+  for (size_t i = 0; i < piece; ++i) in[i] = static_cast<uint8_t>(i + static_cast<size_t>(rank));
+  std::vector<uint8_t> out(piece * static_cast<size_t>(n), 0xff);
+  s = c.AllGather(in.data(), piece, out.data(), t);
+  RANK_CHECK(s.ok(), s.ToString());
+  for (size_t r = 0; r < static_cast<size_t>(n); ++r) {
+    for (size_t i : {size_t{0}, piece - 6, piece - 5, piece - 1}) {
+      RANK_CHECK(out[r * piece + i] == static_cast<uint8_t>(i + r), "staged AllGather rank ", r,
+                 " byte ", i);
+    }
+  }
+
+  void* pinned = nullptr;
+  RANK_CHECK(cudaMallocHost(&pinned, 64 * sizeof(int32_t)) == cudaSuccess, "cudaMallocHost");
+  std::unique_ptr<void, decltype(&cudaFreeHost)> pinned_owner(pinned, &cudaFreeHost);
+  auto* p = static_cast<int32_t*>(pinned);
+  std::fill(p, p + 64, rank + 1);
+  s = c.AllReduce(p, 64, DType::kI32, ReduceOp::kMax, t);
+  RANK_CHECK(s.ok(), s.ToString());
+  RANK_CHECK(p[0] == n && p[63] == n, "pinned AllReduce max ", p[0], " want ", n);
+
+  DeviceVector<uint8_t> dev_in(std::vector<uint8_t>(8, static_cast<uint8_t>(rank + 1)));
+  std::vector<uint8_t> host_out(8 * static_cast<size_t>(n), 0);
+  s = c.AllGather(dev_in.get(), 8, host_out.data(), t);
+  RANK_CHECK(s.ok(), s.ToString());
+  for (int r = 0; r < n; ++r) {
+    RANK_CHECK(host_out[8 * static_cast<size_t>(r) + 7] == r + 1, "device-to-host AllGather ", r);
+  }
+  return "";
+}
+
 class CommNcclGpu : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -244,13 +191,15 @@ class CommNcclGpu : public ::testing::Test {
   int devices_ = 0;
 };
 
-TEST_F(CommNcclGpu, SingleGpuInitCollectivesAbortAndReinit) {
+TEST_F(CommNcclGpu, SingleGpuCollectivesOnDeviceAndHostMemoryAbortAndReinit) {
   const std::vector<Outcome> out = Fork(1, [](int rank, Store& store) -> std::string {
     std::unique_ptr<Store> gen1 = MakePrefixStore(store, "gen1");
     absl::StatusOr<std::unique_ptr<Communicator>> c =
         CreateCommunicator(Options(0, 1, gen1.get(), absl::Seconds(60)));
     RANK_CHECK(c.ok(), c.status().ToString());
     std::string e = CheckCollectives(**c);
+    RANK_CHECK(e.empty(), e);
+    e = CheckHostCollectives(**c);
     RANK_CHECK(e.empty(), e);
     // Abort: every later call fails fast with Aborted.
     (*c)->Abort();
@@ -297,11 +246,35 @@ TEST_F(CommNcclGpu, MultiGpuCollectivesOneProcessPerGpu) {
     absl::StatusOr<std::unique_ptr<Communicator>> c =
         CreateCommunicator(Options(rank, n, &store, absl::Seconds(60)));
     RANK_CHECK(c.ok(), c.status().ToString());
-    const std::string e = CheckCollectives(**c);
+    std::string e = CheckCollectives(**c);
+    RANK_CHECK(e.empty(), e);
+    e = CheckHostCollectives(**c);
     RANK_CHECK(e.empty(), e);
     return "";
   });
   for (int r = 0; r < n; ++r) EXPECT_EQ(out[r].code, 0) << out[r].message;
+}
+
+TEST_F(CommNcclGpu, MemoryOfAnotherDeviceIsRefusedWithoutBreakingTheCommunicator) {
+  if (devices_ < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << devices_;
+  const std::vector<Outcome> out = Fork(1, [](int rank, Store& store) -> std::string {
+    CommOptions o = Options(0, 1, &store, absl::Seconds(60));
+    o.device = 0;
+    absl::StatusOr<std::unique_ptr<Communicator>> c = CreateCommunicator(o);
+    RANK_CHECK(c.ok(), c.status().ToString());
+    RANK_CHECK(cudaSetDevice(1) == cudaSuccess, "cudaSetDevice(1)");
+    DeviceVector<float> elsewhere(std::vector<float>(16, 1.0f));
+    RANK_CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice(0)");
+    const absl::Status s =
+        (*c)->AllReduce(elsewhere.get(), 16, DType::kF32, ReduceOp::kSum, absl::Seconds(5));
+    RANK_CHECK(s.code() == absl::StatusCode::kInvalidArgument, s.ToString());
+    RANK_CHECK(s.message().find("device 1") != absl::string_view::npos, s.ToString());
+    RANK_CHECK((*c)->AsyncError().ok(), (*c)->AsyncError().ToString());
+    const std::string e = CheckCollectives(**c);
+    RANK_CHECK(e.empty(), e);
+    return "";
+  });
+  EXPECT_EQ(out[0].code, 0) << out[0].message;
 }
 
 TEST_F(CommNcclGpu, MultiGpuAbortFromAnotherThreadUnblocksAllReduce) {

@@ -22,6 +22,7 @@
 #include "omni/config.h"
 #include "omni/state.h"
 #include "omni/store.h"
+#include "replica_state.h"
 #include "temp_dir.h"
 
 namespace omni {
@@ -30,25 +31,9 @@ namespace {
 namespace fs = std::filesystem;
 
 using test_util::AutoAdvance;
+using test_util::MakeReplica;
+using test_util::Replica;
 using test_util::TempDir;
-
-// A replica's replicated state: some weights and a step counter.
-struct Replica {
-  Replica(size_t n, float fill)
-      : weights(n, fill), w_state("values", weights.data(), n * sizeof(float)) {
-    EXPECT_TRUE(state.Register("w", &w_state).ok());
-    EXPECT_TRUE(state.Register("train", &step_state).ok());
-  }
-  std::vector<float> weights;
-  int64_t step = 0;
-  BytesState w_state;
-  BytesState step_state{"step", &step, sizeof(step)};
-  StateRegistry state;
-};
-
-std::unique_ptr<Replica> MakeReplica(size_t n, float fill) {
-  return std::make_unique<Replica>(n, fill);
-}
 
 TEST(StateTransfer, RoundTripsEveryObject) {
   auto a = MakeReplica(100, 1.5F);

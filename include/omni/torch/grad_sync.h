@@ -6,10 +6,14 @@
 //   if (omni::torch_ext::AllReduceGradients(*rt, model->parameters()).ok()) optimizer.step();
 //   omni::Decision d = rt->EndStep().value();   // kRedoStep after a failure
 //
-// CPU tensors go through the Runtime's communicator (Gloo) without a copy
-// when a bucket is one contiguous float32/float64 gradient; smaller gradients
-// are packed into buckets of up to bucket_bytes (one collective each) and
-// copied back. CUDA gradients are staged through host memory.
+// Where the gradients live decides the path (ElasticGroup::backend()):
+// CPU gradients are reduced in host memory (gloo); CUDA gradients with the
+// nccl backend are reduced on their device, in place (the device is
+// synchronized first: NCCL runs on its own stream); CUDA gradients with
+// gloo are staged through host memory. A bucket that is one contiguous
+// float32/float64 gradient is reduced without a copy; smaller gradients are
+// packed into buckets of up to bucket_bytes (one collective each, packed on
+// the gradients' device) and copied back.
 //
 // Thread safety: call from the training thread, between BeginStep and
 // EndStep; nothing else may touch the gradients meanwhile.

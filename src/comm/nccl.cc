@@ -1,5 +1,8 @@
-#include "absl/strings/str_cat.h"
+// What the NCCL path can use on this host (omni/nccl.h): ProbeNccl and the
+// library version, without touching a device where there is none.
 #include "omni/nccl.h"
+
+#include "absl/strings/str_cat.h"
 
 #if OMNI_HAVE_NCCL
 #include <cuda_runtime_api.h>

@@ -1,6 +1,7 @@
+#include "omni/nccl.h"
+
 #include <gtest/gtest.h>
 
-#include "omni/nccl.h"
 #include "omni/version.h"
 
 namespace omni {

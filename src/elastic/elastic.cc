@@ -1,11 +1,9 @@
 // ElasticGroup: membership + one communicator per generation + state sync.
+#include "omni/elastic.h"
+
 #include <algorithm>
-#include <cstring>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -13,160 +11,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "common/strings.h"
 #include "omni/clock.h"
-#include "omni/elastic.h"
 #include "omni/hash.h"
 
 namespace omni {
 namespace {
 
-constexpr char kMagic[8] = {'O', 'M', 'N', 'I', 'S', 'T', '0', '1'};
 // Attempts to build a generation after failures before giving up.
 constexpr int kMaxRecoverAttempts = 8;
-
-template <typename T>
-void Append(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-
-class BufferWriter final : public StateWriter {
- public:
-  explicit BufferWriter(std::string& out) : out_(out) {}
-  absl::Status PutTensor(std::string_view key, DType dtype, std::vector<int64_t> shape,
-                         const void* data, size_t nbytes) override {
-    absl::StatusOr<size_t> expect = TensorBytes(dtype, shape);
-    if (!expect.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("state key '", internal::Sv(key), "': ", expect.status().message()));
-    }
-    if (*expect != nbytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state key '", internal::Sv(key), "': ", nbytes, " bytes for a tensor of ", *expect));
-    }
-    Append(out_, static_cast<uint32_t>(key.size()));
-    out_.append(key.data(), key.size());
-    Append(out_, static_cast<uint8_t>(dtype));
-    Append(out_, static_cast<uint32_t>(shape.size()));
-    for (int64_t d : shape) Append(out_, d);
-    Append(out_, static_cast<uint64_t>(nbytes));
-    out_.append(static_cast<const char*>(data), nbytes);
-    ++count_;
-    return absl::OkStatus();
-  }
-  absl::Status PutBytes(std::string_view key, std::string_view bytes) override {
-    return PutTensor(key, DType::kU8, {static_cast<int64_t>(bytes.size())}, bytes.data(),
-                     bytes.size());
-  }
-  uint64_t count() const { return count_; }
-
- private:
-  std::string& out_;
-  uint64_t count_ = 0;
-};
-
-class BufferReader final : public StateReader {
- public:
-  absl::Status Parse(std::string_view b) {
-    size_t pos = 0;
-    const auto need = [&](size_t n) -> absl::Status {
-      if (b.size() - pos < n) {
-        return absl::DataLossError(
-            absl::StrCat("state buffer truncated at byte ", pos, " of ", b.size()));
-      }
-      return absl::OkStatus();
-    };
-    const auto read = [&](void* dst, size_t n) {
-      std::memcpy(dst, b.data() + pos, n);
-      pos += n;
-    };
-    if (b.size() < sizeof(kMagic) + 8 || std::memcmp(b.data(), kMagic, sizeof(kMagic)) != 0) {
-      return absl::DataLossError("not a state buffer (bad magic)");
-    }
-    pos = sizeof(kMagic);
-    uint64_t count = 0;
-    read(&count, sizeof(count));
-    for (uint64_t i = 0; i < count; ++i) {
-      uint32_t klen = 0;
-      if (auto st = need(4); !st.ok()) return st;
-      read(&klen, 4);
-      if (auto st = need(klen + 5); !st.ok()) return st;
-      std::string key(b.data() + pos, klen);
-      pos += klen;
-      uint8_t dtype = 0;
-      uint32_t ndim = 0;
-      read(&dtype, 1);
-      read(&ndim, 4);
-      if (dtype > static_cast<uint8_t>(DType::kF64) || ndim > 64) {
-        return absl::DataLossError(absl::StrCat("state buffer: bad header of key '", key, "'"));
-      }
-      Entry e;
-      e.info.dtype = static_cast<DType>(dtype);
-      e.info.shape.resize(ndim);
-      if (auto st = need(8 * static_cast<size_t>(ndim) + 8); !st.ok()) return st;
-      for (int64_t& d : e.info.shape) read(&d, 8);
-      uint64_t nbytes = 0;
-      read(&nbytes, 8);
-      if (auto st = need(nbytes); !st.ok()) return st;
-      absl::StatusOr<size_t> expect = TensorBytes(e.info.dtype, e.info.shape);
-      if (!expect.ok() || *expect != nbytes) {
-        return absl::DataLossError(absl::StrCat("state buffer: size of key '", key, "'"));
-      }
-      e.info.nbytes = nbytes;
-      e.data = b.data() + pos;
-      pos += nbytes;
-      entries_[key] = e;
-    }
-    if (pos != b.size()) return absl::DataLossError("state buffer: trailing bytes");
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<Info> Find(std::string_view key) const override {
-    auto it = entries_.find(std::string(key));
-    if (it == entries_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("state key '", internal::Sv(key), "' missing from the received state"));
-    }
-    return it->second.info;
-  }
-  absl::Status ReadTensor(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
-                          void* dst, size_t nbytes) const override {
-    absl::StatusOr<Info> info = Find(key);
-    if (!info.ok()) return info.status();
-    if (info->dtype != dtype || info->shape != shape || info->nbytes != nbytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("state key '", internal::Sv(key), "': received ", DTypeName(info->dtype),
-                       " of ", info->nbytes, " bytes, expected ", DTypeName(dtype), " of ", nbytes,
-                       " bytes (another model?)"));
-    }
-    std::memcpy(dst, entries_.at(std::string(key)).data, nbytes);
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::string> ReadBytes(std::string_view key) const override {
-    absl::StatusOr<Info> info = Find(key);
-    if (!info.ok()) return info.status();
-    if (info->dtype != DType::kU8 || info->shape.size() != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("state key '", internal::Sv(key), "' is not a byte blob"));
-    }
-    const Entry& e = entries_.at(std::string(key));
-    return std::string(e.data, e.info.nbytes);
-  }
-  std::vector<std::string> Keys(std::string_view prefix) const override {
-    std::vector<std::string> out;
-    for (const auto& [k, e] : entries_) {
-      if (std::string_view(k).substr(0, prefix.size()) == prefix) out.push_back(k);
-    }
-    return out;
-  }
-
- private:
-  struct Entry {
-    Info info;
-    const char* data = nullptr;
-  };
-  std::map<std::string, Entry> entries_;
-};
 
 class ElasticGroupImpl final : public ElasticGroup {
  public:
@@ -253,6 +105,7 @@ class ElasticGroupImpl final : public ElasticGroup {
   }
 
   Generation generation() const override { return membership_->current(); }
+  const std::string& backend() const override { return o_.backend; }
 
   Communicator& comm() override {
     absl::MutexLock lock(&comm_mu_);
@@ -405,22 +258,6 @@ class ElasticGroupImpl final : public ElasticGroup {
 };
 
 }  // namespace
-
-absl::StatusOr<std::string> SerializeState(const StateRegistry& state) {
-  std::string out(kMagic, sizeof(kMagic));
-  Append(out, uint64_t{0});  // entry count, patched below
-  BufferWriter w(out);
-  if (auto st = state.SaveAll(w); !st.ok()) return st;
-  const uint64_t count = w.count();
-  std::memcpy(out.data() + sizeof(kMagic), &count, sizeof(count));
-  return out;
-}
-
-absl::Status DeserializeState(std::string_view bytes, const StateRegistry& state) {
-  BufferReader r;
-  if (auto st = r.Parse(bytes); !st.ok()) return st;
-  return state.LoadAll(r);
-}
 
 absl::StatusOr<std::unique_ptr<ElasticGroup>> ElasticGroup::Create(
     Store& store, const ElasticOptions& options, const StateRegistry& replicated) {
