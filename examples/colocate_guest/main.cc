@@ -154,8 +154,8 @@ std::string BusyReason(omni::colocate::GuestStop why, int64_t no_window_before_n
                        int64_t waited_ns, const omni::colocate::ChannelWindowSource& source,
                        const Flags& flags) {
   if (why != omni::colocate::GuestStop::kHostBusy) {
-    return absl::StrFormat("no window of its kinds (%s) for %.1f s (--max-wait-s %g)",
-                           flags.kinds, static_cast<double>(waited_ns) / 1e9, flags.max_wait_s);
+    return absl::StrFormat("no window of its kinds (%s) for %.1f s (--max-wait-s %g)", flags.kinds,
+                           static_cast<double>(waited_ns) / 1e9, flags.max_wait_s);
   }
   const double busy_s =
       static_cast<double>(no_window_before_ns - omni::Clock::Real()->NowNanos()) / 1e9;
@@ -331,7 +331,6 @@ int Run(const Flags& flags) {
               omni::HexDigest(*digest).c_str(), static_cast<double>(last_loss));
   return 0;
 }
-
 
 // --pause: the supervisor of the trainer child `child` (stopped by itself
 // once ready). Returns the child's exit code.

@@ -54,7 +54,9 @@ class OMNI_EXPORT ManualWindowSource final : public WindowSource {
   void SetNoWindowBefore(int64_t ns) { no_window_before_ns_.store(ns, std::memory_order_relaxed); }
   OpenWindow Current() override;
   bool WaitForChange(absl::Duration timeout) override;
-  int64_t NoWindowBeforeNs() override { return no_window_before_ns_.load(std::memory_order_relaxed); }
+  int64_t NoWindowBeforeNs() override {
+    return no_window_before_ns_.load(std::memory_order_relaxed);
+  }
 
  private:
   GuestGate* gate_;

@@ -169,7 +169,7 @@ enum class OutlookState : uint8_t {
 };
 OMNI_EXPORT const char* OutlookStateName(OutlookState s);  // "none", "forecast", "withdrawn"
 
-struct WindowOutlook {
+struct OMNI_EXPORT WindowOutlook {
   uint64_t sequence = 0;  // outlooks written (each forecast, withdrawal and announcement)
   OutlookState state = OutlookState::kNone;
   // The forecast's (kForecast): when it was made (the writer's clock), its

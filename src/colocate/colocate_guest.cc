@@ -78,7 +78,8 @@ GuestLoopResult RunGuestLoop(GuestGate& gate, WindowSource& source,
       const int64_t now = clock->NowNanos();
       const int64_t before =
           d.verdict == GateVerdict::kWaitNoWindow ? source.NoWindowBeforeNs() : 0;
-      if (std::optional<GuestStop> why = StopWaiting(now, waiting_since, before, options.max_wait)) {
+      if (std::optional<GuestStop> why =
+              StopWaiting(now, waiting_since, before, options.max_wait)) {
         r.why = *why;
         r.no_window_before_ns = before;
         r.waited_ns = now - waiting_since;

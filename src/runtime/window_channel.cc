@@ -362,10 +362,10 @@ class WriterImpl final : public WindowChannelWriter {
   ino_t inode_ = 0;  // of the shared-memory object, for the unlink
   std::unique_ptr<WindowLayout> owned_;
   WindowLayout* const l_;
-  uint64_t sequence_ = 0;    // training thread
-  uint64_t notice_seq_ = 0;  // training thread
-  uint32_t open_bit_ = 0;    // training thread: the open window's kind bit (0: none)
-  uint64_t phases_seq_ = 0;  // worker
+  uint64_t sequence_ = 0;     // training thread
+  uint64_t notice_seq_ = 0;   // training thread
+  uint32_t open_bit_ = 0;     // training thread: the open window's kind bit (0: none)
+  uint64_t phases_seq_ = 0;   // worker
   uint64_t outlook_seq_ = 0;  // PublishOutlook's caller
   uint64_t outlooks_ = 0;     // PublishOutlook's caller
 };

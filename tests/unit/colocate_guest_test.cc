@@ -32,7 +32,7 @@ class FakeSource final : public WindowSource {
   OpenWindow w_;
   std::function<void()> on_wait_;
   int waits_ = 0;
-  std::vector<int64_t> waited_ns_;  // each wait's timeout
+  std::vector<int64_t> waited_ns_;   // each wait's timeout
   int64_t no_window_before_ns_ = 0;  // the host's statement (0: none)
 
  private:
@@ -200,7 +200,8 @@ TEST_F(GuestLoopTest, AnOpenWindowTooShortForAUnitIsNotABusyHost) {
   EXPECT_EQ(src.waited_ns_, (std::vector<int64_t>{30 * kMs, 30 * kMs, 30 * kMs, 10 * kMs}));
 }
 
-TEST_F(GuestLoopTest, AHostExpectingAWindowWithinMaxWaitIsWaitedForAndTheWaitStartsAgainAfterAUnit) {
+TEST_F(GuestLoopTest,
+       AHostExpectingAWindowWithinMaxWaitIsWaitedForAndTheWaitStartsAgainAfterAUnit) {
   FakeSource src(clock_);
   GuestLoopOptions o;
   o.initial_unit_ns = 5 * kMs;

@@ -211,7 +211,8 @@ TEST(WindowChannel, ACorruptOrOtherVersionChannelIsRefusedWithAClearError) {
     const uint32_t previous = 2;
     const int fd1 = ::shm_open(("/omni-window." + name).c_str(), O_RDWR, 0);
     ASSERT_GE(fd1, 0);
-    ASSERT_EQ(::pwrite(fd1, &previous, sizeof(previous), 8), static_cast<ssize_t>(sizeof(previous)));
+    ASSERT_EQ(::pwrite(fd1, &previous, sizeof(previous), 8),
+              static_cast<ssize_t>(sizeof(previous)));
     ::close(fd1);
     r = WindowChannelReader::Open(name);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);

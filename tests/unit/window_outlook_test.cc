@@ -83,8 +83,7 @@ TEST(OutlookOf, AKindListedIsNextAKindLearnedButNotListedIsNoneAndOneNotLearnedI
   EXPECT_EQ(eval.outlook, KindOutlook::kNext);
   EXPECT_EQ(eval.step, 150);
   EXPECT_EQ(o.next[static_cast<size_t>(IdleKind::kCheckpoint)].outlook, KindOutlook::kNone);
-  EXPECT_EQ(o.next[static_cast<size_t>(IdleKind::kPipelineBubble)].outlook,
-            KindOutlook::kUnknown);
+  EXPECT_EQ(o.next[static_cast<size_t>(IdleKind::kPipelineBubble)].outlook, KindOutlook::kUnknown);
   EXPECT_EQ(o.next[static_cast<size_t>(IdleKind::kHostSide)].outlook, KindOutlook::kUnknown);
   EXPECT_EQ(o.next[static_cast<size_t>(IdleKind::kHostSide)].last_seen_step, -1);
 }
