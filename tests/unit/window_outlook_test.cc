@@ -9,7 +9,9 @@
 #include <atomic>
 #include <chrono>
 #include <limits>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "omni/telemetry.h"
@@ -157,6 +159,25 @@ TelemetryOptions HostOptions(int64_t eval_every) {
   return o;
 }
 
+// A host's telemetry on a fake clock publishing into a real channel, and a
+// guest's reader of that channel.
+struct HostChannel {
+  FakeClock clock;
+  std::unique_ptr<Telemetry> tel;
+  std::unique_ptr<WindowChannelReader> reader;
+
+  // Fails the test (ASSERT_NO_FATAL_FAILURE) when either cannot be created.
+  void Start(int64_t eval_every) {
+    const TelemetryOptions o = HostOptions(eval_every);
+    auto t = Telemetry::Create(o, &clock);
+    ASSERT_TRUE(t.ok()) << t.status();
+    tel = *std::move(t);
+    auto r = WindowChannelReader::Open(o.window_channel_name, &clock);
+    ASSERT_TRUE(r.ok()) << r.status();
+    reader = *std::move(r);
+  }
+};
+
 // Steps of a 5 ms data stall and 20 ms of compute; eval steps add a 30 ms
 // eval (the declared rhythm).
 void Train(Telemetry& t, FakeClock& clock, int64_t from, int64_t to, int64_t eval_every,
@@ -180,23 +201,20 @@ void Train(Telemetry& t, FakeClock& clock, int64_t from, int64_t to, int64_t eva
 }
 
 TEST(WindowOutlook, AHostsChannelCarriesItsLatestForecastsNextWindowOfEachKind) {
-  FakeClock clock;
-  const TelemetryOptions o = HostOptions(10);
-  auto tel = Telemetry::Create(o, &clock);
-  ASSERT_TRUE(tel.ok()) << tel.status();
-  auto reader = WindowChannelReader::Open(o.window_channel_name, &clock);
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  auto before = (*reader)->ReadOutlook();
+  HostChannel h;
+  ASSERT_NO_FATAL_FAILURE(h.Start(10));
+  FakeClock& clock = h.clock;
+  auto before = h.reader->ReadOutlook();
   ASSERT_TRUE(before.ok()) << before.status();
   EXPECT_EQ(before->state, OutlookState::kNone);
   EXPECT_EQ(before->sequence, 0u);
   EXPECT_EQ(before->next[static_cast<size_t>(IdleKind::kDataStall)].last_seen_step, -1);
   EXPECT_EQ(before->NoWindowBeforeNs(~uint32_t{0}), 0);
 
-  Train(**tel, clock, 0, 25, 10);  // evals in steps 9 and 19
-  auto f = (*tel)->LatestForecast();
+  Train(*h.tel, clock, 0, 25, 10);  // evals in steps 9 and 19
+  auto f = h.tel->LatestForecast();
   ASSERT_TRUE(f.ok()) << f.status();
-  auto out = (*reader)->ReadOutlook();
+  auto out = h.reader->ReadOutlook();
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->state, OutlookState::kForecast);
   EXPECT_GT(out->sequence, 0u);
@@ -230,29 +248,27 @@ TEST(WindowOutlook, AHostsChannelCarriesItsLatestForecastsNextWindowOfEachKind) 
   EXPECT_EQ(out->next[static_cast<size_t>(IdleKind::kCheckpoint)].outlook, KindOutlook::kUnknown)
       << "never seen";
   EXPECT_EQ(out->NoWindowBeforeNs(Bit(IdleKind::kEval) | Bit(IdleKind::kCheckpoint)), 0);
-  EXPECT_EQ((*tel)->LatestOutlook().made_at_ns, out->made_at_ns);
-  ASSERT_TRUE((*tel)->Close().ok());
-  auto closed = (*reader)->ReadOutlook();
+  EXPECT_EQ(h.tel->LatestOutlook().made_at_ns, out->made_at_ns);
+  ASSERT_TRUE(h.tel->Close().ok());
+  auto closed = h.reader->ReadOutlook();
   ASSERT_TRUE(closed.ok());
   EXPECT_TRUE(closed->writer_closed);
 }
 
 TEST(WindowOutlook, EvalsFartherApartThanTheHorizonAreNoneBeforeItsEnd) {
-  FakeClock clock;
-  const TelemetryOptions o = HostOptions(80);  // 80 steps of >= 25 ms: 2 s > the 1 s horizon
-  auto tel = Telemetry::Create(o, &clock);
-  ASSERT_TRUE(tel.ok()) << tel.status();
-  auto reader = WindowChannelReader::Open(o.window_channel_name, &clock);
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  Train(**tel, clock, 0, 79, 80);
-  auto out = (*reader)->ReadOutlook();
+  // 80 steps of >= 25 ms: 2 s > the 1 s horizon
+  HostChannel h;
+  ASSERT_NO_FATAL_FAILURE(h.Start(80));
+  FakeClock& clock = h.clock;
+  Train(*h.tel, clock, 0, 79, 80);
+  auto out = h.reader->ReadOutlook();
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->next[static_cast<size_t>(IdleKind::kEval)].outlook, KindOutlook::kUnknown)
       << "no eval measured yet: its absence means nothing";
   EXPECT_EQ(out->NoWindowBeforeNs(Bit(IdleKind::kEval)), 0);
 
-  Train(**tel, clock, 79, 85, 80);  // the eval in step 79
-  out = (*reader)->ReadOutlook();
+  Train(*h.tel, clock, 79, 85, 80);  // the eval in step 79
+  out = h.reader->ReadOutlook();
   ASSERT_TRUE(out.ok());
   ASSERT_EQ(out->state, OutlookState::kForecast);
   const NextIdleWindow& eval = out->next[static_cast<size_t>(IdleKind::kEval)];
@@ -262,21 +278,18 @@ TEST(WindowOutlook, EvalsFartherApartThanTheHorizonAreNoneBeforeItsEnd) {
   EXPECT_LT(out->NoWindowBeforeNs(Bit(IdleKind::kEval) | Bit(IdleKind::kDataStall)),
             out->made_at_ns + 30 * kMs)
       << "the next step's data stall";
-  ASSERT_TRUE((*tel)->Close().ok());
+  ASSERT_TRUE(h.tel->Close().ok());
 }
 
 TEST(WindowOutlook, AnAnnouncedBusyPeriodReachesTheChannelAtOnceAndOutlivesNewForecasts) {
-  FakeClock clock;
-  const TelemetryOptions o = HostOptions(10);
-  auto tel = Telemetry::Create(o, &clock);
-  ASSERT_TRUE(tel.ok()) << tel.status();
-  auto reader = WindowChannelReader::Open(o.window_channel_name, &clock);
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  Telemetry& t = **tel;
+  HostChannel h;
+  ASSERT_NO_FATAL_FAILURE(h.Start(10));
+  FakeClock& clock = h.clock;
+  Telemetry& t = *h.tel;
 
   const int64_t until = clock.NowNanos() + 60 * kS;
   ASSERT_TRUE(t.AnnounceBusy(until).ok());
-  auto out = (*reader)->ReadOutlook();
+  auto out = h.reader->ReadOutlook();
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->state, OutlookState::kNone) << "no forecast yet";
   EXPECT_EQ(out->busy_until_ns, until);
@@ -285,7 +298,7 @@ TEST(WindowOutlook, AnAnnouncedBusyPeriodReachesTheChannelAtOnceAndOutlivesNewFo
   EXPECT_EQ(t.LatestOutlook().busy_until_ns, until);
 
   Train(t, clock, 0, 12, 10);
-  out = (*reader)->ReadOutlook();
+  out = h.reader->ReadOutlook();
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->state, OutlookState::kForecast);
   EXPECT_EQ(out->busy_until_ns, until) << "a new forecast keeps the announcement";
@@ -293,7 +306,7 @@ TEST(WindowOutlook, AnAnnouncedBusyPeriodReachesTheChannelAtOnceAndOutlivesNewFo
 
   ASSERT_TRUE(t.AnnounceBusy(0).ok());  // withdrawn
   const uint64_t seq = out->sequence;
-  out = (*reader)->ReadOutlook();
+  out = h.reader->ReadOutlook();
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->sequence, seq + 1);
   EXPECT_EQ(out->busy_until_ns, 0);
@@ -308,24 +321,21 @@ TEST(WindowOutlook, AnAnnouncedBusyPeriodReachesTheChannelAtOnceAndOutlivesNewFo
 }
 
 TEST(WindowOutlook, WhileTheHostHasNoForecastTheOutlookIsWithdrawn) {
-  FakeClock clock;
-  const TelemetryOptions o = HostOptions(1000);
-  auto tel = Telemetry::Create(o, &clock);
-  ASSERT_TRUE(tel.ok()) << tel.status();
-  auto reader = WindowChannelReader::Open(o.window_channel_name, &clock);
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  Train(**tel, clock, 0, 30, 1000);
-  ASSERT_TRUE((*tel)->LatestForecast().ok());
+  HostChannel h;
+  ASSERT_NO_FATAL_FAILURE(h.Start(1000));
+  FakeClock& clock = h.clock;
+  Train(*h.tel, clock, 0, 30, 1000);
+  ASSERT_TRUE(h.tel->LatestForecast().ok());
   // Steps 8x as long: a new regime, which has no forecast until it has
   // enough steps. After each step the outlook says what the host has.
   int withdrawn = 0;
   for (int64_t s = 30; s < 60; ++s) {
-    Train(**tel, clock, s, s + 1, 1000, /*compute_ms=*/200);
-    auto out = (*reader)->ReadOutlook();
+    Train(*h.tel, clock, s, s + 1, 1000, /*compute_ms=*/200);
+    auto out = h.reader->ReadOutlook();
     ASSERT_TRUE(out.ok());
     // A forecast without any window (suspended after a step far outside its
     // bound) states nothing either.
-    auto f = (*tel)->LatestForecast();
+    auto f = h.tel->LatestForecast();
     const bool has = f.ok() && !f->windows.empty();
     EXPECT_EQ(out->state, has ? OutlookState::kForecast : OutlookState::kWithdrawn) << "step " << s;
     if (!has) {
@@ -334,8 +344,8 @@ TEST(WindowOutlook, WhileTheHostHasNoForecastTheOutlookIsWithdrawn) {
     }
   }
   EXPECT_GT(withdrawn, 0) << "the regime change left the host without a forecast for a while";
-  EXPECT_EQ((*reader)->ReadOutlook()->state, OutlookState::kForecast) << "and it came back";
-  ASSERT_TRUE((*tel)->Close().ok());
+  EXPECT_EQ(h.reader->ReadOutlook()->state, OutlookState::kForecast) << "and it came back";
+  ASSERT_TRUE(h.tel->Close().ok());
 }
 
 }  // namespace
