@@ -13,6 +13,11 @@
 // resumable"), or 76 when not even a save fits the notice's deadline; started
 // again with the same flags it resumes bit-exactly. With --pause a supervisor
 // stops and continues the trainer by window instead (SIGSTOP / SIGCONT).
+// With --max-wait-s S it does not wait longer than S for a window of its
+// kinds: when the host's forecast (or a busy period the host announced)
+// says no such window can open within S, or after waiting S, it saves the
+// same way and exits 75 ("the host is busy for at least N s"); started again
+// it resumes bit-exactly.
 // Without --channel it trains ungated (the baselines: plain time sharing, or
 // SCHED_IDLE set by its launcher). docs/colocation.md.
 // Last line of stdout: final step=N params_xxh3=H loss=L
@@ -39,6 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "omni/colocate_channel.h"
 #include "omni/colocate_guest.h"
 #include "omni/colocate_pause.h"
@@ -51,6 +57,13 @@
 
 namespace {
 
+std::atomic<int> g_signal{0};
+void OnSignal(int sig) { g_signal.store(sig); }
+// The trainer of --pause: its supervisor stopped waiting for a window
+// (--max-wait-s) and tells it with SIGUSR2 to save and leave.
+std::atomic<int> g_host_busy{0};
+void OnHostBusy(int /*sig*/) { g_host_busy.store(1); }
+
 struct Flags {
   std::string channel, ckpt_dir, notice_file, log, runs_log, kinds = "all";
   int64_t steps = 1000, seed = 1, hidden = 128, batch = 64;
@@ -59,6 +72,7 @@ struct Flags {
   double attach_s = 30;       // wait this long for the host's channel to appear
   double poll_ms = 0.5;       // how often an open window's remainder is refreshed
   double yield_bound_ms = 1;  // --pause: a stop later than this after a close is a miss
+  double max_wait_s = -1;     // the longest wait for a window (< 0: for ever)
   bool pause = false;         // supervisor + stopped/continued trainer child
   bool until_close = false;   // --pause: run to the close, not to the claimed remainder
   bool normal_class = false;  // --pause: leave the trainer in the normal class (not SCHED_IDLE)
@@ -80,7 +94,8 @@ bool Parse(int argc, char** argv, Flags& f) {
                                                 {"--unit-ms", &f.unit_ms},
                                                 {"--attach-s", &f.attach_s},
                                                 {"--poll-ms", &f.poll_ms},
-                                                {"--yield-bound-ms", &f.yield_bound_ms}};
+                                                {"--yield-bound-ms", &f.yield_bound_ms},
+                                                {"--max-wait-s", &f.max_wait_s}};
   int i = 1;
   const std::map<std::string, bool*> switches = {{"--pause", &f.pause},
                                                  {"--until-close", &f.until_close},
@@ -125,6 +140,31 @@ absl::StatusOr<std::unique_ptr<omni::colocate::ChannelWindowSource>> Attach(
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+absl::Duration MaxWait(const Flags& flags) {
+  return flags.max_wait_s < 0 ? absl::InfiniteDuration()
+                              : absl::Nanoseconds(static_cast<int64_t>(1e9 * flags.max_wait_s));
+}
+
+// Why a guest stopped waiting (GuestStop::kHostBusy / kWaitedTooLong), for
+// its log and its Runtime's yield: how long the host is busy at least, and
+// who says so (its forecast or its announcement).
+std::string BusyReason(omni::colocate::GuestStop why, int64_t no_window_before_ns,
+                       int64_t waited_ns, const omni::colocate::ChannelWindowSource& source,
+                       const Flags& flags) {
+  if (why != omni::colocate::GuestStop::kHostBusy) {
+    return absl::StrFormat("no window of its kinds (%s) for %.1f s (--max-wait-s %g)", flags.kinds,
+                           static_cast<double>(waited_ns) / 1e9, flags.max_wait_s);
+  }
+  const double busy_s =
+      static_cast<double>(no_window_before_ns - omni::Clock::Real()->NowNanos()) / 1e9;
+  absl::StatusOr<omni::WindowOutlook> o = source.Outlook();
+  const char* who = o.ok() && o->busy_until_ns == no_window_before_ns
+                        ? "it announced a busy period"
+                        : "its forecast lists no window of the kinds before then";
+  return absl::StrFormat("the host is busy for at least %.1f s (%s; kinds %s, --max-wait-s %g)",
+                         busy_s, who, flags.kinds, flags.max_wait_s);
 }
 
 void PrintGateLine(int64_t units, const omni::colocate::GateStats& s) {
@@ -227,6 +267,7 @@ int Run(const Flags& flags) {
   lo.max_units = flags.steps - *first;
   lo.wait_poll = absl::Milliseconds(5);
   lo.initial_unit_ns = static_cast<int64_t>(1e6 * flags.unit_ms);
+  lo.max_wait = MaxWait(flags);
   omni::colocate::GuestLoopResult r;
   if (source) {
     // Gated: the loop may be waiting for a window when told; a watcher
@@ -242,7 +283,8 @@ int Run(const Flags& flags) {
     watcher.join();
   } else {
     // Ungated (or the trainer of --pause): asked at each boundary, no thread.
-    while (r.units < lo.max_units && !stop.load() && !monitor->pending()) {
+    while (r.units < lo.max_units && !stop.load() && !monitor->pending() &&
+           g_host_busy.load() == 0) {
       if (auto st = step(); !st.ok()) return Fail(st);
       ++r.units;
     }
@@ -250,12 +292,21 @@ int Run(const Flags& flags) {
   if (log != nullptr) std::fclose(log);
   if (r.why == omni::colocate::GuestStop::kUnitFailed) return Fail(r.unit_status);
   if (!flags.child) PrintGateLine(r.units, r.stats);
+  // Not worth waiting (--max-wait-s): the reason the Runtime's yield gives.
+  std::string leave = "the host finished";
+  if (r.why == omni::colocate::GuestStop::kHostBusy ||
+      r.why == omni::colocate::GuestStop::kWaitedTooLong) {
+    leave = BusyReason(r.why, r.no_window_before_ns, r.waited_ns, *source, flags);
+  } else if (g_host_busy.load() != 0) {
+    leave = absl::StrFormat("the host is busy: its supervisor stopped waiting (--max-wait-s %g)",
+                            flags.max_wait_s);
+  }
 
   // ---- preempted, or the host finished first: save through the Runtime
   // (when the notice's deadline still allows it) and exit resumable
   if ((*rt)->step() < flags.steps) {
     if (!stopped.has_value()) {
-      absl::StatusOr<omni::Decision> d = (*rt)->Yield("the host finished");
+      absl::StatusOr<omni::Decision> d = (*rt)->Yield(leave);
       if (!d.ok()) return Fail(d.status());
       stopped = *d;
     }
@@ -280,9 +331,6 @@ int Run(const Flags& flags) {
               omni::HexDigest(*digest).c_str(), static_cast<double>(last_loss));
   return 0;
 }
-
-std::atomic<int> g_signal{0};
-void OnSignal(int sig) { g_signal.store(sig); }
 
 // --pause: the supervisor of the trainer child `child` (stopped by itself
 // once ready). Returns the child's exit code.
@@ -342,6 +390,8 @@ int Supervise(const Flags& flags, pid_t child) {
   };
   int forward = SIGTERM;  // how the child is told to save and exit
   absl::Status error;
+  const absl::Duration max_wait = MaxWait(flags);
+  int64_t waiting_since = clock->NowNanos();  // the trainer's last stop (or the start)
   for (;;) {
     if (::waitpid(child, &st, WNOHANG) == child) {  // it finished its steps
       if (ctl.running()) end_run(clock->NowNanos());
@@ -359,7 +409,8 @@ int Supervise(const Flags& flags, pid_t child) {
         break;
       }
     }
-    switch (ctl.Tick((*source)->Current())) {
+    const omni::colocate::OpenWindow window = (*source)->Current();
+    switch (ctl.Tick(window)) {
       case omni::colocate::PauseController::Action::kResume: {
         run = RunRecord{clock->NowNanos(), cpu_ns()};
         absl::StatusOr<absl::Duration> r = pauser.Resume();
@@ -379,16 +430,30 @@ int Supervise(const Flags& flags, pid_t child) {
         const int64_t stopped = sent + (r.ok() ? absl::ToInt64Nanoseconds(*r) : 0);
         ctl.Paused(stopped);
         end_run(stopped);
+        waiting_since = stopped;
         break;
       }
       case omni::colocate::PauseController::Action::kNone:
         break;
     }
     if (!error.ok()) break;
+    absl::Duration wait = flags.until_close || !ctl.running() ? absl::Milliseconds(100) : poll;
+    if (!ctl.running() && max_wait != absl::InfiniteDuration()) {
+      // Waiting for a window (--max-wait-s): is it worth it?
+      const int64_t now = clock->NowNanos();
+      const int64_t before = window.open ? 0 : (*source)->NoWindowBeforeNs();
+      if (auto why = omni::colocate::StopWaiting(now, waiting_since, before, max_wait)) {
+        std::fprintf(stderr, "colocate_guest: %s; the trainer saves\n",
+                     BusyReason(*why, before, now - waiting_since, **source, flags).c_str());
+        forward = SIGUSR2;  // the trainer's OnHostBusy
+        break;
+      }
+      wait = std::min(wait, max_wait - absl::Nanoseconds(now - waiting_since));
+    }
     // Running to the close, only an open or a close matters (the source wakes
     // this wait at once); otherwise the shrinking remainder is looked at
     // every poll while the guest runs.
-    (*source)->WaitForChange(flags.until_close || !ctl.running() ? absl::Milliseconds(100) : poll);
+    (*source)->WaitForChange(wait);
     woke_ns = clock->NowNanos();
     ++turns;
   }
@@ -428,7 +493,7 @@ int main(int argc, char** argv) {
         "usage: colocate_guest --ckpt-dir DIR [--channel NAME] [--steps N] [--seed S]\n"
         "  [--hidden H] [--batch B] [--guard-ms G] [--unit-ms U] [--notice-file F]\n"
         "  [--log PATH] [--attach-s S] [--poll-ms P] [--kinds K1,K2|all]\n"
-        "  [--yield-bound-ms B]\n"
+        "  [--yield-bound-ms B] [--max-wait-s S]\n"
         "  (--pause [--until-close] [--normal-class] first: stop/continue the trainer\n"
         "   by window; it runs in SCHED_IDLE in a session of its own unless --normal-class)\n"
         "  [--runs-log PATH]\n");
@@ -451,6 +516,9 @@ int main(int argc, char** argv) {
       return Supervise(flags, child);
     }
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never left stopped without its supervisor
+    struct sigaction busy = {};
+    busy.sa_handler = OnHostBusy;
+    ::sigaction(SIGUSR2, &busy, nullptr);
     if (!flags.normal_class) {
       // The trainer in the idle class: a host thread that wakes on the
       // guest's core (its data stall ends) preempts it at once, before its

@@ -17,12 +17,18 @@
 //   auto src = omni::colocate::ChannelWindowSource::Open("job-42", gate.get()).value();
 //   RunGuestLoop(*gate, *src, unit, stop, {});
 //
+// The source also reads the host's outlook (Outlook, NoWindowBeforeNs): when
+// the next window of the guest's kinds can open as the host's forecast or an
+// announced busy period states it, for a guest that will not wait for ever
+// (GuestLoopOptions::max_wait).
+//
 // Times are CLOCK_MONOTONIC nanoseconds (the writer's and Clock::Real()),
 // comparable on one host. A window that opened and closed before the watcher
 // woke is not seen: the guest does not use it. A window of a kind the options
 // leave out (ChannelSourceOptions::kinds) is no window for the guest.
 //
-// Thread safety: Current and WaitForChange may be called from any thread;
+// Thread safety: Current, WaitForChange, Outlook and NoWindowBeforeNs may be
+// called from any thread;
 // the watcher thread is started by Open and joined by the destructor.
 // Without a watcher (ChannelSourceOptions::watcher = false) one thread at a
 // time calls WaitForChange; Current and Stats may still be called from any.
@@ -105,6 +111,14 @@ class OMNI_EXPORT ChannelWindowSource final : public WindowSource {
   // the notices itself, and returns false at once after the host's writer
   // closed.
   bool WaitForChange(absl::Duration timeout) override;
+  // "When can the next window of my kinds open?": the host's outlook read
+  // now (its latest forecast's next window per idle kind, a busy period it
+  // announced; omni/window_channel.h), and from it the earliest time a window
+  // of options.kinds can open (WindowOutlook::NoWindowBeforeNs; 0 when the
+  // host states nothing, or the channel could not be read). Any thread; a
+  // few hundred nanoseconds, no system call.
+  absl::StatusOr<WindowOutlook> Outlook() const;
+  int64_t NoWindowBeforeNs() override;
   ChannelSourceStats Stats();
 
   // Use Open.
@@ -121,7 +135,8 @@ class OMNI_EXPORT ChannelWindowSource final : public WindowSource {
   void Apply(const WindowNotice& n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseOpen(int64_t closed_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // The watcher thread only (without one: WaitForChange's caller).
+  // The watcher thread only (without one: WaitForChange's caller), but for
+  // ReadOutlook, which any thread may call.
   std::unique_ptr<WindowChannelReader> reader_;
   GuestGate* gate_;
   ChannelSourceOptions options_;

@@ -1,5 +1,6 @@
 // The guest's loop: run units of work while the host's open window allows,
-// wait otherwise, stop at a unit boundary when told. The pieces that do not
+// wait otherwise, stop at a unit boundary when told, or when waiting is not
+// worth it (the host states it is busy for longer than the guest will wait). The pieces that do not
 // depend on the Runtime: the Runtime facade wires its own save-and-exit
 // decision into `stop`, and an adapter over the live notices channel (or the
 // host's store key) implements WindowSource.
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -32,6 +34,11 @@ class OMNI_EXPORT WindowSource {
   // Blocks until Current() may have changed, at most `timeout`; true when it
   // changed.
   virtual bool WaitForChange(absl::Duration timeout) = 0;
+  // The earliest time (clock nanoseconds) a window this guest may use can
+  // open, as the host states it: its latest forecast's next window of the
+  // guest's kinds, or a busy period it announced (WindowOutlook::
+  // NoWindowBeforeNs). 0 when the host states nothing (the default).
+  virtual int64_t NoWindowBeforeNs() { return 0; }
 };
 
 // A WindowSource that a notices reader sets: Open when the host enters an
@@ -43,8 +50,13 @@ class OMNI_EXPORT ManualWindowSource final : public WindowSource {
   explicit ManualWindowSource(GuestGate* gate = nullptr) : gate_(gate) {}
   void Open(const OpenWindow& window);
   void Close(uint64_t window_id, int64_t closed_ns);
+  // What the host states about its next window (NoWindowBeforeNs; 0: nothing).
+  void SetNoWindowBefore(int64_t ns) { no_window_before_ns_.store(ns, std::memory_order_relaxed); }
   OpenWindow Current() override;
   bool WaitForChange(absl::Duration timeout) override;
+  int64_t NoWindowBeforeNs() override {
+    return no_window_before_ns_.load(std::memory_order_relaxed);
+  }
 
  private:
   GuestGate* gate_;
@@ -52,6 +64,7 @@ class OMNI_EXPORT ManualWindowSource final : public WindowSource {
   OpenWindow window_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t seen_ ABSL_GUARDED_BY(mu_) = 0;  // the version Current() last returned
+  std::atomic<int64_t> no_window_before_ns_{0};
 };
 
 struct GuestLoopOptions {
@@ -62,25 +75,53 @@ struct GuestLoopOptions {
   // The unit cost bound before any unit ran (e.g. the guest's next-step
   // bound from its own forecaster); then UnitCostBound learns it.
   int64_t initial_unit_ns = 50'000'000;
+  // The longest the guest waits for a window it can use (StopWaiting): it
+  // stops (kHostBusy) as soon as the host states that no window of its kinds
+  // can open within max_wait, and (kWaitedTooLong) once it has waited that
+  // long without starting a unit. Infinite: it waits for ever.
+  absl::Duration max_wait = absl::InfiniteDuration();
 };
 
 enum class GuestStop : uint8_t {
   kMaxUnits = 0,       // max_units done
   kStopRequested = 1,  // `stop` was set (e.g. the runtime decided to save and exit)
   kUnitFailed = 2,     // a unit returned an error (in unit_status)
+  // Waiting for a window (max_wait): the host states that none of the
+  // guest's kinds opens before no_window_before_ns, beyond max_wait.
+  kHostBusy = 3,
+  kWaitedTooLong = 4,  // no unit could start for max_wait
 };
+OMNI_EXPORT const char* GuestStopName(GuestStop why);  // "max_units", ..., "waited_too_long"
+
+// The guest's decision while it waits for a window, at `now_ns`: it has
+// waited since `waiting_since_ns` (its last unit's end, or its start), and
+// the host states that no window it may use opens before
+// `no_window_before_ns` (WindowSource::NoWindowBeforeNs; 0: no statement;
+// pass 0 while a window is open, even one too short to use). kHostBusy when
+// that time is more than `max_wait` away, else kWaitedTooLong when the wait
+// has lasted `max_wait`, else nothing (keep waiting). An infinite max_wait
+// never stops; a zero one stops at the first wait.
+OMNI_EXPORT std::optional<GuestStop> StopWaiting(int64_t now_ns, int64_t waiting_since_ns,
+                                                 int64_t no_window_before_ns,
+                                                 absl::Duration max_wait);
 
 struct GuestLoopResult {
   GuestStop why = GuestStop::kMaxUnits;
   int64_t units = 0;
   absl::Status unit_status;  // the failing unit's error for kUnitFailed
+  // kHostBusy / kWaitedTooLong: the host's statement when the guest stopped
+  // waiting (0: none) and how long it had waited.
+  int64_t no_window_before_ns = 0;
+  int64_t waited_ns = 0;
   GateStats stats;
 };
 
 // Runs `unit` whenever `gate` allows it in `source`'s current window, waits
 // for a change otherwise, and checks `stop` at every boundary (so a stop
-// takes at most one unit, or one wait_poll while waiting). Times are read
-// from `clock`.
+// takes at most one unit, or one wait_poll while waiting). While it waits it
+// asks StopWaiting with options.max_wait at every wake-up (at least every
+// wait_poll, and when the wait reaches max_wait). Times are read from
+// `clock`.
 OMNI_EXPORT GuestLoopResult RunGuestLoop(GuestGate& gate, WindowSource& source,
                                          const std::function<absl::Status()>& unit,
                                          const std::atomic<bool>& stop,

@@ -14,7 +14,9 @@
 // StepRecords and never allocate, lock or do I/O (on success). Entering and
 // leaving an idle phase also writes a window notice into a seqlock record
 // (omni/window_channel.h), likewise without allocating or locking. A worker thread
-// drains the ring: statistics, step log, trace, forecasts and sinks. Misuse
+// drains the ring: statistics, step log, trace, forecasts, sinks, and the
+// window channel's phase table and outlook (the next forecast window per idle
+// kind, for guests deciding whether to wait). Misuse
 // (a step ended twice, phases that do not nest, a non-finite duration) returns
 // an error Status, is counted, and leaves telemetry working; the step it
 // happened in is still recorded when it can be, and dropped otherwise.
@@ -138,6 +140,22 @@ class OMNI_EXPORT Telemetry {
   // time elapsed, at options.window_confidence) or closed. Sinks receive each
   // new notice from the worker (ForecastSink::PublishWindow).
   virtual WindowNotice LatestWindow() const = 0;
+  // The host's outlook as the window channel carries it (WindowOutlook,
+  // omni/window_channel.h): with each forecast the worker publishes, per
+  // idle kind the next window it lists (or none within the horizon, or
+  // unknown), and the busy period announced below.
+  virtual WindowOutlook LatestOutlook() const = 0;
+  // The host states that none of its idle windows will open before
+  // `until_ns` (on this telemetry's clock): a long stretch without idle time
+  // it knows of and its forecast cannot (a compile, a long collective, a
+  // phase of pure compute). A guest waiting for a window reads it from the
+  // channel (WindowOutlook::busy_until_ns) and may leave instead of waiting
+  // (docs/colocation.md). It replaces an earlier announcement; 0 (or any
+  // past time) withdraws it. The live notices are unaffected: a window the
+  // host opens anyway is announced as usual. Not a per-step hook: it takes a
+  // lock (never one the hooks take). InvalidArgument for a negative time;
+  // FailedPrecondition after Close().
+  virtual absl::Status AnnounceBusy(int64_t until_ns) = 0;
   virtual PhaseCatalog Phases() const = 0;
   // The forecaster learns on the worker thread: other threads may read only
   // its options() through this reference.

@@ -31,6 +31,10 @@
 // (magic, schema version, size) and described in docs/telemetry.md. Readers
 // never block the writer: a read that overlaps a write is retried.
 //
+// The worker also writes, with each forecast, the host's outlook: per idle
+// kind the next window its forecast lists (earliest start) or none within
+// the horizon, and a busy period the host announced (WindowOutlook, below).
+//
 // Thread safety: a WindowChannelWriter's notice methods (Open/CloseWindow)
 // must be called from one thread at a time (the training thread) and never
 // allocate, lock or do I/O; PublishPhases from one thread at a time (the
@@ -48,6 +52,7 @@
 #include "absl/time/time.h"
 #include "omni/clock.h"
 #include "omni/export.h"
+#include "omni/forecast.h"
 #include "omni/phase.h"
 
 namespace omni {
@@ -115,6 +120,93 @@ struct WindowNotice {
   bool writer_closed = false;        // the writer has shut down; no more notices
 };
 
+// ---- the host's outlook: when can its next window of a kind start?
+//
+// Besides the live notices, the telemetry worker writes into the channel,
+// with every forecast it publishes, the next window of each idle kind that
+// the forecast lists (the earliest and latest time it can start, how long it
+// lasts once started) or that it lists none within the forecast's horizon;
+// and a host that knows it enters a long stretch without idle time says so
+// with Telemetry::AnnounceBusy. A guest that waits for a window of its kinds
+// reads it to decide whether waiting is worth it (omni/colocate_guest.h,
+// GuestLoopOptions::max_wait).
+
+// What the host's latest forecast says about one idle kind.
+enum class KindOutlook : uint8_t {
+  // Nothing: the forecast's model has not seen a window of this kind in the
+  // steps it learned from (never, or before its history or regime), so the
+  // absence of such windows in the forecast means nothing.
+  kUnknown = 0,
+  kNext = 1,  // the forecast lists a window of this kind: `next` (NextIdleWindow)
+  // The model learned from steps with windows of this kind and lists none
+  // within the horizon (none expected, or none it can claim: a guaranteed
+  // length below the forecast's min_window).
+  kNone = 2,
+};
+OMNI_EXPORT const char* KindOutlookName(KindOutlook o);  // "unknown", "next", "none"
+
+struct NextIdleWindow {
+  KindOutlook outlook = KindOutlook::kUnknown;
+  int64_t windows = 0;  // windows of this kind the forecast lists within its horizon
+  // The first of them (by earliest start; kNext only), as IdleWindow states it.
+  int64_t earliest_start_ns = 0;
+  int64_t latest_start_ns = 0;
+  int64_t guaranteed_ns = 0;
+  int64_t expected_ns = 0;
+  int64_t step = -1;
+  // The last step in which the host had a window of this kind (-1: none
+  // yet), whatever the forecast.
+  int64_t last_seen_step = -1;
+};
+
+enum class OutlookState : uint8_t {
+  kNone = 0,      // no forecast yet (or forecasting is off)
+  kForecast = 1,  // from the forecast made at made_at_ns
+  // The host has no forecast now (a regime change, or a forecast without any
+  // window: the model suspends windows after a step far outside its bound);
+  // the earlier one is void.
+  kWithdrawn = 2,
+};
+OMNI_EXPORT const char* OutlookStateName(OutlookState s);  // "none", "forecast", "withdrawn"
+
+struct OMNI_EXPORT WindowOutlook {
+  uint64_t sequence = 0;  // outlooks written (each forecast, withdrawal and announcement)
+  OutlookState state = OutlookState::kNone;
+  // The forecast's (kForecast): when it was made (the writer's clock), its
+  // horizon, and the time up to which its list of windows is complete:
+  // made_at + horizon, earlier when the list was cut at max_windows.
+  int64_t made_at_ns = 0;
+  int64_t horizon_ns = 0;
+  int64_t covered_until_ns = 0;
+  double confidence = 0;  // the forecast's stated confidence
+  int64_t last_step = -1;
+  // Telemetry::AnnounceBusy: no window of any kind before this time (0: none
+  // announced), and when it was announced.
+  int64_t busy_until_ns = 0;
+  int64_t busy_announced_ns = 0;
+  std::array<NextIdleWindow, kNumIdleKinds> next{};  // index: IdleKind (kNone unused)
+  bool writer_closed = false;
+
+  // The earliest time a window of one of `kinds` (a bit per IdleKind: 1 <<
+  // kind) can start, as the host states it: the later of the announced busy
+  // period and, from a forecast, the earliest of the kinds' next windows'
+  // earliest starts (covered_until for a kind with none listed). 0 when the
+  // host states nothing for these kinds: no forecast, a withdrawn one, a
+  // kind it knows nothing about (KindOutlook::kUnknown), and no busy period
+  // announced. May be in the past (a window may be due now).
+  int64_t NoWindowBeforeNs(uint32_t kinds) const;
+};
+
+// The outlook of `forecast` (state kForecast). `max_windows`: the forecast's
+// ForecastOptions::max_windows (a list that long was cut: covered_until is
+// then the earliest start of the last step it reached). `last_seen_step`:
+// per IdleKind the last step with a window of that kind (-1: none);
+// a kind is kUnknown unless that step is one the forecast's model learned
+// from (after last_step - steps_observed). A forecast without any window is
+// kWithdrawn (see OutlookState).
+OMNI_EXPORT WindowOutlook OutlookOf(const Forecast& forecast, int max_windows,
+                                    const std::array<int64_t, kNumIdleKinds>& last_seen_step);
+
 // Versioned JSON (schema "omni.window", version 1; docs/telemetry.md).
 OMNI_EXPORT std::string WindowNoticeToJson(const WindowNotice& notice);
 // InvalidArgument naming the field for malformed input; FailedPrecondition for
@@ -153,6 +245,11 @@ class OMNI_EXPORT WindowChannelWriter {
   void PublishPhases(const PhaseCatalog& catalog,
                      const std::array<DurationQuantiles, kMaxPhases>& quantiles);
 
+  // The host's outlook (everything but sequence and writer_closed, which the
+  // writer keeps). Any thread, one at a time (Telemetry serialises the
+  // worker's forecasts and AnnounceBusy). Allocation- and lock-free.
+  virtual void PublishOutlook(const WindowOutlook& outlook) = 0;
+
   // Tells readers that no notice will follow (WindowNotice::writer_closed).
   // Any thread; idempotent. The destructor does it too.
   virtual void MarkClosed() = 0;
@@ -185,6 +282,10 @@ class OMNI_EXPORT WindowChannelReader {
   // sleep for real.
   virtual absl::StatusOr<WindowNotice> WaitForChange(
       absl::Duration timeout, absl::Duration poll = absl::Microseconds(50)) = 0;
+  // The host's latest outlook (a consistent copy). Unlike the other methods
+  // it may be called from any thread, concurrently with them. Unavailable as
+  // Read.
+  virtual absl::StatusOr<WindowOutlook> ReadOutlook() const = 0;
 };
 
 }  // namespace omni

@@ -258,9 +258,10 @@ class Telemetry(_ClosingContext):
     - exports: ``step_log`` (JSON Lines path), ``trace`` (Chrome trace /
       Perfetto JSON path), ``forecast_file`` (a JSON file replaced atomically
       with every forecast), ``source`` (writer name in the step log);
-    - ``window_channel``: a name; live "idle now" / "busy again" notices are
-      published in shared memory under it for same-host readers
-      (``omni::WindowChannelReader``, docs/telemetry.md);
+    - ``window_channel``: a name; live "idle now" / "busy again" notices,
+      and with each forecast the next window of each idle kind
+      (``latest_outlook``), are published in shared memory under it for
+      same-host readers (``omni::WindowChannelReader``, docs/telemetry.md);
     - ``on_existing``: what happens to a non-empty ``step_log`` or ``trace``
       file that exists already (a resumed run's previous attempt):
       ``"rotate"`` (default) moves it to ``<path>.<n>`` (the first free n >=
@@ -414,6 +415,24 @@ class Telemetry(_ClosingContext):
         """The most recent forecast (schema ``omni.forecast``), or ``None``
         before the step times are stationary or when forecasting is off."""
         return self._c.latest_forecast()
+
+    def announce_busy(self, until_ns: int) -> None:
+        """States that none of this job's idle windows opens before
+        ``until_ns`` (this telemetry's clock; ``time.monotonic_ns()`` for the
+        default one): a long stretch without idle time its forecast cannot
+        know. Guests reading the ``window_channel`` may leave instead of
+        waiting (docs/colocation.md). 0 withdraws it; ``ValueError`` for a
+        negative time."""
+        self._c.announce_busy(until_ns)
+
+    def latest_outlook(self) -> Dict[str, Any]:
+        """What the window channel tells guests about this job's next idle
+        windows: ``state`` ("none", "forecast", "withdrawn"), the forecast's
+        ``made_at_ns`` / ``horizon_ns`` / ``covered_until_ns``, the announced
+        ``busy_until_ns``, and per idle kind in ``kinds`` its ``outlook``
+        ("next" with ``earliest_start_ns`` etc., "none" within the horizon,
+        or "unknown")."""
+        return self._c.latest_outlook()
 
     def counters(self) -> Dict[str, Any]:
         """Steps recorded / dropped, misuse and export errors, forecasts

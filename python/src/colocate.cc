@@ -1,7 +1,7 @@
 // omni._C colocate: the guest side of co-location for Python guests
 // (over omni/colocate_gate.h, colocate_guest.h, colocate_channel.h):
 // OpenWindow, GuestGate, UnitCostBound, ManualWindowSource,
-// ChannelWindowSource, GuestStop and run_guest_loop.
+// ChannelWindowSource (with the host's outlook), GuestStop and run_guest_loop.
 //
 // Times are nanoseconds (ints) where the C++ API has them, durations in
 // seconds (floats) as everywhere in this module. The loop and the sources'
@@ -53,21 +53,9 @@ struct GuestStopFlag {
   std::atomic<bool> flag{false};
 };
 
-const char* GuestStopName(oc::GuestStop why) {
-  switch (why) {
-    case oc::GuestStop::kMaxUnits:
-      return "max_units";
-    case oc::GuestStop::kStopRequested:
-      return "stop_requested";
-    case oc::GuestStop::kUnitFailed:
-      return "unit_failed";
-  }
-  return "unit_failed";
-}
-
 py::dict RunLoop(oc::GuestGate& gate, oc::WindowSource& source, const py::object& unit,
                  GuestStopFlag* stop, int64_t max_units, double wait_poll_s, double initial_unit_s,
-                 const py::object& clock) {
+                 const std::optional<double>& max_wait_s, const py::object& clock) {
   if (!PyCallable_Check(unit.ptr())) {
     throw py::type_error(absl::StrCat("unit must be callable, got ", TypeName(unit)));
   }
@@ -75,6 +63,7 @@ py::dict RunLoop(oc::GuestGate& gate, oc::WindowSource& source, const py::object
   o.max_units = max_units;
   o.wait_poll = Seconds("wait_poll_s", wait_poll_s);
   o.initial_unit_ns = SecondsToNanos("initial_unit_s", initial_unit_s);
+  if (max_wait_s.has_value()) o.max_wait = Seconds("max_wait_s", *max_wait_s);
   const omni::Clock* c = ClockArg(clock);
   GuestStopFlag local;
   const std::atomic<bool>& flag = stop != nullptr ? stop->flag : local.flag;
@@ -96,13 +85,45 @@ py::dict RunLoop(oc::GuestGate& gate, oc::WindowSource& source, const py::object
   }
   if (raised) throw std::move(*raised);  // NOLINT(misc-throw-by-value-catch-by-reference)
   py::dict d;
-  d["why"] = GuestStopName(r.why);
+  d["why"] = oc::GuestStopName(r.why);
   d["units"] = r.units;
+  d["no_window_before_ns"] = r.no_window_before_ns;
+  d["waited_ns"] = r.waited_ns;
   d["stats"] = StatsDict(r.stats);
   return d;
 }
 
 }  // namespace
+
+py::dict OutlookDict(const omni::WindowOutlook& o) {
+  py::dict d;
+  d["state"] = omni::OutlookStateName(o.state);
+  d["sequence"] = o.sequence;
+  d["made_at_ns"] = o.made_at_ns;
+  d["horizon_ns"] = o.horizon_ns;
+  d["covered_until_ns"] = o.covered_until_ns;
+  d["confidence"] = o.confidence;
+  d["last_step"] = o.last_step;
+  d["busy_until_ns"] = o.busy_until_ns;
+  d["busy_announced_ns"] = o.busy_announced_ns;
+  d["writer_closed"] = o.writer_closed;
+  py::dict kinds;
+  for (int k = 1; k < omni::kNumIdleKinds; ++k) {
+    const omni::NextIdleWindow& n = o.next[static_cast<size_t>(k)];
+    py::dict w;
+    w["outlook"] = omni::KindOutlookName(n.outlook);
+    w["windows"] = n.windows;
+    w["earliest_start_ns"] = n.earliest_start_ns;
+    w["latest_start_ns"] = n.latest_start_ns;
+    w["guaranteed_ns"] = n.guaranteed_ns;
+    w["expected_ns"] = n.expected_ns;
+    w["step"] = n.step;
+    w["last_seen_step"] = n.last_seen_step;
+    kinds[omni::IdleKindName(static_cast<omni::IdleKind>(k))] = w;
+  }
+  d["kinds"] = kinds;
+  return d;
+}
 
 void DefineColocate(py::module_& m) {
   py::class_<oc::OpenWindow>(m, "OpenWindow",
@@ -174,7 +195,10 @@ void DefineColocate(py::module_& m) {
             py::gil_scoped_release release;
             return s.WaitForChange(t);
           },
-          py::arg("timeout_s"), "True when the window may have changed; waits at most timeout_s.");
+          py::arg("timeout_s"), "True when the window may have changed; waits at most timeout_s.")
+      .def("no_window_before_ns", &oc::WindowSource::NoWindowBeforeNs,
+           "The earliest time (ns) a window of the guest's kinds can open, as the host states it "
+           "(its forecast, a busy period it announced); 0 when it states nothing.");
 
   py::class_<oc::ManualWindowSource, oc::WindowSource>(
       m, "ManualWindowSource", "A window source a notices reader sets with open() and close().")
@@ -183,7 +207,9 @@ void DefineColocate(py::module_& m) {
            py::arg("gate") = nullptr, py::keep_alive<1, 2>())
       .def("open", &oc::ManualWindowSource::Open, py::arg("window"))
       .def("close", &oc::ManualWindowSource::Close, py::arg("window_id"), py::arg("closed_ns"),
-           "Closes the window and tells the gate (a unit in flight becomes a yield).");
+           "Closes the window and tells the gate (a unit in flight becomes a yield).")
+      .def("set_no_window_before", &oc::ManualWindowSource::SetNoWindowBefore, py::arg("ns"),
+           "What the host states about its next window (no_window_before_ns; 0: nothing).");
 
   py::class_<oc::ChannelWindowSource, oc::WindowSource>(
       m, "ChannelWindowSource",
@@ -214,7 +240,15 @@ void DefineColocate(py::module_& m) {
             d["writer_closed"] = st.writer_closed;
             return d;
           },
-          "Windows seen open, skipped (kind left out) and closed; whether the host shut down.");
+          "Windows seen open, skipped (kind left out) and closed; whether the host shut down.")
+      .def(
+          "outlook",
+          [](const oc::ChannelWindowSource& s) {
+            absl::StatusOr<omni::WindowOutlook> o = s.Outlook();
+            return OutlookDict(ValueOrThrow(std::move(o)));
+          },
+          "The host's outlook: per idle kind the next window its latest forecast lists "
+          "('next', 'none' within the horizon, or 'unknown') and a busy period it announced.");
 
   py::class_<GuestStopFlag>(m, "GuestStop",
                             "A flag that stops run_guest_loop at its next unit boundary.")
@@ -224,10 +258,13 @@ void DefineColocate(py::module_& m) {
 
   m.def("run_guest_loop", &RunLoop, py::arg("gate"), py::arg("source"), py::arg("unit"),
         py::arg("stop") = nullptr, py::arg("max_units") = -1, py::arg("wait_poll_s") = 0.05,
-        py::arg("initial_unit_s") = 0.05, py::arg("clock") = py::none(),
+        py::arg("initial_unit_s") = 0.05, py::arg("max_wait_s") = py::none(),
+        py::arg("clock") = py::none(),
         "Runs unit() whenever the gate allows it in the source's window, waits otherwise; stops "
-        "after max_units, when `stop` is set, or when unit raises (re-raised). Returns {'why', "
-        "'units', 'stats'}.");
+        "after max_units, when `stop` is set, when unit raises (re-raised), or, with max_wait_s, "
+        "when the host states no window of the source's kinds can open within it ('host_busy') "
+        "or none could be used for that long ('waited_too_long'). Returns {'why', 'units', "
+        "'no_window_before_ns', 'waited_ns', 'stats'}.");
 }
 
 }  // namespace omni_python

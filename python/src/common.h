@@ -232,6 +232,8 @@ void DefinePreemption(py::module_& m);
 void DefineSampler(py::module_& m);
 void DefineElastic(py::module_& m);
 void DefineRuntime(py::module_& m);
+// The host's outlook as a dict (colocate.cc; Telemetry.latest_outlook too).
+py::dict OutlookDict(const omni::WindowOutlook& outlook);
 // An omni._C.Telemetry over a telemetry that `owner` owns (an omni.Runtime,
 // kept alive by the view): every call raises RuntimeError once *alive is
 // false (the owner closed).

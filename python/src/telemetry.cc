@@ -265,6 +265,24 @@ class PyTelemetry final : public Closeable {
     return ForecastDict(ValueOrThrow(std::move(forecast)));
   }
 
+  void AnnounceBusy(int64_t until_ns) {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = tel().AnnounceBusy(until_ns);
+    }
+    ThrowIfError(status);
+  }
+
+  py::dict LatestOutlook() const {
+    omni::WindowOutlook outlook;
+    {
+      py::gil_scoped_release release;
+      outlook = tel().LatestOutlook();
+    }
+    return OutlookDict(outlook);
+  }
+
   py::dict Counters() const {
     omni::TelemetryCounters counters;
     {
@@ -478,6 +496,12 @@ void DefineTelemetry(py::module_& m) {
       .def("snapshot", [](const PyTelemetry& t) { return JsonLoads(t.Snapshot().ToJson()); })
       .def("snapshot_table", [](const PyTelemetry& t) { return t.Snapshot().ToTable(); })
       .def("latest_forecast", &PyTelemetry::LatestForecast)
+      .def("announce_busy", &PyTelemetry::AnnounceBusy, py::arg("until_ns"),
+           "No idle window before until_ns (the telemetry's clock) for guests reading the window "
+           "channel; 0 withdraws it.")
+      .def("latest_outlook", &PyTelemetry::LatestOutlook,
+           "The outlook the window channel carries: per idle kind the next forecast window, and "
+           "the announced busy period.")
       .def("counters", &PyTelemetry::Counters)
       .def("options", &PyTelemetry::Options)
       .def("close", &PyTelemetry::Close)

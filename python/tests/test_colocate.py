@@ -6,6 +6,7 @@ import time
 
 import omni
 import pytest
+from conftest import NO_WARMUP, run_steps
 
 MS = 1_000_000
 
@@ -121,3 +122,60 @@ def test_a_guest_sees_a_python_hosts_live_windows_of_the_kinds_it_uses():
     finally:
         tel.close()
     assert wait_until(stalls, lambda w: stalls.stats()["writer_closed"])
+
+
+def test_a_guest_that_will_not_wait_stops_when_the_host_is_busy_beyond_max_wait(clock):
+    gate = omni.GuestGate(clock=clock)
+    source = omni.ManualWindowSource(gate)
+    source.open(window(clock, 1, 8))  # room for one 5 ms unit and the guard
+    busy_until = clock.now_ns() + 10_000 * MS
+    assert source.no_window_before_ns() == 0, "no statement yet"
+
+    def unit():
+        clock.advance(0.005)
+        source.close(1, clock.now_ns())
+        source.set_no_window_before(busy_until)  # the host: nothing for 10 s
+
+    r = omni.run_guest_loop(gate, source, unit, initial_unit_s=0.005, max_wait_s=2.0, clock=clock)
+    assert r["why"] == "host_busy" and r["units"] == 1
+    assert r["no_window_before_ns"] == busy_until and r["waited_ns"] == 0
+    # With a statement within max_wait it would wait; with none, a zero
+    # max_wait gives up at the first wait.
+    r = omni.run_guest_loop(omni.GuestGate(clock=clock), omni.ManualWindowSource(), unit,
+                            max_wait_s=0.0, clock=clock)
+    assert r["why"] == "waited_too_long" and r["units"] == 0
+    with pytest.raises(ValueError, match="max_wait_s"):
+        omni.run_guest_loop(gate, source, unit, max_wait_s=-1.0, clock=clock)
+
+
+def test_a_guest_reads_a_python_hosts_outlook_and_leaves_when_it_announces_a_busy_period(
+        make_telemetry, clock):
+    name = f"omni-pytest-outlook-{os.getpid()}"
+    tel = make_telemetry(window_channel=name, horizon_s=1.0, **NO_WARMUP)
+    gate = omni.GuestGate()
+    source = omni.ChannelWindowSource.open(name, gate, kinds="data_stall")
+    assert source.outlook()["state"] == "none" and source.no_window_before_ns() == 0
+
+    run_steps(tel, clock, 20)
+    tel.flush()
+    out = source.outlook()
+    assert out["state"] == "forecast" and out == tel.latest_outlook()
+    stall = out["kinds"]["data_stall"]
+    assert stall["outlook"] == "next" and stall["last_seen_step"] == 19
+    assert out["kinds"]["eval"]["outlook"] == "unknown"
+    forecast = tel.latest_forecast()
+    assert stall["earliest_start_ns"] == min(
+        w["earliest_start_ns"] for w in forecast["windows"] if w["kind"] == "data_stall")
+    assert source.no_window_before_ns() == stall["earliest_start_ns"]
+
+    until = clock.now_ns() + 600 * 10**9
+    tel.announce_busy(until)
+    assert source.outlook()["busy_until_ns"] == until
+    assert source.no_window_before_ns() == until
+    # The host's times are on its (fake) clock: so is the guest's loop.
+    r = omni.run_guest_loop(gate, source, lambda: None, max_wait_s=5.0, clock=clock)
+    assert r["why"] == "host_busy" and r["units"] == 0 and r["no_window_before_ns"] == until
+    tel.announce_busy(0)
+    assert source.no_window_before_ns() == stall["earliest_start_ns"]
+    with pytest.raises(ValueError, match="until_ns"):
+        tel.announce_busy(-1)

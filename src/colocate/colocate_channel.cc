@@ -178,6 +178,15 @@ bool ChannelWindowSource::WaitForChange(absl::Duration timeout) {
   }
 }
 
+absl::StatusOr<WindowOutlook> ChannelWindowSource::Outlook() const {
+  return reader_->ReadOutlook();
+}
+
+int64_t ChannelWindowSource::NoWindowBeforeNs() {
+  const absl::StatusOr<WindowOutlook> o = reader_->ReadOutlook();
+  return o.ok() ? o->NoWindowBeforeNs(options_.kinds) : 0;
+}
+
 ChannelSourceStats ChannelWindowSource::Stats() {
   absl::MutexLock l(&mu_);
   return stats_;

@@ -1,5 +1,6 @@
 #include "omni/colocate_guest.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace omni::colocate {
@@ -31,12 +32,38 @@ bool ManualWindowSource::WaitForChange(absl::Duration timeout) {
   return mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
 }
 
+const char* GuestStopName(GuestStop why) {
+  switch (why) {
+    case GuestStop::kMaxUnits:
+      return "max_units";
+    case GuestStop::kStopRequested:
+      return "stop_requested";
+    case GuestStop::kUnitFailed:
+      return "unit_failed";
+    case GuestStop::kHostBusy:
+      return "host_busy";
+    case GuestStop::kWaitedTooLong:
+      return "waited_too_long";
+  }
+  return "unit_failed";
+}
+
+std::optional<GuestStop> StopWaiting(int64_t now_ns, int64_t waiting_since_ns,
+                                     int64_t no_window_before_ns, absl::Duration max_wait) {
+  if (max_wait == absl::InfiniteDuration()) return std::nullopt;
+  const int64_t max_ns = absl::ToInt64Nanoseconds(std::max(max_wait, absl::ZeroDuration()));
+  if (no_window_before_ns > 0 && no_window_before_ns - now_ns > max_ns) return GuestStop::kHostBusy;
+  if (now_ns - waiting_since_ns >= max_ns) return GuestStop::kWaitedTooLong;
+  return std::nullopt;
+}
+
 GuestLoopResult RunGuestLoop(GuestGate& gate, WindowSource& source,
                              const std::function<absl::Status()>& unit,
                              const std::atomic<bool>& stop, const GuestLoopOptions& options,
                              const Clock* clock) {
   GuestLoopResult r;
   UnitCostBound cost(options.initial_unit_ns);
+  int64_t waiting_since = clock->NowNanos();
   for (;;) {
     if (stop.load(std::memory_order_acquire)) {
       r.why = GuestStop::kStopRequested;
@@ -46,8 +73,24 @@ GuestLoopResult RunGuestLoop(GuestGate& gate, WindowSource& source,
       r.why = GuestStop::kMaxUnits;
       break;
     }
-    if (!gate.BeforeUnit(source.Current(), cost.BoundNs()).start()) {
-      source.WaitForChange(options.wait_poll);
+    const GateDecision d = gate.BeforeUnit(source.Current(), cost.BoundNs());
+    if (!d.start()) {
+      const int64_t now = clock->NowNanos();
+      const int64_t before =
+          d.verdict == GateVerdict::kWaitNoWindow ? source.NoWindowBeforeNs() : 0;
+      if (std::optional<GuestStop> why =
+              StopWaiting(now, waiting_since, before, options.max_wait)) {
+        r.why = *why;
+        r.no_window_before_ns = before;
+        r.waited_ns = now - waiting_since;
+        break;
+      }
+      // Wake when the wait reaches max_wait, if that comes first.
+      absl::Duration wait = options.wait_poll;
+      if (options.max_wait != absl::InfiniteDuration()) {
+        wait = std::min(wait, options.max_wait - absl::Nanoseconds(now - waiting_since));
+      }
+      source.WaitForChange(wait);
       continue;
     }
     const int64_t t0 = clock->NowNanos();
@@ -61,6 +104,7 @@ GuestLoopResult RunGuestLoop(GuestGate& gate, WindowSource& source,
     }
     cost.Observe(t1 - t0);
     ++r.units;
+    waiting_since = t1;
   }
   r.stats = gate.Stats();
   return r;

@@ -1,5 +1,6 @@
 #include "omni/telemetry.h"
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <thread>
@@ -36,6 +37,7 @@ class TelemetryImpl final : public Telemetry {
         window_durations_(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals,
                           RollingWindow(options.stats.window)) {
     window_count_step_.fill(-1);
+    last_seen_step_.fill(-1);
     const PhaseCatalog builtin;
     for (int p = 0; p < builtin.size(); ++p) {
       idle_kind_[p].store(builtin.idle_kind(static_cast<PhaseId>(p)), std::memory_order_relaxed);
@@ -287,6 +289,27 @@ class TelemetryImpl final : public Telemetry {
 
   WindowNotice LatestWindow() const override { return window_->Latest(clock_->NowNanos()); }
 
+  WindowOutlook LatestOutlook() const override {
+    absl::MutexLock l(&outlook_mu_);
+    WindowOutlook o = outlook_;
+    o.writer_closed = closed_.load(std::memory_order_acquire);
+    return o;
+  }
+
+  absl::Status AnnounceBusy(int64_t until_ns) override {
+    if (until_ns < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AnnounceBusy: until_ns must not be negative, got ", until_ns));
+    }
+    absl::MutexLock l(&outlook_mu_);
+    if (closed_.load(std::memory_order_acquire)) return Closed("AnnounceBusy");
+    outlook_.busy_until_ns = until_ns;
+    outlook_.busy_announced_ns = until_ns > 0 ? clock_->NowNanos() : 0;
+    window_->PublishOutlook(outlook_);
+    ++outlook_.sequence;
+    return absl::OkStatus();
+  }
+
   PhaseCatalog Phases() const override {
     absl::MutexLock l(&mu_);
     return catalog_;
@@ -462,6 +485,7 @@ class TelemetryImpl final : public Telemetry {
         ++rejected_;
         last_error_ = st;
       } else {
+        NoteIdleKinds(rec);
         if (options_.forecast_enabled) {
           forecaster_.Observe(rec, catalog_).IgnoreError();  // same checks as stats_.Add
         }
@@ -478,6 +502,7 @@ class TelemetryImpl final : public Telemetry {
 
   void MaybePublish(bool force) {
     std::optional<Forecast> forecast;
+    std::optional<WindowOutlook> outlook;
     {
       absl::MutexLock l(&mu_);
       if (!options_.forecast_enabled || unpublished_steps_ == 0) return;
@@ -489,16 +514,28 @@ class TelemetryImpl final : public Telemetry {
       auto f = forecaster_.Predict(now);
       if (!f.ok()) {
         latest_error_ = f.status();
+        if (!latest_.has_value()) return;
         latest_.reset();  // e.g. a new regime: the old forecast is dead
-        return;
+        WindowOutlook withdrawn;
+        withdrawn.state = OutlookState::kWithdrawn;
+        withdrawn.made_at_ns = now;
+        for (size_t k = 0; k < withdrawn.next.size(); ++k) {
+          withdrawn.next[k].last_seen_step = last_seen_step_[k];
+        }
+        outlook = withdrawn;
+      } else {
+        unpublished_steps_ = 0;
+        has_published_ = true;
+        last_publish_ns_ = now;
+        latest_ = *std::move(f);
+        ++published_;
+        forecast = latest_;
+        outlook = OutlookOf(*latest_, options_.forecast.max_windows, last_seen_step_);
       }
-      unpublished_steps_ = 0;
-      has_published_ = true;
-      last_publish_ns_ = now;
-      latest_ = *std::move(f);
-      ++published_;
-      forecast = latest_;
     }
+    // The channel's outlook first: a guest deciding whether to wait reads it.
+    PublishOutlook(*outlook);
+    if (!forecast.has_value()) return;
     // Sinks run outside mu_: a slow or re-entrant sink (e.g. a Python
     // callback) never blocks the hooks' error path, Snapshot or Counters.
     absl::MutexLock s(&sinks_mu_);
@@ -510,6 +547,26 @@ class TelemetryImpl final : public Telemetry {
             st.code(), absl::StrCat("forecast sink ", sink->Describe(), ": ", st.message())));
       }
     }
+  }
+
+  // The last step with an idle interval of each kind, as the forecaster sees
+  // the step (ForEachIdleInterval): whether its model knows a kind
+  // (OutlookOf).
+  void NoteIdleKinds(const StepRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ForEachIdleInterval(rec, catalog_, [&](const IdleInterval& iv) {
+      const auto k = static_cast<size_t>(iv.kind);
+      if (k < last_seen_step_.size()) last_seen_step_[k] = rec.step;
+    });
+  }
+
+  // The worker's outlook, with the busy period announced last.
+  void PublishOutlook(WindowOutlook o) {
+    absl::MutexLock l(&outlook_mu_);
+    o.sequence = outlook_.sequence + 1;
+    o.busy_until_ns = outlook_.busy_until_ns;
+    o.busy_announced_ns = outlook_.busy_announced_ns;
+    window_->PublishOutlook(o);
+    outlook_ = o;
   }
 
   // The durations of the windows the hooks announce: one per contiguous
@@ -591,6 +648,10 @@ class TelemetryImpl final : public Telemetry {
   std::unique_ptr<WindowChannelWriter> window_;
   WindowQuantileTable quantiles_ ABSL_GUARDED_BY(mu_);
   uint64_t last_window_sequence_ = 0;  // worker
+  // The outlook in the channel (the worker's forecasts, AnnounceBusy's busy
+  // period): its writer is called under outlook_mu_, never with mu_ held.
+  mutable absl::Mutex outlook_mu_;
+  WindowOutlook outlook_ ABSL_GUARDED_BY(outlook_mu_);
 
   // Shared, lock-free.
   std::atomic<uint64_t> head_{0};
@@ -612,6 +673,7 @@ class TelemetryImpl final : public Telemetry {
   std::unique_ptr<StepLogWriter> log_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<internal::TraceWriter> trace_ ABSL_GUARDED_BY(mu_);
   std::optional<Forecast> latest_ ABSL_GUARDED_BY(mu_);
+  std::array<int64_t, kNumIdleKinds> last_seen_step_ ABSL_GUARDED_BY(mu_);  // NoteIdleKinds
   absl::Status latest_error_ ABSL_GUARDED_BY(mu_) =
       absl::FailedPreconditionError("no forecast yet: no step has been processed");
   int64_t unpublished_steps_ ABSL_GUARDED_BY(mu_) = 0;

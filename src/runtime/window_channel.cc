@@ -98,6 +98,38 @@ bool TryReadPhase(const internal::PhasesRecord& r, PhaseId phase, int ordinal, P
   return r.seq.load(std::memory_order_relaxed) == s1;
 }
 
+// Copies the outlook record; false when a write overlapped (retry).
+bool TryReadOutlook(const internal::OutlookRecord& r, WindowOutlook& o) {
+  const uint64_t s1 = r.seq.load(std::memory_order_acquire);
+  if ((s1 & 1) != 0) return false;
+  o.sequence = r.sequence.load(std::memory_order_relaxed);
+  const uint32_t state = r.state.load(std::memory_order_relaxed);
+  o.made_at_ns = r.made_at_ns.load(std::memory_order_relaxed);
+  o.horizon_ns = r.horizon_ns.load(std::memory_order_relaxed);
+  o.covered_until_ns = r.covered_until_ns.load(std::memory_order_relaxed);
+  o.confidence = r.confidence.load(std::memory_order_relaxed);
+  o.last_step = r.last_step.load(std::memory_order_relaxed);
+  o.busy_until_ns = r.busy_until_ns.load(std::memory_order_relaxed);
+  o.busy_announced_ns = r.busy_announced_ns.load(std::memory_order_relaxed);
+  for (size_t k = 0; k < o.next.size(); ++k) {
+    const internal::NextWindowRecord& in = r.kinds[k];
+    NextIdleWindow& n = o.next[k];
+    const uint32_t outlook = in.state.load(std::memory_order_relaxed);
+    n.outlook = outlook <= 2 ? static_cast<KindOutlook>(outlook) : KindOutlook::kUnknown;
+    n.windows = in.windows.load(std::memory_order_relaxed);
+    n.earliest_start_ns = in.earliest_start_ns.load(std::memory_order_relaxed);
+    n.latest_start_ns = in.latest_start_ns.load(std::memory_order_relaxed);
+    n.guaranteed_ns = in.guaranteed_ns.load(std::memory_order_relaxed);
+    n.expected_ns = in.expected_ns.load(std::memory_order_relaxed);
+    n.step = in.step.load(std::memory_order_relaxed);
+    n.last_seen_step = in.last_seen_step.load(std::memory_order_relaxed);
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (r.seq.load(std::memory_order_relaxed) != s1) return false;
+  o.state = state <= 2 ? static_cast<OutlookState>(state) : OutlookState::kNone;
+  return true;
+}
+
 // The notice record's seqlock word doubles as a doorbell: the writer wakes
 // the readers waiting on it (a futex on its low 32 bits, shared between
 // processes) after each notice, so a reader learns of an open or a close
@@ -160,6 +192,20 @@ absl::StatusOr<WindowNotice> ReadLayout(const WindowLayout& l, int64_t now_ns,
     n.elapsed_ns = n.closed_ns - n.opened_ns;
   }
   return n;
+}
+
+absl::StatusOr<WindowOutlook> ReadOutlookLayout(const WindowLayout& l, const std::string& what) {
+  WindowOutlook o;
+  int tries = 0;
+  while (!TryReadOutlook(l.outlook, o)) {
+    if (++tries >= kMaxRetries) {
+      return absl::UnavailableError(absl::StrCat(
+          what, ": the writer stayed in the middle of an outlook update (did it die?)"));
+    }
+    BackOff(tries);
+  }
+  o.writer_closed = l.writer_closed.load(std::memory_order_acquire) != 0;
+  return o;
 }
 
 class WriterImpl final : public WindowChannelWriter {
@@ -243,6 +289,36 @@ class WriterImpl final : public WindowChannelWriter {
     EndWrite(r.seq, phases_seq_);
   }
 
+  void PublishOutlook(const WindowOutlook& o) override { WriteOutlook(o, ++outlooks_); }
+
+  // The outlook record: `o` with `sequence`.
+  void WriteOutlook(const WindowOutlook& o, uint64_t sequence) {
+    internal::OutlookRecord& r = l_->outlook;
+    BeginWrite(r.seq, outlook_seq_);
+    r.sequence.store(sequence, std::memory_order_relaxed);
+    r.state.store(static_cast<uint32_t>(o.state), std::memory_order_relaxed);
+    r.made_at_ns.store(o.made_at_ns, std::memory_order_relaxed);
+    r.horizon_ns.store(o.horizon_ns, std::memory_order_relaxed);
+    r.covered_until_ns.store(o.covered_until_ns, std::memory_order_relaxed);
+    r.confidence.store(o.confidence, std::memory_order_relaxed);
+    r.last_step.store(o.last_step, std::memory_order_relaxed);
+    r.busy_until_ns.store(o.busy_until_ns, std::memory_order_relaxed);
+    r.busy_announced_ns.store(o.busy_announced_ns, std::memory_order_relaxed);
+    for (size_t k = 0; k < o.next.size(); ++k) {
+      internal::NextWindowRecord& out = r.kinds[k];
+      const NextIdleWindow& n = o.next[k];
+      out.state.store(static_cast<uint32_t>(n.outlook), std::memory_order_relaxed);
+      out.windows.store(n.windows, std::memory_order_relaxed);
+      out.earliest_start_ns.store(n.earliest_start_ns, std::memory_order_relaxed);
+      out.latest_start_ns.store(n.latest_start_ns, std::memory_order_relaxed);
+      out.guaranteed_ns.store(n.guaranteed_ns, std::memory_order_relaxed);
+      out.expected_ns.store(n.expected_ns, std::memory_order_relaxed);
+      out.step.store(n.step, std::memory_order_relaxed);
+      out.last_seen_step.store(n.last_seen_step, std::memory_order_relaxed);
+    }
+    EndWrite(r.seq, outlook_seq_);
+  }
+
   void MarkClosed() override {
     l_->writer_closed.store(1, std::memory_order_release);
     if (!name_.empty()) RingDoorbell(l_->notice.seq, ~uint32_t{0});
@@ -265,6 +341,7 @@ class WriterImpl final : public WindowChannelWriter {
     l_->layout_bytes.store(sizeof(WindowLayout), std::memory_order_relaxed);
     l_->writer_pid.store(::getpid(), std::memory_order_relaxed);
     l_->phases.confidence.store(confidence, std::memory_order_relaxed);
+    WriteOutlook(WindowOutlook{}, 0);  // no forecast yet, no kind seen
     l_->magic.store(internal::kWindowMagic, std::memory_order_release);
   }
 
@@ -285,10 +362,12 @@ class WriterImpl final : public WindowChannelWriter {
   ino_t inode_ = 0;  // of the shared-memory object, for the unlink
   std::unique_ptr<WindowLayout> owned_;
   WindowLayout* const l_;
-  uint64_t sequence_ = 0;    // training thread
-  uint64_t notice_seq_ = 0;  // training thread
-  uint32_t open_bit_ = 0;    // training thread: the open window's kind bit (0: none)
-  uint64_t phases_seq_ = 0;  // worker
+  uint64_t sequence_ = 0;     // training thread
+  uint64_t notice_seq_ = 0;   // training thread
+  uint32_t open_bit_ = 0;     // training thread: the open window's kind bit (0: none)
+  uint64_t phases_seq_ = 0;   // worker
+  uint64_t outlook_seq_ = 0;  // PublishOutlook's caller
+  uint64_t outlooks_ = 0;     // PublishOutlook's caller
 };
 
 class ReaderImpl final : public WindowChannelReader {
@@ -350,6 +429,10 @@ class ReaderImpl final : public WindowChannelReader {
     }
     return absl::DeadlineExceededError(absl::StrCat(
         "window channel '", name_, "': no new notice within ", absl::FormatDuration(timeout)));
+  }
+
+  absl::StatusOr<WindowOutlook> ReadOutlook() const override {
+    return ReadOutlookLayout(*l_, what_);
   }
 
  private:

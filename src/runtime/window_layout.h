@@ -14,7 +14,9 @@
 namespace omni::internal {
 
 inline constexpr uint64_t kWindowMagic = 0x314e57494e4d4f00ULL;  // "\0OMNIWN1"
-inline constexpr uint32_t kWindowSchemaVersion = 2;
+// 3: the outlook record (the forecast's next window per idle kind, an
+// announced busy period) after the phase table; 2: window ordinals.
+inline constexpr uint32_t kWindowSchemaVersion = 3;
 inline constexpr size_t kPhaseNameWords = 6;  // 47 characters + NUL
 
 // Seqlock: `seq` is odd while the record is being written.
@@ -44,6 +46,36 @@ struct alignas(64) PhasesRecord {
   PhaseRecord phases[kMaxPhases];
 };
 
+// The host's outlook (omni::WindowOutlook): per idle kind, the next window
+// its latest forecast lists, and an announced busy period. Written by the
+// telemetry worker and by Telemetry::AnnounceBusy, one at a time.
+struct NextWindowRecord {
+  std::atomic<uint32_t> state;  // KindOutlook
+  std::atomic<uint32_t> reserved;
+  std::atomic<int64_t> windows;  // forecast windows of the kind within the horizon
+  std::atomic<int64_t> earliest_start_ns;
+  std::atomic<int64_t> latest_start_ns;
+  std::atomic<int64_t> guaranteed_ns;
+  std::atomic<int64_t> expected_ns;
+  std::atomic<int64_t> step;
+  std::atomic<int64_t> last_seen_step;
+};
+
+struct alignas(64) OutlookRecord {
+  std::atomic<uint64_t> seq;
+  std::atomic<uint64_t> sequence;  // outlooks written
+  std::atomic<uint32_t> state;     // OutlookState
+  std::atomic<uint32_t> reserved;
+  std::atomic<int64_t> made_at_ns;
+  std::atomic<int64_t> horizon_ns;
+  std::atomic<int64_t> covered_until_ns;
+  std::atomic<double> confidence;
+  std::atomic<int64_t> last_step;
+  std::atomic<int64_t> busy_until_ns;  // 0: none announced
+  std::atomic<int64_t> busy_announced_ns;
+  NextWindowRecord kinds[kNumIdleKinds];  // index: IdleKind (kNone unused)
+};
+
 struct WindowLayout {
   std::atomic<uint64_t> magic;  // stored last when created
   std::atomic<uint32_t> schema_version;
@@ -52,6 +84,7 @@ struct WindowLayout {
   std::atomic<int64_t> writer_pid;
   NoticeRecord notice;
   PhasesRecord phases;
+  OutlookRecord outlook;  // schema version 3
 };
 
 // The layout is a format (docs/telemetry.md): any change needs a new
@@ -61,7 +94,9 @@ static_assert(offsetof(WindowLayout, writer_pid) == 24);
 static_assert(offsetof(WindowLayout, notice) == 64);
 static_assert(offsetof(WindowLayout, phases) == 128);
 static_assert(offsetof(PhasesRecord, phases) == 24 && sizeof(PhaseRecord) == 4216);
-static_assert(sizeof(WindowLayout) == 135104);
+static_assert(offsetof(WindowLayout, outlook) == 135104);
+static_assert(sizeof(NextWindowRecord) == 64 && offsetof(OutlookRecord, kinds) == 80);
+static_assert(sizeof(WindowLayout) == 135104 + 512);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<double>::is_always_lock_free);
 static_assert(std::atomic<int64_t>::is_always_lock_free);

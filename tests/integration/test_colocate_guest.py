@@ -163,3 +163,134 @@ def test_a_paused_guest_runs_only_from_a_stalls_open_to_its_close(tmp_path):
     assert not outside, f"{len(outside)} of {len(runs)} runs began outside the host's stalls"
     assert all(r["stop_ns"] >= r["resume_ns"] for r in runs)
     assert "supervisor resumes=" in gerr
+
+
+# ---- a host busy for longer than the guest will wait (--max-wait-s):
+# the guest saves, exits 75 and, started again, resumes bit-exactly.
+
+def import_omni():
+    """The Python module of this build (<build>/python), for a Python host."""
+    sys.path.insert(0, str(BIN_DIR.parent / "python"))
+    try:
+        import omni  # noqa: PLC0415
+    except ImportError as e:
+        pytest.skip(f"no omni Python module in {BIN_DIR.parent / 'python'}: {e}")
+    return omni
+
+
+def wait_for(pred, what, timeout_s, proc=None):
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert proc is None or proc.poll() is None, f"exited before {what}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.005)
+
+
+def resumed_bit_exactly(d, saved, reference):
+    """Started again, ungated: it resumes at `saved` and ends as an
+    uninterrupted run, no step lost or repeated."""
+    again = subprocess.run(guest(d), capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 0, again.stderr
+    assert f"resumed at step {saved}" in again.stderr or saved == 0, again.stderr
+    assert final(again.stdout) == reference
+    assert [u["step"] for u in units(d)] == list(range(STEPS)), "no step lost or repeated"
+
+
+@pytest.mark.parametrize("mode", ["gated", "pause"])
+def test_a_guest_whose_host_announces_a_long_busy_period_saves_exits_75_and_resumes(
+        tmp_path, reference, mode):
+    """A Python host (this process) with 30 ms data stalls; once the guest has
+    done 20 steps in them it announces 10 minutes without idle time
+    (Telemetry.announce_busy) and computes on. A guest that waits at most
+    30 s leaves at once (not after 30 s), by the announcement: it saves,
+    exits 75, and started again resumes bit-exactly. --pause: the supervisor
+    decides while the trainer is stopped and tells it with SIGUSR2."""
+    omni = import_omni()
+    import threading  # noqa: PLC0415
+    channel = f"omni-it-busy-{mode}-{os.getpid()}"
+    tel = omni.Telemetry(window_channel=channel, warmup_min_steps=0, warmup_max_steps=0,
+                         publish_interval_s=0.0)
+    idle, stop = threading.Event(), threading.Event()
+    idle.set()
+
+    def host():
+        while not stop.is_set():
+            with tel.step():
+                if idle.is_set():
+                    with tel.phase(omni.DATA_WAIT):
+                        time.sleep(0.03)
+                with tel.phase(omni.COMPUTE):
+                    time.sleep(0.01)
+
+    trainer = threading.Thread(target=host)
+    trainer.start()
+    g = None
+    try:
+        pause = ["--pause"] if mode == "pause" else []
+        g = subprocess.Popen([str(GUEST), *pause,
+                              *guest(tmp_path, "--channel", channel, "--kinds", "data_stall",
+                                     "--unit-ms", 5, "--max-wait-s", 30)[1:]],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: len(units(tmp_path)) >= 20, "20 guest steps", 120, g)
+        tel.announce_busy(time.monotonic_ns() + 600 * 10**9)
+        idle.clear()  # its busy period: compute only
+        announced = time.monotonic()
+        out, err = g.communicate(timeout=60)
+        left_after_s = time.monotonic() - announced
+    finally:
+        if g is not None and g.poll() is None:
+            g.kill()
+        stop.set()
+        trainer.join()
+        tel.close()
+    assert g.returncode == 75, err
+    assert out == "", "no final line when it leaves"
+    m = re.search(r"the host is busy for at least (\d+\.\d) s \(it announced a busy period", err)
+    assert m, err
+    assert 500 < float(m.group(1)) <= 600, err
+    assert left_after_s < 30, "it left on the announcement, not after waiting --max-wait-s"
+    saved = int(re.search(r"saved step=(\d+)", err).group(1))
+    assert 20 <= saved < STEPS, err
+    assert len(units(tmp_path)) == saved, "it saved every step it did"
+    resumed_bit_exactly(tmp_path, saved, reference)
+
+
+def host_steps(path):
+    """The steps an omni_train host's step log has recorded so far."""
+    if not path.exists():
+        return []
+    lines = path.read_text().split("\n")[:-1]  # whole lines only
+    return [r["step"] for r in map(json.loads, lines) if r.get("type") == "step"]
+
+
+def test_a_guest_of_evals_leaves_when_the_hosts_forecast_has_none_within_max_wait(
+        tmp_path, reference):
+    """An omni_train host evaluating every 200 steps (about 4 s apart on this
+    trainer) publishes with each forecast when its next eval can start. A
+    guest of eval windows that waits at most 0.5 s, started after the host's
+    first eval, reads that the next one is seconds away and leaves at its
+    first wait: it saves, exits 75 naming the forecast, and started again
+    resumes bit-exactly."""
+    channel = f"omni-it-outlook-{os.getpid()}"
+    log = tmp_path / "host.jsonl"
+    host = subprocess.Popen([str(HOST), "--steps", "600", "--eval-every", "200", "--quiet",
+                             "--log", str(log), "--window-channel", channel],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(s >= 200 for s in host_steps(log)), "host eval", 240, host)
+        g = subprocess.run(guest(tmp_path, "--channel", channel, "--kinds", "eval",
+                                 "--max-wait-s", 0.5),
+                           capture_output=True, text=True, timeout=120, check=False)
+        at_exit = max(host_steps(log))
+    finally:
+        host.kill()
+        host.communicate()
+    assert g.returncode == 75, g.stderr
+    assert at_exit < 399, f"the host reached its next eval ({at_exit}) first: load too high?"
+    m = re.search(r"the host is busy for at least (\d+\.\d) s \(its forecast lists no window of "
+                  r"the kinds before then; kinds eval", g.stderr)
+    assert m, g.stderr
+    assert 0.5 < float(m.group(1)) < 60, g.stderr
+    saved = int(re.search(r"saved step=(\d+)", g.stderr).group(1))
+    assert saved == len(units(tmp_path)), "it saved every step it did"
+    resumed_bit_exactly(tmp_path, saved, reference)

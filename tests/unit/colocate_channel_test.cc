@@ -207,6 +207,61 @@ TEST(ChannelWindowSource, AWindowOfAKindLeftOutIsNoWindowAndEndsTheOneHeld) {
   EXPECT_EQ((*gate)->BeforeUnit((*src)->Current(), kMs).verdict, GateVerdict::kWaitNoWindow);
 }
 
+TEST(ChannelWindowSource, TheNextWindowOfTheGuestsKindsIsTheHostsOutlookForThem) {
+  auto host = Host(UniqueChannel());
+  const int64_t now = Now();
+  WindowOutlook o;
+  o.state = OutlookState::kForecast;
+  o.made_at_ns = now;
+  o.horizon_ns = 300'000 * kMs;
+  o.covered_until_ns = now + o.horizon_ns;
+  NextIdleWindow& stall = o.next[static_cast<size_t>(IdleKind::kDataStall)];
+  stall.outlook = KindOutlook::kNext;
+  stall.windows = 40;
+  stall.earliest_start_ns = now + 50 * kMs;
+  o.next[static_cast<size_t>(IdleKind::kEval)].outlook = KindOutlook::kNone;
+  std::thread writer([&] { host->PublishOutlook(o); });  // the host's telemetry worker
+  writer.join();
+
+  ChannelSourceOptions stalls_only;
+  stalls_only.kinds = KindBit(IdleKind::kDataStall);
+  auto stalls = ChannelWindowSource::Open(host->name(), nullptr, stalls_only);
+  ASSERT_TRUE(stalls.ok()) << stalls.status();
+  EXPECT_EQ((*stalls)->NoWindowBeforeNs(), now + 50 * kMs);
+  auto seen = (*stalls)->Outlook();
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_EQ(seen->next[static_cast<size_t>(IdleKind::kDataStall)].windows, 40);
+
+  ChannelSourceOptions evals_only;
+  evals_only.kinds = KindBit(IdleKind::kEval);
+  auto gate = GuestGate::Create({});
+  ASSERT_TRUE(gate.ok());
+  auto evals = ChannelWindowSource::Open(host->name(), gate->get(), evals_only);
+  ASSERT_TRUE(evals.ok()) << evals.status();
+  EXPECT_EQ((*evals)->NoWindowBeforeNs(), now + o.horizon_ns) << "none within the horizon";
+  // A guest of evals that waits at most 10 s leaves at once, at a boundary.
+  std::atomic<bool> stop{false};
+  GuestLoopOptions lo;
+  lo.max_wait = absl::Seconds(10);
+  int units = 0;
+  const GuestLoopResult r = RunGuestLoop(
+      **gate, **evals,
+      [&] {
+        ++units;
+        return absl::OkStatus();
+      },
+      stop, lo);
+  EXPECT_EQ(r.why, GuestStop::kHostBusy);
+  EXPECT_EQ(r.no_window_before_ns, now + o.horizon_ns);
+  EXPECT_EQ(units, 0);
+
+  // The host announces 2 minutes without idle time: stalls too are far now.
+  o.busy_until_ns = now + 120'000 * kMs;
+  host->PublishOutlook(o);
+  EXPECT_EQ((*stalls)->NoWindowBeforeNs(), now + 120'000 * kMs);
+  EXPECT_EQ((*evals)->NoWindowBeforeNs(), now + o.horizon_ns);
+}
+
 TEST(ParseKinds, ReadsNamesAndAllAndNamesAnUnknownKind) {
   EXPECT_EQ(ParseKinds("data_stall").value(), KindBit(IdleKind::kDataStall));
   EXPECT_EQ(ParseKinds("data_stall,eval").value(),

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <vector>
 
 namespace omni::colocate {
 namespace {
@@ -19,16 +20,20 @@ class FakeSource final : public WindowSource {
   OpenWindow Current() override { return w_; }
   bool WaitForChange(absl::Duration timeout) override {
     ++waits_;
-    clock_.Advance(std::chrono::nanoseconds(absl::ToInt64Nanoseconds(timeout)));
+    waited_ns_.push_back(absl::ToInt64Nanoseconds(timeout));
+    clock_.Advance(std::chrono::nanoseconds(waited_ns_.back()));
     if (on_wait_) on_wait_();
     return true;
   }
+  int64_t NoWindowBeforeNs() override { return no_window_before_ns_; }
   void Open(uint64_t id, int64_t remaining_ns) {
     w_ = {true, id, clock_.NowNanos(), remaining_ns, clock_.NowNanos(), 0.95};
   }
   OpenWindow w_;
   std::function<void()> on_wait_;
   int waits_ = 0;
+  std::vector<int64_t> waited_ns_;   // each wait's timeout
+  int64_t no_window_before_ns_ = 0;  // the host's statement (0: none)
 
  private:
   FakeClock& clock_;
@@ -122,6 +127,107 @@ TEST_F(GuestLoopTest, AnEarlyCloseDuringAUnitIsAYieldAtItsEnd) {
   EXPECT_EQ(r.stats.deadline_misses, 1);
 }
 
+// ---- how long to wait for a window (GuestLoopOptions::max_wait)
+
+constexpr int64_t kS = 1'000'000'000;
+
+TEST(StopWaiting, StopsWhenTheHostStatesNoWindowWithinMaxWait) {
+  const int64_t now = 100 * kS;
+  EXPECT_EQ(StopWaiting(now, now, now + 10 * kS, absl::Seconds(2)), GuestStop::kHostBusy);
+  EXPECT_EQ(StopWaiting(now, now, now + 2 * kS + 1, absl::Seconds(2)), GuestStop::kHostBusy)
+      << "a window 1 ns beyond max_wait is beyond it";
+}
+
+TEST(StopWaiting, WaitsForAWindowTheHostExpectsWithinMaxWait) {
+  const int64_t now = 100 * kS;
+  EXPECT_EQ(StopWaiting(now, now, now + 2 * kS, absl::Seconds(2)), std::nullopt);
+  EXPECT_EQ(StopWaiting(now, now, now - kS, absl::Seconds(2)), std::nullopt)
+      << "a window due already (late): wait";
+}
+
+TEST(StopWaiting, WithoutAStatementWaitsUntilMaxWaitHasPassed) {
+  const int64_t since = 100 * kS;
+  EXPECT_EQ(StopWaiting(since + 2 * kS - 1, since, 0, absl::Seconds(2)), std::nullopt);
+  EXPECT_EQ(StopWaiting(since + 2 * kS, since, 0, absl::Seconds(2)), GuestStop::kWaitedTooLong);
+  EXPECT_EQ(StopWaiting(since + 2 * kS, since, since + 3 * kS, absl::Seconds(2)),
+            GuestStop::kWaitedTooLong)
+      << "a window expected soon, but the wait has lasted max_wait";
+}
+
+TEST(StopWaiting, AnInfiniteMaxWaitNeverStopsAndAZeroOneStopsAtOnce) {
+  const int64_t now = 100 * kS;
+  EXPECT_EQ(StopWaiting(now + 1000 * kS, now, now + 10'000 * kS, absl::InfiniteDuration()),
+            std::nullopt);
+  EXPECT_EQ(StopWaiting(now, now, 0, absl::ZeroDuration()), GuestStop::kWaitedTooLong);
+}
+
+TEST_F(GuestLoopTest, StopsWaitingAtTheFirstWaitWhenTheHostIsBusyBeyondMaxWait) {
+  FakeSource src(clock_);
+  src.Open(1, 12 * kMs);
+  // The window holds one 5 ms unit (+ 1 ms guard); then the host is busy
+  // for 10 s by its statement.
+  src.no_window_before_ns_ = clock_.NowNanos() + 10 * kS;
+  GuestLoopOptions o;
+  o.initial_unit_ns = 5 * kMs;
+  o.max_wait = absl::Seconds(2);
+  auto unit = [&] {
+    clock_.Advance(std::chrono::milliseconds(5));
+    src.w_.open = false;  // the host's close
+    return absl::OkStatus();
+  };
+  const int64_t t0 = clock_.NowNanos();
+  GuestLoopResult r = RunGuestLoop(*gate_, src, unit, stop_, o, &clock_);
+  EXPECT_EQ(r.why, GuestStop::kHostBusy);
+  EXPECT_EQ(r.units, 1);
+  EXPECT_EQ(r.no_window_before_ns, t0 + 10 * kS);
+  EXPECT_EQ(r.waited_ns, 0) << "decided at its first wait, without waiting";
+  EXPECT_EQ(src.waits_, 0);
+}
+
+TEST_F(GuestLoopTest, AnOpenWindowTooShortForAUnitIsNotABusyHost) {
+  FakeSource src(clock_);
+  src.Open(1, 3 * kMs);  // idle now, but 3 ms < 5 + 1
+  src.no_window_before_ns_ = clock_.NowNanos() + 10 * kS;
+  GuestLoopOptions o;
+  o.initial_unit_ns = 5 * kMs;
+  o.max_wait = absl::Milliseconds(100);
+  o.wait_poll = absl::Milliseconds(30);
+  GuestLoopResult r = RunGuestLoop(*gate_, src, Unit(5 * kMs), stop_, o, &clock_);
+  EXPECT_EQ(r.why, GuestStop::kWaitedTooLong);
+  EXPECT_EQ(r.units, 0);
+  EXPECT_EQ(r.waited_ns, 100 * kMs);
+  // Woken at each poll and when the wait reaches max_wait, not after it.
+  EXPECT_EQ(src.waited_ns_, (std::vector<int64_t>{30 * kMs, 30 * kMs, 30 * kMs, 10 * kMs}));
+}
+
+TEST_F(GuestLoopTest,
+       AHostExpectingAWindowWithinMaxWaitIsWaitedForAndTheWaitStartsAgainAfterAUnit) {
+  FakeSource src(clock_);
+  GuestLoopOptions o;
+  o.initial_unit_ns = 5 * kMs;
+  o.max_wait = absl::Milliseconds(200);
+  o.wait_poll = absl::Milliseconds(50);
+  o.max_units = 2;
+  // No window now; the host expects one in 150 ms, and it opens then.
+  src.no_window_before_ns_ = clock_.NowNanos() + 150 * kMs;
+  src.on_wait_ = [&] {
+    if (src.waits_ == 3) src.Open(1, 8 * kMs);  // one unit's worth
+    if (src.waits_ == 7) src.Open(2, 8 * kMs);  // 200 ms after the first unit: just in time
+  };
+  auto unit = [&] {
+    clock_.Advance(std::chrono::milliseconds(5));
+    src.w_.open = false;
+    src.no_window_before_ns_ = 0;  // the host's forecast says nothing more
+    return absl::OkStatus();
+  };
+  GuestLoopResult r = RunGuestLoop(*gate_, src, unit, stop_, o, &clock_);
+  // Without the restart after the unit, the 4 waits after it (200 ms) and
+  // the 150 ms before it would have exceeded max_wait.
+  EXPECT_EQ(r.why, GuestStop::kMaxUnits);
+  EXPECT_EQ(r.units, 2);
+  EXPECT_EQ(src.waits_, 7);
+}
+
 TEST(ManualWindowSourceTest, WaitForChangeSeesAnOpenOrCloseSinceTheLastLook) {
   ManualWindowSource src;
   EXPECT_FALSE(src.Current().open);
@@ -135,6 +241,9 @@ TEST(ManualWindowSourceTest, WaitForChangeSeesAnOpenOrCloseSinceTheLastLook) {
   src.Close(1, 0);
   EXPECT_TRUE(src.WaitForChange(absl::ZeroDuration()));
   EXPECT_FALSE(src.Current().open);
+  EXPECT_EQ(src.NoWindowBeforeNs(), 0) << "no statement until one is set";
+  src.SetNoWindowBefore(42);
+  EXPECT_EQ(src.NoWindowBeforeNs(), 42);
 }
 
 // The supervisor's view of a paused guest: ticks at a fake poll of 1 ms.

@@ -206,6 +206,19 @@ TEST(WindowChannel, ACorruptOrOtherVersionChannelIsRefusedWithAClearError) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_NE(r.status().message().find("schema version 99"), absl::string_view::npos)
         << r.status();
+    // The previous layout (version 2: no outlook record) is refused too,
+    // naming both versions.
+    const uint32_t previous = 2;
+    const int fd1 = ::shm_open(("/omni-window." + name).c_str(), O_RDWR, 0);
+    ASSERT_GE(fd1, 0);
+    ASSERT_EQ(::pwrite(fd1, &previous, sizeof(previous), 8),
+              static_cast<ssize_t>(sizeof(previous)));
+    ::close(fd1);
+    r = WindowChannelReader::Open(name);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(r.status().message().find("schema version 2; this reader reads version 3"),
+              absl::string_view::npos)
+        << r.status();
     // Garbage where the magic should be.
     const int fd2 = ::shm_open(("/omni-window." + name).c_str(), O_RDWR, 0);
     const uint64_t junk = 0x1234;
