@@ -532,6 +532,17 @@ int main(int argc, char** argv) {
       // host waits for other sessions' work (a container has its own cgroup
       // for the same reason). docs/colocation.md, "Why a yield looked slow".
       ::setsid();
+      // The session's group at the lowest weight (autogroup nice 19: 15
+      // against the host's 1024; raising it needs no privilege): SCHED_IDLE
+      // acts only inside a group, so without this the guest's group is an
+      // equal competitor of the host's at the group level, and a host thread
+      // woken on the guest's core waits for the guest's slice. Best effort:
+      // without autogroups (a kernel without them, or cgroups instead) the
+      // file is absent and the operator's cgroup settings decide.
+      if (FILE* group = std::fopen("/proc/self/autogroup", "w")) {
+        std::fputs("19", group);
+        std::fclose(group);
+      }
     }
     flags.pause = false;
     flags.child = true;
