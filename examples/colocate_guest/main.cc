@@ -332,6 +332,17 @@ int Run(const Flags& flags) {
   return 0;
 }
 
+// The weight of the session `pid` ("self" or a number) runs at, as a nice
+// value (autogroup; best effort: absent without autogroups, and a change is
+// refused within 100 ms of the last one without CAP_SYS_ADMIN).
+void SetSessionNice(const std::string& pid, int nice) {
+  const std::string path = "/proc/" + pid + "/autogroup";
+  if (FILE* group = std::fopen(path.c_str(), "w")) {
+    std::fprintf(group, "%d", nice);
+    std::fclose(group);
+  }
+}
+
 // --pause: the supervisor of the trainer child `child` (stopped by itself
 // once ready). Returns the child's exit code.
 int Supervise(const Flags& flags, pid_t child) {
@@ -341,6 +352,9 @@ int Supervise(const Flags& flags, pid_t child) {
   }
   if (!WIFSTOPPED(st)) return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
   const auto finish_child = [&](int sig) {
+    // Its save gets the session's normal weight back: at nice 19 a save on
+    // a loaded machine could starve past the notice's deadline.
+    SetSessionNice(std::to_string(child), 0);
     if (sig != 0) ::kill(child, sig);
     ::kill(child, SIGCONT);
     ::waitpid(child, &st, 0);
@@ -539,10 +553,7 @@ int main(int argc, char** argv) {
       // woken on the guest's core waits for the guest's slice. Best effort:
       // without autogroups (a kernel without them, or cgroups instead) the
       // file is absent and the operator's cgroup settings decide.
-      if (FILE* group = std::fopen("/proc/self/autogroup", "w")) {
-        std::fputs("19", group);
-        std::fclose(group);
-      }
+      SetSessionNice("self", 19);
     }
     flags.pause = false;
     flags.child = true;
