@@ -59,7 +59,9 @@ std::string ForecastToJson(const Forecast& f) {
   return j.dump();
 }
 
-absl::StatusOr<Forecast> ForecastFromJson(const std::string& text) {
+namespace {
+
+absl::StatusOr<Forecast> ParseForecast(const std::string& text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError("forecast: not a JSON object");
@@ -139,6 +141,16 @@ absl::StatusOr<Forecast> ForecastFromJson(const std::string& text) {
     f.windows.push_back(iw);
   }
   return f;
+}
+
+}  // namespace
+
+absl::StatusOr<Forecast> ForecastFromJson(const std::string& text) {
+  try {
+    return ParseForecast(text);
+  } catch (const nlohmann::json::exception& e) {  // a field of another type than the schema's
+    return absl::InvalidArgumentError(absl::StrCat("forecast: ", e.what()));
+  }
 }
 
 std::string ForecastToTable(const Forecast& f, int max_rows) {

@@ -71,7 +71,9 @@ std::string WindowNoticeToJson(const WindowNotice& n) {
   return j.dump();
 }
 
-absl::StatusOr<WindowNotice> WindowNoticeFromJson(const std::string& text) {
+namespace {
+
+absl::StatusOr<WindowNotice> ParseWindowNotice(const std::string& text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError("window notice: not a JSON object");
@@ -156,6 +158,16 @@ absl::StatusOr<WindowNotice> WindowNoticeFromJson(const std::string& text) {
   if (!closed.ok()) return closed.status();
   n.writer_closed = (*closed)->get<bool>();
   return n;
+}
+
+}  // namespace
+
+absl::StatusOr<WindowNotice> WindowNoticeFromJson(const std::string& text) {
+  try {
+    return ParseWindowNotice(text);
+  } catch (const nlohmann::json::exception& e) {  // a field of another type than the schema's
+    return absl::InvalidArgumentError(absl::StrCat("window notice: ", e.what()));
+  }
 }
 
 }  // namespace omni
