@@ -18,7 +18,10 @@
 // says no such window can open within S, or after waiting S, it saves the
 // same way and exits 75 ("the host is busy for at least N s"); started again
 // it resumes bit-exactly.
-// Without --channel it trains ungated (the baselines: plain time sharing, or
+// With --store URL (and --store-prefix P) instead of --channel it reads the
+// windows of a host on another machine from the host's store keys
+// (omni_train --store URL --publish-prefix P; omni/colocate_store.h).
+// Without either it trains ungated (the baselines: plain time sharing, or
 // SCHED_IDLE set by its launcher). docs/colocation.md.
 // Last line of stdout: final step=N params_xxh3=H loss=L
 #include <sched.h>
@@ -48,12 +51,14 @@
 #include "omni/colocate_channel.h"
 #include "omni/colocate_guest.h"
 #include "omni/colocate_pause.h"
+#include "omni/colocate_store.h"
 #include "omni/hash.h"
 #include "omni/preemption.h"
 #include "omni/runtime.h"
 #include "omni/state.h"
 #include "omni/torch/params.h"
 #include "omni/torch/state.h"
+#include "omni/torch/store.h"
 
 namespace {
 
@@ -66,6 +71,9 @@ void OnHostBusy(int /*sig*/) { g_host_busy.store(1); }
 
 struct Flags {
   std::string channel, ckpt_dir, notice_file, log, runs_log, kinds = "all";
+  // A host on another machine: its store (file://, tcp://) and the prefix it
+  // publishes under (omni_train --publish-prefix).
+  std::string store, store_prefix = "omni/telemetry";
   int64_t steps = 1000, seed = 1, hidden = 128, batch = 64;
   double guard_ms = 2;
   double unit_ms = 10;        // the step's cost bound until one was measured
@@ -85,9 +93,14 @@ int Fail(const absl::Status& st) {
 }
 
 bool Parse(int argc, char** argv, Flags& f) {
-  const std::map<std::string, std::string*> text = {
-      {"--channel", &f.channel}, {"--ckpt-dir", &f.ckpt_dir}, {"--notice-file", &f.notice_file},
-      {"--log", &f.log},         {"--runs-log", &f.runs_log}, {"--kinds", &f.kinds}};
+  const std::map<std::string, std::string*> text = {{"--channel", &f.channel},
+                                                    {"--ckpt-dir", &f.ckpt_dir},
+                                                    {"--notice-file", &f.notice_file},
+                                                    {"--log", &f.log},
+                                                    {"--runs-log", &f.runs_log},
+                                                    {"--kinds", &f.kinds},
+                                                    {"--store", &f.store},
+                                                    {"--store-prefix", &f.store_prefix}};
   const std::map<std::string, int64_t*> ints = {
       {"--steps", &f.steps}, {"--seed", &f.seed}, {"--hidden", &f.hidden}, {"--batch", &f.batch}};
   const std::map<std::string, double*> reals = {{"--guard-ms", &f.guard_ms},
@@ -114,7 +127,7 @@ bool Parse(int argc, char** argv, Flags& f) {
     }
   }
   return i == argc && !f.ckpt_dir.empty() && f.steps > 0 && f.poll_ms > 0 &&
-         (!f.pause || !f.channel.empty());
+         (!f.pause || !f.channel.empty()) && (f.channel.empty() || f.store.empty());
 }
 
 // `watcher`: a thread reads the notices (else the thread that waits for a
@@ -151,7 +164,7 @@ absl::Duration MaxWait(const Flags& flags) {
 // its log and its Runtime's yield: how long the host is busy at least, and
 // who says so (its forecast or its announcement).
 std::string BusyReason(omni::colocate::GuestStop why, int64_t no_window_before_ns,
-                       int64_t waited_ns, const omni::colocate::ChannelWindowSource& source,
+                       int64_t waited_ns, const absl::StatusOr<omni::WindowOutlook>& o,
                        const Flags& flags) {
   if (why != omni::colocate::GuestStop::kHostBusy) {
     return absl::StrFormat("no window of its kinds (%s) for %.1f s (--max-wait-s %g)", flags.kinds,
@@ -159,7 +172,6 @@ std::string BusyReason(omni::colocate::GuestStop why, int64_t no_window_before_n
   }
   const double busy_s =
       static_cast<double>(no_window_before_ns - omni::Clock::Real()->NowNanos()) / 1e9;
-  absl::StatusOr<omni::WindowOutlook> o = source.Outlook();
   const char* who = o.ok() && o->busy_until_ns == no_window_before_ns
                         ? "it announced a busy period"
                         : "its forecast lists no window of the kinds before then";
@@ -250,12 +262,38 @@ int Run(const Flags& flags) {
   go.guard = absl::Microseconds(static_cast<int64_t>(1e3 * flags.guard_ms));
   auto gate = omni::colocate::GuestGate::Create(go);
   if (!gate.ok()) return Fail(gate.status());
-  std::unique_ptr<omni::colocate::ChannelWindowSource> source;
+  // The host's windows: its shared-memory channel on this machine, or its
+  // store keys from another one.
+  std::unique_ptr<omni::colocate::ChannelWindowSource> channel;
+  std::unique_ptr<omni::Store> store;
+  std::unique_ptr<omni::colocate::StoreWindowSource> from_store;
+  omni::colocate::WindowSource* source = nullptr;
   if (!flags.channel.empty() && !flags.child) {
     auto attached = Attach(flags, gate->get());
     if (!attached.ok()) return Fail(attached.status());
-    source = *std::move(attached);
+    channel = *std::move(attached);
+    source = channel.get();
+  } else if (!flags.store.empty()) {
+    if (auto st = omni::torch_ext::RegisterTcpStore(); !st.ok()) return Fail(st);
+    auto opened = omni::OpenStore(flags.store);
+    if (!opened.ok()) return Fail(opened.status());
+    store = *std::move(opened);
+    absl::StatusOr<uint32_t> kinds = omni::colocate::ParseKinds(flags.kinds);
+    if (!kinds.ok()) return Fail(kinds.status());
+    omni::colocate::StoreSourceOptions so;
+    so.prefix = flags.store_prefix;
+    so.kinds = *kinds;
+    auto attached = omni::colocate::StoreWindowSource::Open(*store, gate->get(), so);
+    if (!attached.ok()) return Fail(attached.status());
+    from_store = *std::move(attached);
+    source = from_store.get();
   }
+  const auto host_gone = [&] {
+    return channel ? channel->Stats().writer_closed : from_store->Stats().writer_closed;
+  };
+  const auto outlook = [&]() -> absl::StatusOr<omni::WindowOutlook> {
+    return channel ? channel->Outlook() : from_store->Outlook();
+  };
   // The trainer child of --pause: ready, it stops itself until the
   // supervisor resumes it in a window.
   if (flags.child) ::raise(SIGSTOP);
@@ -269,12 +307,12 @@ int Run(const Flags& flags) {
   lo.initial_unit_ns = static_cast<int64_t>(1e6 * flags.unit_ms);
   lo.max_wait = MaxWait(flags);
   omni::colocate::GuestLoopResult r;
-  if (source) {
+  if (source != nullptr) {
     // Gated: the loop may be waiting for a window when told; a watcher
     // thread sets its stop.
     std::thread watcher([&] {
       while (!done.load() && !stop.load()) {
-        if (monitor->pending() || source->Stats().writer_closed) stop.store(true);
+        if (monitor->pending() || host_gone()) stop.store(true);
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
     });
@@ -296,7 +334,7 @@ int Run(const Flags& flags) {
   std::string leave = "the host finished";
   if (r.why == omni::colocate::GuestStop::kHostBusy ||
       r.why == omni::colocate::GuestStop::kWaitedTooLong) {
-    leave = BusyReason(r.why, r.no_window_before_ns, r.waited_ns, *source, flags);
+    leave = BusyReason(r.why, r.no_window_before_ns, r.waited_ns, outlook(), flags);
   } else if (g_host_busy.load() != 0) {
     leave = absl::StrFormat("the host is busy: its supervisor stopped waiting (--max-wait-s %g)",
                             flags.max_wait_s);
@@ -457,8 +495,9 @@ int Supervise(const Flags& flags, pid_t child) {
       const int64_t now = clock->NowNanos();
       const int64_t before = window.open ? 0 : (*source)->NoWindowBeforeNs();
       if (auto why = omni::colocate::StopWaiting(now, waiting_since, before, max_wait)) {
-        std::fprintf(stderr, "colocate_guest: %s; the trainer saves\n",
-                     BusyReason(*why, before, now - waiting_since, **source, flags).c_str());
+        std::fprintf(
+            stderr, "colocate_guest: %s; the trainer saves\n",
+            BusyReason(*why, before, now - waiting_since, (*source)->Outlook(), flags).c_str());
         forward = SIGUSR2;  // the trainer's OnHostBusy
         break;
       }
@@ -504,7 +543,8 @@ int main(int argc, char** argv) {
   if (!Parse(argc, argv, flags)) {
     std::fprintf(
         stderr,
-        "usage: colocate_guest --ckpt-dir DIR [--channel NAME] [--steps N] [--seed S]\n"
+        "usage: colocate_guest --ckpt-dir DIR [--channel NAME | --store URL\n"
+        "  [--store-prefix P]] [--steps N] [--seed S]\n"
         "  [--hidden H] [--batch B] [--guard-ms G] [--unit-ms U] [--notice-file F]\n"
         "  [--log PATH] [--attach-s S] [--poll-ms P] [--kinds K1,K2|all]\n"
         "  [--yield-bound-ms B] [--max-wait-s S]\n"

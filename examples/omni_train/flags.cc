@@ -76,6 +76,9 @@ with Omni telemetry. The same command gives bit-identical parameters.
                     publish live window notices ("idle now" / "busy again") on the
                     shared-memory channel NAME for guests on this host
                     (omni/window_channel.h, docs/colocation.md)
+  --publish-prefix P
+                    publish forecasts, window notices and the outlook under P in the
+                    store (--store) for guests on other hosts (omni/sinks.h)
   --quiet           print only the final line
   --help            print this help
 
@@ -172,7 +175,7 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
                                                     "params-out",     "device",
                                                     "dropout",        "notice-key",
                                                     "window-channel", "shard-batches",
-                                                    "shard-fetch-ms"};
+                                                    "shard-fetch-ms", "publish-prefix"};
     bool known = false;
     for (absl::string_view k : kValued) known = known || k == name;
     if (!known) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
@@ -251,6 +254,9 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
     } else if (name == "notice-key") {
       if (value.empty()) return BadValue(name, value, "a non-empty store key");
       f.notice_key = std::string(value);
+    } else if (name == "publish-prefix") {
+      if (value.empty()) return BadValue(name, value, "a non-empty store key prefix");
+      f.publish_prefix = std::string(value);
     } else if (name == "window-channel") {
       if (value.empty()) return BadValue(name, value, "a non-empty channel name");
       f.window_channel = std::string(value);

@@ -20,6 +20,7 @@ struct TrainFlags {
   std::string trace_path;      // --trace: Perfetto / Chrome trace
   std::string forecast_path;   // --forecast: forecast file sink
   std::string window_channel;  // --window-channel: live window notices channel
+  std::string publish_prefix;  // --publish-prefix: the same in the store, for other hosts
   int64_t eval_every = 50;     // 0 disables eval
   bool text_only = false;
   bool stall_io = false;  // --stall-io: the decode cost is a blocking wait, not CPU work

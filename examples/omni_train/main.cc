@@ -147,6 +147,7 @@ omni::RuntimeOptions Options(const TrainFlags& flags, MultimodalLm& model, omni:
   if (!flags.log_path.empty()) o.telemetry.step_log_path = flags.log_path;
   if (!flags.trace_path.empty()) o.telemetry.trace_path = flags.trace_path;
   o.telemetry.window_channel_name = flags.window_channel;
+  o.publish_prefix = flags.publish_prefix;
   o.forecast_path = flags.forecast_path;
   if (flags.eval_every > 0) {
     o.telemetry.forecast.eval.every_steps = flags.eval_every;

@@ -90,6 +90,10 @@ struct OMNI_EXPORT RuntimeOptions {
   // "omni")
   TelemetryOptions telemetry;
   std::string forecast_path;  // a forecast file sink; empty = none
+  // A store sink (MakeStoreSink, omni/sinks.h) under this prefix of the
+  // job's store: forecasts, window notices and the outlook for guests on
+  // other hosts (colocate::StoreWindowSource). Needs a store; empty = none.
+  std::string publish_prefix;
   // ---- checkpoints (off when ckpt_dir is empty). In elastic mode every
   // replica gives the same ckpt_dir: job-level checkpoints
   // (omni/job_checkpoint.h): replicated state written once, spread over the
@@ -142,7 +146,7 @@ struct OMNI_EXPORT RuntimeOptions {
   // "rank-<rank>" when a store is set) → elastic.membership.self.id;
   // OMNI_MIN_REPLICAS / OMNI_MAX_REPLICAS (else WORLD_SIZE when a store is
   // set); OMNI_CKPT_DIR, OMNI_CKPT_EVERY, OMNI_STEP_LOG, OMNI_TRACE,
-  // OMNI_NOTICE_FILE, OMNI_NOTICE_KEY, OMNI_PREEMPT_GRACE_S, OMNI_RACK,
+  // OMNI_NOTICE_FILE, OMNI_NOTICE_KEY, OMNI_PUBLISH_PREFIX, OMNI_PREEMPT_GRACE_S, OMNI_RACK,
   // OMNI_SWITCH, OMNI_JOB_ID, OMNI_TOTAL_STEPS (→ total_steps, which a
   // trainer that loops over epochs reads as Runtime::done()). Unset
   // variables leave the defaults. Set

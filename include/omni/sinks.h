@@ -30,6 +30,13 @@ class OMNI_EXPORT ForecastSink {
     (void)notice;
     return absl::OkStatus();
   }
+  // Publishes the host's outlook (omni/window_channel.h) each time it changes
+  // (a forecast, a withdrawal, Telemetry::AnnounceBusy), with published_ns
+  // set. Optional: the default ignores it.
+  virtual absl::Status PublishOutlook(const WindowOutlook& outlook) {
+    (void)outlook;
+    return absl::OkStatus();
+  }
   virtual std::string Describe() const = 0;
 };
 
@@ -46,12 +53,16 @@ OMNI_EXPORT std::unique_ptr<ForecastSink> MakeCallbackSink(
 // Keys a store sink writes under its prefix (docs/telemetry.md).
 inline constexpr const char* kForecastStoreKey = "forecast";  // ForecastToJson
 inline constexpr const char* kWindowStoreKey = "window";      // WindowNoticeToJson
+inline constexpr const char* kOutlookStoreKey = "outlook";    // WindowOutlookToJson
 inline constexpr const char* kDefaultStorePrefix = "omni/telemetry";
 
 // For readers on other hosts: Set(<prefix>/forecast, ForecastToJson) for each
-// forecast and Set(<prefix>/window, WindowNoticeToJson) for each window
-// notice (its times are on the writer host's clock; elapsed_ns and
-// remaining_ns are as of the publication). Does not own `store`, which must
+// forecast, Set(<prefix>/window, WindowNoticeToJson) for each window notice
+// (its times are on the writer host's clock; elapsed_ns and remaining_ns are
+// as of the publication, read_at_ns) and Set(<prefix>/outlook,
+// WindowOutlookToJson) for each outlook (published_ns says when). A guest on
+// another host reads them with colocate::StoreWindowSource
+// (omni/colocate_store.h). Does not own `store`, which must
 // outlive the sink. InvalidArgument naming the key when the prefix does not
 // make valid store keys (see omni/store.h).
 OMNI_EXPORT absl::StatusOr<std::unique_ptr<ForecastSink>> MakeStoreSink(

@@ -186,6 +186,10 @@ struct OMNI_EXPORT WindowOutlook {
   int64_t busy_announced_ns = 0;
   std::array<NextIdleWindow, kNumIdleKinds> next{};  // index: IdleKind (kNone unused)
   bool writer_closed = false;
+  // When the worker published this copy to its sinks (the writer's clock):
+  // a reader on another host maps the writer's times to its own clock from
+  // it (ShiftedBy). 0 in the channel, whose readers share the writer's clock.
+  int64_t published_ns = 0;
 
   // The earliest time a window of one of `kinds` (a bit per IdleKind: 1 <<
   // kind) can start, as the host states it: the later of the announced busy
@@ -195,6 +199,11 @@ struct OMNI_EXPORT WindowOutlook {
   // kind it knows nothing about (KindOutlook::kUnknown), and no busy period
   // announced. May be in the past (a window may be due now).
   int64_t NoWindowBeforeNs(uint32_t kinds) const;
+
+  // The same outlook with every time on the clock (made_at, covered_until,
+  // busy_until, busy_announced, published, the next windows' starts) moved
+  // by `delta_ns`: from the writer's clock to a reader's (0 stays 0).
+  WindowOutlook ShiftedBy(int64_t delta_ns) const;
 };
 
 // The outlook of `forecast` (state kForecast). `max_windows`: the forecast's
@@ -206,6 +215,15 @@ struct OMNI_EXPORT WindowOutlook {
 // kWithdrawn (see OutlookState).
 OMNI_EXPORT WindowOutlook OutlookOf(const Forecast& forecast, int max_windows,
                                     const std::array<int64_t, kNumIdleKinds>& last_seen_step);
+
+// Versioned JSON (schema "omni.outlook", version 1; docs/telemetry.md): what
+// a store sink writes under <prefix>/outlook for guests on other hosts.
+OMNI_EXPORT std::string WindowOutlookToJson(const WindowOutlook& outlook);
+// InvalidArgument naming the field for malformed input (a missing or
+// mistyped field, an unknown state, a negative horizon or count);
+// FailedPrecondition for another schema or a newer version. Kinds this
+// version does not know (a newer writer's) are skipped.
+OMNI_EXPORT absl::StatusOr<WindowOutlook> WindowOutlookFromJson(const std::string& json);
 
 // Versioned JSON (schema "omni.window", version 1; docs/telemetry.md).
 OMNI_EXPORT std::string WindowNoticeToJson(const WindowNotice& notice);

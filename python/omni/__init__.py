@@ -38,7 +38,8 @@ in ``omni.state``): see ``omni.checkpoint``. The torch glue
 see ``omni.train``. Elastic data parallelism (``omni.open_store``,
 ``omni.Communicator``, ``omni.ElasticGroup``): see ``omni.elastic``. A guest
 that runs in a critical job's idle windows (``omni.GuestGate``,
-``omni.ChannelWindowSource``, ``omni.run_guest_loop``): docs/colocation.md. The whole
+``omni.ChannelWindowSource``, ``omni.StoreWindowSource`` for a host on another
+machine, ``omni.run_guest_loop``): docs/colocation.md. The whole
 API: docs/python.md.
 """
 
@@ -78,6 +79,7 @@ from ._C import (
     GuestStop,
     ManualWindowSource,
     OpenWindow,
+    StoreWindowSource,
     UnitCostBound,
     WindowSource,
     run_guest_loop,
@@ -176,6 +178,7 @@ __all__ = [
     "WindowSource",
     "ManualWindowSource",
     "ChannelWindowSource",
+    "StoreWindowSource",
     "GuestStop",
     "run_guest_loop",
 ]
@@ -397,6 +400,15 @@ class Telemetry(_ClosingContext):
         counted as an export error (see ``counters()``) and never stops
         training. ``fn`` must not call back into this telemetry."""
         self._c.add_callback_sink(fn, name)
+
+    def add_store_sink(self, store: "Store", prefix: str = "omni/telemetry") -> None:
+        """Publishes every forecast, window notice and outlook under
+        ``prefix`` in ``store`` (an ``omni.Store``: ``omni.open_store``) for
+        guests on other hosts, which read them with
+        ``omni.StoreWindowSource``. ``ValueError`` naming the key when the
+        prefix makes no valid store key. The store is kept alive as long as
+        this telemetry."""
+        self._c.add_store_sink(store, prefix)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Waits until the worker has processed every completed step (and

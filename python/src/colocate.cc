@@ -24,6 +24,8 @@
 #include "omni/colocate_channel.h"
 #include "omni/colocate_gate.h"
 #include "omni/colocate_guest.h"
+#include "omni/colocate_store.h"
+#include "store.h"
 
 namespace omni_python {
 namespace {
@@ -249,6 +251,49 @@ void DefineColocate(py::module_& m) {
           },
           "The host's outlook: per idle kind the next window its latest forecast lists "
           "('next', 'none' within the horizon, or 'unknown') and a busy period it announced.");
+
+  py::class_<oc::StoreWindowSource, oc::WindowSource>(
+      m, "StoreWindowSource",
+      "The windows of a host on another machine, from its store keys (omni_train "
+      "--publish-prefix, or Runtime(publish_prefix=...)); times on this machine's clock.")
+      .def_static(
+          "open",
+          [](PyStore& store, oc::GuestGate* gate, const std::string& prefix, double poll_s,
+             const std::string& kinds) {
+            oc::StoreSourceOptions o;
+            o.prefix = prefix;
+            o.poll = Seconds("poll_s", poll_s);
+            o.kinds = ValueOrThrow(oc::ParseKinds(kinds));
+            return ValueOrThrow(oc::StoreWindowSource::Open(store.store(), gate, o));
+          },
+          py::arg("store"), py::arg("gate") = nullptr, py::arg("prefix") = "omni/telemetry",
+          py::arg("poll_s") = 0.005, py::arg("kinds") = "all", py::keep_alive<0, 1>(),
+          py::keep_alive<0, 2>(),
+          "Reads the host's keys <prefix>/window and <prefix>/outlook in `store` (an "
+          "omni.Store) every poll_s. A window already open at the first read is not used (its "
+          "age is unknown).")
+      .def(
+          "stats",
+          [](oc::StoreWindowSource& s) {
+            const oc::StoreSourceStats st = s.Stats();
+            py::dict d;
+            d["reads"] = st.reads;
+            d["opens"] = st.opens;
+            d["stale"] = st.stale;
+            d["skipped"] = st.skipped;
+            d["closes"] = st.closes;
+            d["errors"] = st.errors;
+            d["last_error"] = st.last_error.ok() ? "" : st.last_error.ToString();
+            d["writer_closed"] = st.writer_closed;
+            return d;
+          },
+          "Reads, windows seen open / stale / skipped / closed, errors (the last one), and "
+          "whether the host shut down.")
+      .def(
+          "outlook",
+          [](oc::StoreWindowSource& s) { return OutlookDict(ValueOrThrow(s.Outlook())); },
+          "The host's outlook as last read, on this machine's clock; FileNotFoundError before "
+          "one was read.");
 
   py::class_<GuestStopFlag>(m, "GuestStop",
                             "A flag that stops run_guest_loop at its next unit boundary.")

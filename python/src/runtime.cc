@@ -105,6 +105,7 @@ class PyRuntime final : public Closeable {
     r.Path("step_log", &o.telemetry.step_log_path);
     r.Path("trace", &o.telemetry.trace_path);
     r.Path("forecast_file", &o.forecast_path);
+    r.Str("publish_prefix", &o.publish_prefix);
     // ---- checkpoints
     r.Path("ckpt_dir", &o.ckpt_dir);
     r.Int("ckpt_every", &o.ckpt_every);

@@ -29,6 +29,7 @@
 #include "omni/stats.h"
 #include "omni/step_log.h"
 #include "options.h"
+#include "store.h"
 
 namespace omni_python {
 namespace {
@@ -215,6 +216,15 @@ class PyTelemetry final : public Closeable {
       throw py::type_error(absl::StrCat("callback sink must be callable, got ", TypeName(fn)));
     }
     auto sink = MakePythonCallbackSink(std::move(fn), std::move(name));
+    py::gil_scoped_release release;
+    tel().AddSink(std::move(sink));
+  }
+
+  // The store sink (omni/sinks.h): forecasts, window notices and the outlook
+  // under `prefix` in `store`, for guests on other hosts. The binding keeps
+  // the store alive as long as this telemetry.
+  void AddStoreSink(PyStore& store, const std::string& prefix) {
+    auto sink = ValueOrThrow(omni::MakeStoreSink(store.store(), prefix));
     py::gil_scoped_release release;
     tel().AddSink(std::move(sink));
   }
@@ -487,6 +497,10 @@ void DefineTelemetry(py::module_& m) {
       .def("add_callback_sink", &PyTelemetry::AddCallbackSink, py::arg("fn"),
 
            py::arg("name") = "callback")
+      .def("add_store_sink", &PyTelemetry::AddStoreSink, py::arg("store"),
+           py::arg("prefix") = "omni/telemetry", py::keep_alive<1, 2>(),
+           "Publishes forecasts, window notices and the outlook under `prefix` in `store` (an "
+           "omni.Store) for guests on other hosts (omni.StoreWindowSource).")
       .def("begin_step", &PyTelemetry::BeginStep, py::arg("step") = py::none())
       .def("end_step", &PyTelemetry::EndStep)
       .def("begin_phase", &PyTelemetry::BeginPhase, py::arg("phase"))

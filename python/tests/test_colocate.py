@@ -179,3 +179,39 @@ def test_a_guest_reads_a_python_hosts_outlook_and_leaves_when_it_announces_a_bus
     assert source.no_window_before_ns() == stall["earliest_start_ns"]
     with pytest.raises(ValueError, match="until_ns"):
         tel.announce_busy(-1)
+
+
+def test_a_guest_on_another_host_reads_the_hosts_windows_and_outlook_from_its_store(
+        make_telemetry, clock, tmp_path):
+    # The host's telemetry runs on a fake clock, the guest's source on the
+    # real one: two machines' clocks, which the source maps one to the other.
+    store = omni.open_store(f"file://{tmp_path}/store")
+    tel = make_telemetry(horizon_s=1.0, **NO_WARMUP)
+    with pytest.raises(ValueError, match="bad prefix"):
+        tel.add_store_sink(store, "bad prefix")
+    tel.add_store_sink(store, "job/r0")
+    gate = omni.GuestGate()
+    source = omni.StoreWindowSource.open(store, gate, prefix="job/r0", poll_s=0.001,
+                                         kinds="data_stall")
+    run_steps(tel, clock, 30)
+    tel.flush()
+    with tel.step():
+        with tel.phase(omni.DATA_WAIT):
+            tel.flush()
+            assert wait_until(source, lambda w: w.open), "the host's data stall, from its store"
+            w = source.current()
+            assert 0 < w.remaining_ns <= 5 * MS, "thirty 5 ms stalls measured"
+            assert w.as_of_ns <= time.monotonic_ns(), "dated on the guest's clock"
+        with tel.phase(omni.COMPUTE):
+            tel.flush()
+            assert wait_until(source, lambda w: not w.open), "busy again"
+    st = source.stats()
+    assert st["opens"] == 1 and st["closes"] == 1 and st["errors"] == 0, st
+    assert gate.before_unit(source.current(), 0.001)[0] == "wait_no_window"
+    tel.announce_busy(clock.now_ns() + 600 * 10**9)
+    tel.flush()
+    until = time.monotonic() + 5
+    while source.no_window_before_ns() < time.monotonic_ns() + 500 * 10**9:
+        assert time.monotonic() < until, "the announced busy period did not arrive"
+        time.sleep(0.01)
+    assert source.outlook()["busy_until_ns"] == source.no_window_before_ns()

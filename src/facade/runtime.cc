@@ -239,6 +239,16 @@ absl::Status RuntimeImpl::Init() {
     if (!sink.ok()) return sink.status();
     tel_->AddSink(*std::move(sink));
   }
+  if (!o_.publish_prefix.empty()) {
+    if (store_ == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("RuntimeOptions.publish_prefix \"",
+                                                     o_.publish_prefix,
+                                                     "\" needs a store (store or store_uri)"));
+    }
+    absl::StatusOr<std::unique_ptr<ForecastSink>> sink = MakeStoreSink(*store_, o_.publish_prefix);
+    if (!sink.ok()) return sink.status();
+    tel_->AddSink(*std::move(sink));
+  }
   if (!o_.ckpt_dir.empty() && store_ != nullptr) {
     JobCheckpointOptions jo;
     jo.dir = o_.ckpt_dir;
@@ -578,7 +588,8 @@ absl::StatusOr<Decision> RuntimeImpl::Yield(std::string reason) {
 
 absl::StatusOr<Decision> RuntimeImpl::Stop(int64_t step, const BoundaryDecision& d, bool saved_here,
                                            bool alone, bool in_step) {
-  Log(absl::StrFormat("preempted after step %d: %s", step, d.reason));
+  Log(step < 0 ? absl::StrCat("preempted before its first step: ", d.reason)
+               : absl::StrFormat("preempted after step %d: %s", step, d.reason));
   stopped_ = true;
   Decision out;
   out.kind = Decision::kSaveAndExit;

@@ -105,6 +105,7 @@ absl::StatusOr<RuntimeOptions> RuntimeOptions::FromEnvironment(const EnvLookup& 
   ReadString(env, "OMNI_TRACE", &o.telemetry.trace_path);
   ReadString(env, "OMNI_NOTICE_FILE", &o.preemption.notice_file);
   ReadString(env, "OMNI_NOTICE_KEY", &o.notice_key);
+  ReadString(env, "OMNI_PUBLISH_PREFIX", &o.publish_prefix);
   if (const auto grace = First(env, {"OMNI_PREEMPT_GRACE_S"}); grace.has_value()) {
     double s = 0;
     if (!absl::SimpleAtod(grace->second, &s) || !std::isfinite(s) || s < 0 || s > 1e9) {

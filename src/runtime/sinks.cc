@@ -34,21 +34,27 @@ class CallbackSink final : public ForecastSink {
 
 class StoreSink final : public ForecastSink {
  public:
-  StoreSink(Store& store, std::string forecast_key, std::string window_key)
-      : store_(store), forecast_key_(std::move(forecast_key)), window_key_(std::move(window_key)) {}
+  StoreSink(Store& store, std::string forecast_key, std::string window_key, std::string outlook_key)
+      : store_(store),
+        forecast_key_(std::move(forecast_key)),
+        window_key_(std::move(window_key)),
+        outlook_key_(std::move(outlook_key)) {}
   absl::Status Publish(const Forecast& forecast) override {
     return store_.Set(forecast_key_, ForecastToJson(forecast));
   }
   absl::Status PublishWindow(const WindowNotice& notice) override {
     return store_.Set(window_key_, WindowNoticeToJson(notice));
   }
+  absl::Status PublishOutlook(const WindowOutlook& outlook) override {
+    return store_.Set(outlook_key_, WindowOutlookToJson(outlook));
+  }
   std::string Describe() const override {
-    return absl::StrCat("store keys ", forecast_key_, ", ", window_key_);
+    return absl::StrCat("store keys ", forecast_key_, ", ", window_key_, ", ", outlook_key_);
   }
 
  private:
   Store& store_;
-  std::string forecast_key_, window_key_;
+  std::string forecast_key_, window_key_, outlook_key_;
 };
 
 }  // namespace
@@ -57,12 +63,14 @@ absl::StatusOr<std::unique_ptr<ForecastSink>> MakeStoreSink(Store& store,
                                                             const std::string& prefix) {
   std::string forecast_key = absl::StrCat(prefix, "/", kForecastStoreKey);
   std::string window_key = absl::StrCat(prefix, "/", kWindowStoreKey);
-  for (const std::string* key : {&forecast_key, &window_key}) {
+  std::string outlook_key = absl::StrCat(prefix, "/", kOutlookStoreKey);
+  for (const std::string* key : {&forecast_key, &window_key, &outlook_key}) {
     if (auto st = ValidateStoreKey(*key); !st.ok()) {
       return absl::Status(st.code(), absl::StrCat("store sink: ", st.message()));
     }
   }
-  return std::make_unique<StoreSink>(store, std::move(forecast_key), std::move(window_key));
+  return std::make_unique<StoreSink>(store, std::move(forecast_key), std::move(window_key),
+                                     std::move(outlook_key));
 }
 
 absl::StatusOr<std::unique_ptr<ForecastSink>> MakeFileSink(const std::string& path) {

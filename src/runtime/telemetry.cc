@@ -462,6 +462,7 @@ class TelemetryImpl final : public Telemetry {
       MaybePublish(/*force=*/stop || flush_pending);
       if (done != before) PublishPhaseQuantiles();
       PublishWindowToSinks();
+      PublishOutlookToSinks(/*last=*/stop);
       absl::MutexLock l(&wake_mu_);
       processed_ = done;
       flushes_served_ = flushes;
@@ -621,6 +622,30 @@ class TelemetryImpl final : public Telemetry {
     }
   }
 
+  // The outlook to the sinks (store keys for guests on other hosts) when it
+  // changed since the last time, and a last copy marked writer_closed when
+  // the worker stops.
+  void PublishOutlookToSinks(bool last) {
+    WindowOutlook o;
+    {
+      absl::MutexLock l(&outlook_mu_);
+      o = outlook_;
+    }
+    if (!last && (o.sequence == 0 || o.sequence == last_outlook_sequence_)) return;
+    last_outlook_sequence_ = o.sequence;
+    o.writer_closed = last;
+    o.published_ns = clock_->NowNanos();
+    absl::MutexLock s(&sinks_mu_);
+    for (const auto& sink : sinks_) {
+      const absl::Status st = sink->PublishOutlook(o);
+      if (!st.ok()) {
+        absl::MutexLock l(&mu_);
+        RecordExportError(absl::Status(
+            st.code(), absl::StrCat("outlook sink ", sink->Describe(), ": ", st.message())));
+      }
+    }
+  }
+
   // Immutable after construction.
   const TelemetryOptions options_;
   const Clock* const clock_;
@@ -647,7 +672,8 @@ class TelemetryImpl final : public Telemetry {
   // Created in Start(); the hooks write notices, the worker the phase table.
   std::unique_ptr<WindowChannelWriter> window_;
   WindowQuantileTable quantiles_ ABSL_GUARDED_BY(mu_);
-  uint64_t last_window_sequence_ = 0;  // worker
+  uint64_t last_window_sequence_ = 0;   // worker
+  uint64_t last_outlook_sequence_ = 0;  // worker
   // The outlook in the channel (the worker's forecasts, AnnounceBusy's busy
   // period): its writer is called under outlook_mu_, never with mu_ held.
   mutable absl::Mutex outlook_mu_;

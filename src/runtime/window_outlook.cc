@@ -1,12 +1,17 @@
 // The host's outlook (omni/window_channel.h): from a forecast to the next
-// window of each idle kind, and the time before which a guest of some kinds
-// can expect no window.
+// window of each idle kind, the time before which a guest of some kinds can
+// expect no window, and the outlook's JSON form (the store key).
 #include <algorithm>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "omni/window_channel.h"
 
 namespace omni {
+
+using nlohmann::json;
 
 const char* KindOutlookName(KindOutlook o) {
   switch (o) {
@@ -103,6 +108,181 @@ int64_t WindowOutlook::NoWindowBeforeNs(uint32_t kinds) const {
     if (earliest != std::numeric_limits<int64_t>::max()) from_forecast = earliest;
   }
   return std::max(from_forecast, busy_until_ns);
+}
+
+WindowOutlook WindowOutlook::ShiftedBy(int64_t delta_ns) const {
+  WindowOutlook o = *this;
+  const auto shift = [delta_ns](int64_t& t) {
+    if (t != 0) t += delta_ns;
+  };
+  for (int64_t* t : {&o.made_at_ns, &o.covered_until_ns, &o.busy_until_ns, &o.busy_announced_ns,
+                     &o.published_ns}) {
+    shift(*t);
+  }
+  for (NextIdleWindow& n : o.next) {
+    if (n.outlook != KindOutlook::kNext) continue;
+    shift(n.earliest_start_ns);
+    shift(n.latest_start_ns);
+  }
+  return o;
+}
+
+std::string WindowOutlookToJson(const WindowOutlook& o) {
+  json kinds = json::object();
+  for (size_t k = 1; k < o.next.size(); ++k) {
+    const NextIdleWindow& n = o.next[k];
+    kinds[IdleKindName(static_cast<IdleKind>(k))] = {{"outlook", KindOutlookName(n.outlook)},
+                                                     {"windows", n.windows},
+                                                     {"earliest_start_ns", n.earliest_start_ns},
+                                                     {"latest_start_ns", n.latest_start_ns},
+                                                     {"guaranteed_ns", n.guaranteed_ns},
+                                                     {"expected_ns", n.expected_ns},
+                                                     {"step", n.step},
+                                                     {"last_seen_step", n.last_seen_step}};
+  }
+  json j;
+  j["schema"] = "omni.outlook";
+  j["version"] = 1;
+  j["clock"] = "CLOCK_MONOTONIC";
+  j["sequence"] = o.sequence;
+  j["state"] = OutlookStateName(o.state);
+  j["published_ns"] = o.published_ns;
+  j["made_at_ns"] = o.made_at_ns;
+  j["horizon_ns"] = o.horizon_ns;
+  j["covered_until_ns"] = o.covered_until_ns;
+  j["confidence"] = o.confidence;
+  j["last_step"] = o.last_step;
+  j["busy_until_ns"] = o.busy_until_ns;
+  j["busy_announced_ns"] = o.busy_announced_ns;
+  j["writer_closed"] = o.writer_closed;
+  j["kinds"] = std::move(kinds);
+  return j.dump();
+}
+
+namespace {
+
+// The integer field `key` of `j`; InvalidArgument naming `where`.`key`.
+absl::Status ReadInt(const json& j, const char* key, const std::string& where, int64_t& out) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window outlook: field '", where, key, "' missing or not an integer"));
+  }
+  out = it->get<int64_t>();
+  return absl::OkStatus();
+}
+
+// The string field `key` of `j`, or "" when it is missing or not a string
+// (json::value would throw on another type).
+std::string StringOr(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+absl::StatusOr<WindowOutlook> ParseWindowOutlook(const std::string& text) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("window outlook: not a JSON object");
+  }
+  if (StringOr(j, "schema") != "omni.outlook") {
+    return absl::FailedPreconditionError("window outlook: schema is not 'omni.outlook'");
+  }
+  int64_t version = 0;
+  if (auto st = ReadInt(j, "version", "", version); !st.ok()) return st;
+  if (version != 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("window outlook: version ", version, "; this reader reads version 1"));
+  }
+  WindowOutlook o;
+  int64_t seq = 0;
+  for (auto [key, out] : {std::pair<const char*, int64_t*>{"sequence", &seq},
+                          {"published_ns", &o.published_ns},
+                          {"made_at_ns", &o.made_at_ns},
+                          {"horizon_ns", &o.horizon_ns},
+                          {"covered_until_ns", &o.covered_until_ns},
+                          {"last_step", &o.last_step},
+                          {"busy_until_ns", &o.busy_until_ns},
+                          {"busy_announced_ns", &o.busy_announced_ns}}) {
+    if (auto st = ReadInt(j, key, "", *out); !st.ok()) return st;
+  }
+  if (seq < 0 || o.horizon_ns < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "window outlook: field '", seq < 0 ? "sequence" : "horizon_ns", "' is negative"));
+  }
+  o.sequence = static_cast<uint64_t>(seq);
+  auto conf = j.find("confidence");
+  if (conf == j.end() || !conf->is_number() || !(conf->get<double>() >= 0) ||
+      conf->get<double>() >= 1) {
+    return absl::InvalidArgumentError(
+        "window outlook: field 'confidence' missing or not a number in [0, 1)");
+  }
+  o.confidence = conf->get<double>();
+  auto closed = j.find("writer_closed");
+  if (closed == j.end() || !closed->is_boolean()) {
+    return absl::InvalidArgumentError(
+        "window outlook: field 'writer_closed' missing or not a boolean");
+  }
+  o.writer_closed = closed->get<bool>();
+  const std::string state = StringOr(j, "state");
+  if (state == "forecast") {
+    o.state = OutlookState::kForecast;
+  } else if (state == "withdrawn") {
+    o.state = OutlookState::kWithdrawn;
+  } else if (state == "none") {
+    o.state = OutlookState::kNone;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("window outlook: field 'state' is '", state,
+                                                   "' (forecast, withdrawn or none)"));
+  }
+  auto kinds = j.find("kinds");
+  if (kinds == j.end() || !kinds->is_object()) {
+    return absl::InvalidArgumentError("window outlook: field 'kinds' missing or not an object");
+  }
+  for (const auto& [name, v] : kinds->items()) {
+    absl::StatusOr<IdleKind> kind = ParseIdleKind(name);
+    if (!kind.ok() || *kind == IdleKind::kNone) continue;  // a newer writer's kind
+    const std::string where = absl::StrCat("kinds.", name, ".");
+    if (!v.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("window outlook: field 'kinds.", name, "' is not an object"));
+    }
+    NextIdleWindow& n = o.next[static_cast<size_t>(*kind)];
+    for (auto [key, out] : {std::pair<const char*, int64_t*>{"windows", &n.windows},
+                            {"earliest_start_ns", &n.earliest_start_ns},
+                            {"latest_start_ns", &n.latest_start_ns},
+                            {"guaranteed_ns", &n.guaranteed_ns},
+                            {"expected_ns", &n.expected_ns},
+                            {"step", &n.step},
+                            {"last_seen_step", &n.last_seen_step}}) {
+      if (auto st = ReadInt(v, key, where, *out); !st.ok()) return st;
+    }
+    if (n.windows < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("window outlook: field '", where, "windows' is negative"));
+    }
+    const std::string outlook = StringOr(v, "outlook");
+    if (outlook == "next") {
+      n.outlook = KindOutlook::kNext;
+    } else if (outlook == "none") {
+      n.outlook = KindOutlook::kNone;
+    } else if (outlook == "unknown") {
+      n.outlook = KindOutlook::kUnknown;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "window outlook: field '", where, "outlook' is '", outlook, "' (next, none or unknown)"));
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+absl::StatusOr<WindowOutlook> WindowOutlookFromJson(const std::string& text) {
+  try {
+    return ParseWindowOutlook(text);
+  } catch (const nlohmann::json::exception& e) {  // a field of another type than the schema's
+    return absl::InvalidArgumentError(absl::StrCat("window outlook: ", e.what()));
+  }
 }
 
 }  // namespace omni

@@ -294,3 +294,33 @@ def test_a_guest_of_evals_leaves_when_the_hosts_forecast_has_none_within_max_wai
     saved = int(re.search(r"saved step=(\d+)", g.stderr).group(1))
     assert saved == len(units(tmp_path)), "it saved every step it did"
     resumed_bit_exactly(tmp_path, saved, reference)
+
+
+def test_a_guest_on_another_host_reads_the_hosts_windows_from_its_store(tmp_path):
+    # The host publishes under a prefix of its elastic store (--publish-prefix);
+    # the guest reads the store keys, as a guest on another machine would
+    # through a shared file system or the host's TCP store.
+    store = f"file://{tmp_path / 'store'}"
+    host = subprocess.Popen([str(HOST), "--steps", "80", "--eval-every", "10", "--quiet",
+                             "--store", store, "--replica-id", "r0", "--min-replicas", "1",
+                             "--max-replicas", "1", "--publish-prefix", "omni/telemetry/r0",
+                             "--log", str(tmp_path / "host.jsonl")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    g = subprocess.Popen(guest(tmp_path, "--store", store, "--store-prefix", "omni/telemetry/r0",
+                               "--unit-ms", 5, steps=10**6),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, herr = host.communicate(timeout=240)
+    assert host.returncode == 0, herr
+    _, gerr = g.communicate(timeout=60)
+    assert g.returncode == 75, gerr  # the host finished (its outlook's last copy says so)
+    assert "the host finished" in gerr
+    windows = idle_intervals(*step_records(tmp_path / "host.jsonl"))
+    done = units(tmp_path)
+    assert done, f"the guest never ran: {gerr}"
+    # A close reaches the guest one store poll (5 ms) after the host's worker
+    # published it (up to 2 ms after the close), plus the scheduler's delay
+    # on a loaded machine: 20 ms allowed.
+    slack = 20_000_000
+    outside = [u for u in done
+               if not any(a <= u["start_ns"] < e + slack for a, e, _ in windows)]
+    assert not outside, f"{len(outside)} of {len(done)} steps started outside the windows"

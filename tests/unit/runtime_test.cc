@@ -81,7 +81,8 @@ TEST(RuntimeOptions, OmniVariablesFillTheirOptionsAndOmniStoreWinsOverMaster) {
                                            {"OMNI_REPLICA_ID", "r7"},
                                            {"OMNI_MIN_REPLICAS", "2"},
                                            {"OMNI_PREEMPT_GRACE_S", "12.5"},
-                                           {"OMNI_NOTICE_KEY", "notice"}}));
+                                           {"OMNI_NOTICE_KEY", "notice"},
+                                           {"OMNI_PUBLISH_PREFIX", "omni/telemetry/r7"}}));
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->store_uri, "file:///tmp/s");
   EXPECT_EQ(o->ckpt_dir, "/ckpt");
@@ -93,6 +94,7 @@ TEST(RuntimeOptions, OmniVariablesFillTheirOptionsAndOmniStoreWinsOverMaster) {
   EXPECT_EQ(o->elastic.membership.min_replicas, 2);
   EXPECT_EQ(o->preemption.grace, absl::Milliseconds(12500));
   EXPECT_EQ(o->notice_key, "notice");
+  EXPECT_EQ(o->publish_prefix, "omni/telemetry/r7");
 }
 
 TEST(RuntimeOptions, MalformedVariableIsRefusedNamingIt) {
@@ -297,6 +299,22 @@ TEST(Runtime, YieldWithNothingPendingSavesAndTheResumeStartsThere) {
   EXPECT_EQ(resumed.w, m.w);
 }
 
+// A guest that leaves before its first window: the log says so, not
+// "after step -1".
+TEST(Runtime, AYieldBeforeTheFirstStepIsLoggedAsSuch) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  Model m;
+  auto rt = MustCreate(Local(dir, &clock, &log), m);
+  ASSERT_EQ(*rt->Start(), 0);
+  absl::StatusOr<Decision> d = rt->Yield("the host is busy");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(log.Has("preempted before its first step: the host is busy"));
+  EXPECT_FALSE(log.Has("step -1"));
+  ASSERT_TRUE(rt->Finish().ok());
+}
+
 TEST(Runtime, YieldUnderANoticeSavesWhenTheSaveFitsAndExitsWithoutOneWhenItDoesNot) {
   TempDir dir;
   FakeClock clock;
@@ -447,6 +465,21 @@ TEST(Runtime, AnElasticGroupClockOtherThanTheRuntimesIsRefused) {
   ASSERT_FALSE(rt.ok());
   EXPECT_TRUE(absl::IsInvalidArgument(rt.status())) << rt.status();
   EXPECT_TRUE(absl::StrContains(rt.status().message(), "elastic.membership.clock")) << rt.status();
+}
+
+// Publishing for guests on other hosts goes through the job's store
+// (omni_train --publish-prefix with --store: tests/integration/
+// test_colocate_guest.py); without one there is nowhere to publish.
+TEST(Runtime, APublishPrefixWithoutAStoreIsRefusedNamingIt) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  RuntimeOptions o = Local(dir, &clock, &log);
+  o.publish_prefix = "omni/telemetry/r0";
+  absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(o);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(rt.status())) << rt.status();
+  EXPECT_TRUE(absl::StrContains(rt.status().message(), "publish_prefix")) << rt.status();
 }
 
 #if OMNI_HAVE_GLOO

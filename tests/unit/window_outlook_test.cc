@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -198,6 +199,82 @@ void Train(Telemetry& t, FakeClock& clock, int64_t from, int64_t to, int64_t eva
     ASSERT_TRUE(t.EndStep().ok());
   }
   ASSERT_TRUE(t.Flush().ok());
+}
+
+TEST(WindowOutlookJson, RoundTripsEveryFieldAndMovesToAnotherClock) {
+  std::array<int64_t, kNumIdleKinds> seen = NeverSeen();
+  seen[static_cast<size_t>(IdleKind::kDataStall)] = 100;
+  seen[static_cast<size_t>(IdleKind::kEval)] = 99;
+  seen[static_cast<size_t>(IdleKind::kCheckpoint)] = 60;
+  WindowOutlook o = OutlookOf(MadeAt1000s(), 4096, seen);
+  o.sequence = 12;
+  o.busy_until_ns = 1200 * kS;
+  o.busy_announced_ns = 1001 * kS;
+  o.published_ns = 1002 * kS;
+  o.writer_closed = true;
+  auto back = WindowOutlookFromJson(WindowOutlookToJson(o));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(WindowOutlookToJson(*back), WindowOutlookToJson(o));
+  EXPECT_EQ(back->NoWindowBeforeNs(Bit(IdleKind::kEval)), 1200 * kS);
+  const NextIdleWindow& stall = back->next[static_cast<size_t>(IdleKind::kDataStall)];
+  EXPECT_EQ(stall.outlook, KindOutlook::kNext);
+  EXPECT_EQ(stall.windows, 2);
+  EXPECT_EQ(back->next[static_cast<size_t>(IdleKind::kCheckpoint)].outlook, KindOutlook::kNone);
+  // On a clock 1000 s behind: every time moves, the rest stays.
+  const WindowOutlook moved = back->ShiftedBy(-1000 * kS);
+  EXPECT_EQ(moved.made_at_ns, 0);
+  EXPECT_EQ(moved.busy_until_ns, 200 * kS);
+  EXPECT_EQ(moved.published_ns, 2 * kS);
+  EXPECT_EQ(moved.next[static_cast<size_t>(IdleKind::kDataStall)].earliest_start_ns, 100 * kMs);
+  EXPECT_EQ(moved.next[static_cast<size_t>(IdleKind::kDataStall)].guaranteed_ns, 3 * kMs);
+  EXPECT_EQ(moved.next[static_cast<size_t>(IdleKind::kCheckpoint)].earliest_start_ns, 0)
+      << "a kind with no next window has no start to move";
+}
+
+TEST(WindowOutlookJson, MalformedInputGetsAnErrorNamingTheField) {
+  const std::string good = WindowOutlookToJson(OutlookOf(MadeAt1000s(), 4096, NeverSeen()));
+  EXPECT_EQ(WindowOutlookFromJson("[1]").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WindowOutlookFromJson("{\"schema\": \"omni.window\"}").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::string newer = good;
+  newer.replace(newer.find("\"version\":1"), 11, "\"version\":2");
+  EXPECT_EQ(WindowOutlookFromJson(newer).status().code(), absl::StatusCode::kFailedPrecondition);
+  for (const auto& [from, to, field] :
+       {std::tuple<std::string, std::string, std::string>{"\"state\":\"forecast\"",
+                                                          "\"state\":\"maybe\"", "state"},
+        {"\"horizon_ns\":", "\"horizon_ns\":-", "horizon_ns"},
+        {"\"confidence\":0.95", "\"confidence\":\"high\"", "confidence"},
+        {"\"windows\":2", "\"windows\":\"two\"", "kinds.data_stall.windows"}}) {
+    std::string bad = good;
+    const size_t at = bad.find(from);
+    ASSERT_NE(at, std::string::npos) << from << " in " << good;
+    bad.replace(at, from.size(), to);
+    auto r = WindowOutlookFromJson(bad);
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status();
+  }
+  // A newer writer's idle kind is skipped.
+  std::string extra = good;
+  extra.replace(extra.find("\"kinds\":{"), 9, "\"kinds\":{\"npu_swap\":{},");
+  EXPECT_TRUE(WindowOutlookFromJson(extra).ok()) << extra;
+}
+
+// Found while writing the outlook's reader: a field of another JSON type than
+// the schema's (a string where a number goes) made json::value throw
+// through the readers of the forecast and the notice, which promise a
+// Status (a store value is anybody's input).
+TEST(WindowOutlookJson, EveryJsonReaderAnswersAMistypedFieldWithAnErrorNotAnException) {
+  EXPECT_EQ(ForecastFromJson("{\"schema\": 5}").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WindowNoticeFromJson("{\"schema\": [1]}").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WindowOutlookFromJson("{\"schema\": {}}").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  const std::string forecast = ForecastToJson(MadeAt1000s());
+  std::string bad = forecast;
+  bad.replace(bad.find("\"confidence\":"), 13, "\"confidence\":\"x\",\"c\":");
+  auto r = ForecastFromJson(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
 }
 
 TEST(WindowOutlook, AHostsChannelCarriesItsLatestForecastsNextWindowOfEachKind) {
