@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "omni/telemetry.h"
 #include "omni/window_channel.h"
@@ -96,8 +97,15 @@ std::string Us(int64_t ns) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 400;
-  const int poll_us = argc > 2 ? std::atoi(argv[2]) : 100;
+  int steps = 400, poll_us = 100;
+  if (argc > 3 || (argc > 1 && (!absl::SimpleAtoi(argv[1], &steps) || steps <= 0)) ||
+      (argc > 2 && (!absl::SimpleAtoi(argv[2], &poll_us) || poll_us <= 0))) {
+    std::fprintf(stderr,
+                 "usage: bench_window_notice [STEPS (default 400) [POLL_US (default 100)]]\n"
+                 "  one JSON line: the window notices' latency from the hook to a reader\n"
+                 "  process polling the channel every POLL_US microseconds\n");
+    return 2;
+  }
   const std::string name = "omni-bench-" + std::to_string(::getpid());
   int fds[2];
   if (::pipe(fds) != 0) return 1;
