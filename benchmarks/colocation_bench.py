@@ -14,15 +14,15 @@ bench: the critical job alone, with the forecast-gated guest, with the same
 guest ungated (plain time sharing) and ungated in SCHED_IDLE, side by side in
 one run; the last line of output is the `colocation` JSON line.
 
-Definitions (docs/colocation.md): the critical job's real idle time is the
-idle time of replica r0 (the host whose channel the guest reads) from its
-step log under the innermost-phase rule; harvest is the share of it that guest
-work covered, a guest unit counting min(1, nominal / wall) of its overlap
-(nominal: the guest's median unit time alone), so that a unit stretched by CPU
-contention is not counted as full work. Slowdown compares the critical job's
-mean post-warm-up step time of r0 with and without the guest (bench: against
-the mean of two runs alone, one before and one after; their difference is
-reported as critical_alone_spread_pct, the noise floor of the machine).
+Definitions (docs/colocation.md, "Figures"): the critical job's real idle
+time is the idle time of replica r0 (the host whose channel the guest reads)
+from its step log under the innermost-phase rule (on a CPU host its blocking
+data stalls); harvest is the share of it that guest work covered: the paused
+guest's CPU time inside it, weighted by its work per CPU second against the
+guest alone (an ungated guest's units: each unit's overlap weighted
+min(1, nominal / wall)). Slowdown compares each step of r0 with the guest
+against the same step alone, in alternating pairs; the job against itself
+between pairs is the noise floor.
 """
 
 import argparse
@@ -253,19 +253,43 @@ def overlap(spans, idle):
     return total
 
 
+def run_cpu_in_idle(r, idle):
+    """The guest's CPU time in one run (SIGCONT to SIGSTOP) that fell in the
+    host's idle time, from the trainer's CPU clock: up to the host's close
+    (the CPU to the signal, less the signal's lag after the close, in which
+    it may have run), and at most the run's overlap with the idle time."""
+    if r.get("cpu_resume_ns", -1) < 0:
+        return 0
+    if r.get("close_ns", 0) > 0 and r.get("cpu_signal_ns", -1) >= 0:
+        cpu = (r["cpu_signal_ns"] - r["cpu_resume_ns"]) - max(0, r["signal_ns"] - r["close_ns"])
+    else:
+        cpu = r["cpu_stop_ns"] - r["cpu_resume_ns"]
+    return max(0, min(cpu, overlap([(r["resume_ns"], r["stop_ns"])], idle)))
+
+
 def harvest(idle, units, nominal_ns, runs=None):
-    """Share of the idle time the guest's work covered. Units gated at their
-    boundaries: each unit's overlap, weighted min(1, nominal / wall). Paused
-    and resumed (runs given): the runs' overlap, weighted by the guest's speed
-    while it ran (units done x nominal / run time). Also the guest's run time
-    outside the idle time (ns): the host's busy time it was on the cores."""
+    """Share of the idle time the guest's work covered (nominal: the guest's
+    time per unit alone, undisturbed on a core of its own).
+
+    Units gated at their boundaries: each unit's overlap, weighted
+    min(1, nominal / wall), so that a unit stretched by contention is not
+    counted as full work. Paused and resumed (runs given): the guest's CPU
+    time inside the idle time, weighted by its work per CPU second against
+    alone (units done x nominal / CPU time in its runs: cold caches after a
+    resume count against it). Its speed is taken from its CPU clock, not
+    from the runs' wall time: a run ends when its stop is observed, which at
+    the paused trainer's low weight comes after the host has had the core
+    back for a while, so wall time counts time in which it did not run.
+    Returns (harvest, idle ns, the guest's time outside the idle time in ns:
+    what it took of the host's busy time, its CPU inside the idle time in ns
+    or None for units)."""
     total = sum(e - a for a, e, _ in idle)
     if runs is not None:
-        spans = [(r["resume_ns"], r["stop_ns"]) for r in runs]
-        run_ns = sum(e - a for a, e in spans)
-        speed = min(1.0, len(units) * nominal_ns / run_ns) if run_ns else 0.0
-        inside = overlap(spans, idle)
-        return (speed * inside / total if total else 0.0), total, run_ns - inside
+        cpu = sum(max(0, r["cpu_stop_ns"] - r["cpu_resume_ns"]) for r in runs
+                  if r.get("cpu_resume_ns", -1) >= 0)
+        inside = sum(run_cpu_in_idle(r, idle) for r in runs)
+        speed = min(1.0, len(units) * nominal_ns / cpu) if cpu else 0.0
+        return (speed * inside / total if total else 0.0), total, cpu - inside, inside
     used, outside = 0.0, 0
     for u in units:
         a, e = u["start_ns"], u["end_ns"]
@@ -273,7 +297,7 @@ def harvest(idle, units, nominal_ns, runs=None):
         o = overlap([(a, e)], idle)
         used += w * o
         outside += (e - a) - o
-    return used / total if total else 0.0, total, outside
+    return used / total if total else 0.0, total, outside, None
 
 
 def mean_step_ms(steps, skip=(), stat=statistics.mean):
@@ -301,11 +325,16 @@ def gate_stats(errs):
     return s
 
 
-def run_critical_alone(b, d, steps):
+def run_critical_alone(b, d, steps, kill_at=None):
+    """The critical job without a guest; with kill_at, r1 is killed and
+    replaced at that step as in the demo's run with the guest, so that the
+    two runs differ only by the guest."""
     d.mkdir(parents=True)
     c = Critical(b, d, steps, channel=None)
-    progress(c, None)
-    return c.finish(), step_records(d / "r0.jsonl"), c.sched_per_step()
+    marks = []
+    progress(c, None, hooks=[(kill_at, lambda: kill_and_replace_r1(c, marks))]
+             if kill_at is not None else ())
+    return c.finish(), step_records(d / "r0.jsonl"), c.sched_per_step(), marks
 
 
 def progress(c, guest_log, every=3.0, hooks=()):
@@ -330,14 +359,17 @@ def progress(c, guest_log, every=3.0, hooks=()):
 
 
 def guest_reference(b, d, steps):
-    """The guest alone, undisturbed, for `steps` steps: its digest and median unit."""
+    """The guest alone, undisturbed, for `steps` steps: its digest and time per unit."""
     d.mkdir(parents=True)
-    rc, out, err = Proc(d, "guest_ref", guest_args(b, d, None, steps=steps)).wait()
+    rc, out, err = Proc(d, "guest_ref", guest_args(b, d, None, steps=steps),
+                        core=PIN.get("guest")).wait()
     m = FINAL_RE.search(out)
     if rc != 0 or not m:
         sys.exit(f"guest reference failed (rc {rc}): {err[-2000:]}")
     units = read_jsonl(d / "guest.jsonl")
-    return m.group(2), statistics.median(u["end_ns"] - u["start_ns"] for u in units)
+    # Its time per unit: the span of its units over their number, so that the
+    # loop's own work between units counts as it does in a CPU clock.
+    return m.group(2), (units[-1]["end_ns"] - units[0]["start_ns"]) / len(units)
 
 
 def last_saved(err):
@@ -379,22 +411,26 @@ def now_ns():
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
+def kill_and_replace_r1(c, marks):
+    c.reps["r1"].p.send_signal(signal.SIGKILL)
+    c.reps["r1"].p.wait()
+    marks.append((now_ns(), "r1 SIGKILL"))
+    log(f"    >> step {c.step()}: critical replica r1 SIGKILLed")
+    # Its id is free once the survivor has formed a generation without it.
+    deadline = time.monotonic() + 30
+    while "recovered" not in c.reps["r0"].err.read_text():
+        if time.monotonic() > deadline:
+            sys.exit("r0 did not recover from the loss of r1 within 30 s")
+        time.sleep(0.02)
+    marks.append((now_ns(), "r1 restarted"))
+    log(f"    >> step {c.step()}: r0 goes on alone; r1 started again (same id, same flags)")
+    c.reps["r1"] = c.start("r1", tag="_b")
+
+
 def demo_hooks(kill_at, preempt_at):
     def make(c, g, notice):
         def kill():
-            c.reps["r1"].p.send_signal(signal.SIGKILL)
-            c.reps["r1"].p.wait()
-            g["marks"].append((now_ns(), "r1 SIGKILL"))
-            log(f"    >> step {c.step()}: critical replica r1 SIGKILLed")
-            # Its id is free once the survivor has formed a generation without it.
-            deadline = time.monotonic() + 30
-            while "recovered" not in c.reps["r0"].err.read_text():
-                if time.monotonic() > deadline:
-                    sys.exit("r0 did not recover from the loss of r1 within 30 s")
-                time.sleep(0.02)
-            g["marks"].append((now_ns(), "r1 restarted"))
-            log(f"    >> step {c.step()}: r0 goes on alone; r1 started again (same id, same flags)")
-            c.reps["r1"] = c.start("r1", tag="_b")
+            kill_and_replace_r1(c, g["marks"])
 
         def preempt():
             tmp = notice.with_suffix(".tmp")
@@ -510,7 +546,7 @@ def paired_slowdown(a_steps, b_steps, skip=()):
 def summary(alone, res, ref_guest, nominal, skip=(), alone_ms=None):
     steps, idle_phases = res["steps"]
     idle = idle_intervals(steps, idle_phases, CPU_IDLE_PHASES)
-    h, idle_ns, outside_ns = harvest(idle, res["units"], nominal, res["runs"])
+    h, idle_ns, outside_ns, inside_ns = harvest(idle, res["units"], nominal, res["runs"])
     offered = (overlap([(r["resume_ns"], r["stop_ns"]) for r in res["runs"]], idle) / idle_ns
                if res["runs"] is not None and idle_ns else None)
     t0 = alone_ms if alone_ms is not None else median_step_ms(alone[1][0], skip)
@@ -524,8 +560,7 @@ def summary(alone, res, ref_guest, nominal, skip=(), alone_ms=None):
     cpu_g, wait_g = res["sched"]
     return {"alone_ms": t0, "with_ms": t1, "slowdown_pct": 100 * (t1 - t0) / t0, "harvest": h,
             "paired_pct": paired, "paired_sum_pct": paired_sum, "stops": stops,
-            "harvest_cpu": (stops["guest_cpu_s"] / (idle_ns / 1e9)
-                            if res["runs"] is not None and idle_ns else None),
+            "harvest_cpu": (inside_ns / idle_ns if inside_ns is not None and idle_ns else None),
             "cpu_ms": (cpu_a, cpu_g), "wait_ms": (wait_a, wait_g),
             "supervisor_ms_per_step": gate["supervisor_cpu_ms"] / max(1, len(steps)),
             "slowdown_mean_pct": 100 * (m1 - m0) / m0, "offered": offered,
@@ -546,20 +581,22 @@ def demo(b, out, steps):
     t_start = time.monotonic()
     ch = f"omni-demo-{os.getpid()}"
     log(f"== [1/3] the critical job alone: omni_train, 2 elastic replicas, {steps} steps "
-        "(the undisturbed reference)")
-    alone = run_critical_alone(b, out / "alone", steps)
+        "(the undisturbed reference), r1 killed and replaced as in the run with the guest")
     kill_at, preempt_at = int(steps * 0.35), int(steps * 0.6)
+    alone = run_critical_alone(b, out / "alone", steps, kill_at)
     log(f"== [2/3] the same job publishing its windows (--window-channel {ch}) with a "
         "best-effort guest (colocate_guest) in them;\n   r1 is killed at step "
         f"{kill_at} and replaced, the guest is preempted at step {preempt_at}")
     res = colocated(b, out / "colocated", steps, "gated", ch, demo_hooks(kill_at, preempt_at))
     log(f"== [3/3] the guest alone for its {res['guest_steps']} steps (its undisturbed reference)")
     ref_guest, nominal = guest_reference(b, out / "guest_alone", res["guest_steps"])
-    # The steps around the kill wait for the peer timeout and the rejoin in
-    # both... only in the co-located run: leave them out of both means.
-    kill_step = next((r["step"] for r in res["steps"][0]
-                      if r["end_ns"] >= res["marks"][0][0]), kill_at)
-    s = summary(alone, res, ref_guest, nominal, skip=range(kill_step - 1, kill_step + 4))
+    # The steps around the kill wait for the peer timeout and the rejoin, in
+    # both runs, each at its own pace: leave the steps around either out.
+    def kill_step(steps, marks):
+        return next((r["step"] for r in steps if r["end_ns"] >= marks[0][0]), kill_at)
+    k0, k1 = kill_step(alone[1][0], alone[3]), kill_step(res["steps"][0], res["marks"])
+    s = summary(alone, res, ref_guest, nominal,
+                skip=set(range(k0 - 1, k0 + 4)) | set(range(k1 - 1, k1 + 4)))
     if not s["critical_bit_exact"]:
         import numpy as np
         a = np.fromfile(out / "alone" / "r0.bin", dtype="<f4").astype(np.float64)
@@ -624,7 +661,7 @@ def bench(b, out, steps, pairs):
         f"then the guest plain and in SCHED_IDLE ({steps} steps each; cores {PIN or 'unpinned'}; "
         f"load average {os.getloadavg()[0]:.2f})")
     ch = f"omni-bench-{os.getpid()}"
-    alone, gated = [], []
+    alone, gated, refs = [], [], []
     for i in range(pairs):
         for mode in (("alone", "gated") if i % 2 == 0 else ("gated", "alone")):
             log(f"  pair {i + 1}/{pairs}: {mode}")
@@ -632,17 +669,21 @@ def bench(b, out, steps, pairs):
                 alone.append(run_critical_alone(b, out / f"alone{i}", steps))
             else:
                 gated.append(colocated(b, out / f"gated{i}", steps, "gated", ch))
+                # The guest alone on the same core right after, for as many
+                # steps: its digest, and its speed at this time (the
+                # machine's speed drifts between pairs by more than a resume
+                # costs; one reference for all pairs would read as harvest).
+                refs.append(guest_reference(b, out / f"guest_alone{i}", gated[-1]["guest_steps"]))
     results = {}
     for mode in ("plain", "idle"):
         log(f"  guest: {mode}")
         results[mode] = colocated(b, out / mode, steps, mode, ch)
-    ref_guest, nominal = guest_reference(b, out / "guest_alone", gated[0]["guest_steps"])
     a_ms = [median_step_ms(a[1][0]) for a in alone]
-    per_pair = [summary(alone[i], gated[i], ref_guest, nominal, alone_ms=a_ms[i])
+    per_pair = [summary(alone[i], gated[i], refs[i][0], refs[i][1], alone_ms=a_ms[i])
                 for i in range(pairs)]
     noise = [paired_slowdown(alone[i][1][0], alone[i + 1][1][0])[0] for i in range(pairs - 1)]
-    # The baselines ran after the last pair: against its alone run.
-    base = {m: summary(alone[-1], r, ref_guest, nominal) for m, r in results.items()}
+    # The baselines ran after the last pair: against its alone runs.
+    base = {m: summary(alone[-1], r, refs[-1][0], refs[-1][1]) for m, r in results.items()}
     med = statistics.median
 
     def r(x, n=2):
@@ -678,6 +719,7 @@ def bench(b, out, steps, pairs):
         "critical_idle_s": r(med(sp["idle_s"] for sp in per_pair)),
         "critical_idle_share": r(med(sp["idle_share"] for sp in per_pair), 4),
         "guest_outside_idle_ms_per_step": r(med(sp["outside_ms_per_step"] for sp in per_pair), 3),
+        "guest_unit_ms_alone_pairs": [r(ref[1] / 1e6, 3) for ref in refs],
         "guest_steps": gated[0]["guest_steps"],
         "guest_yields": stop_sum("stops"),
         "guest_cpu_after_close_p99_ms": r(max(x["cpu_bound_p99_ms"] for x in stops), 3),
@@ -690,7 +732,7 @@ def bench(b, out, steps, pairs):
                                                      for sp in per_pair), 3),
         "critical_bit_exact": all(sp["critical_bit_exact"] for sp in per_pair) and
         len({a[0] for a in alone}) == 1,
-        "guest_bit_exact": per_pair[0]["guest_bit_exact"],
+        "guest_bit_exact": all(sp["guest_bit_exact"] for sp in per_pair),
         "baselines": {m: {"critical_slowdown_pct": r(base[m]["paired_pct"]),
                           "harvest_fraction": r(base[m]["harvest"], 3),
                           "critical_wait_ms_per_step": r(base[m]["wait_ms"][1], 3),
