@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -123,36 +124,49 @@ class OMNI_EXPORT StoreWindowSource final : public WindowSource {
   StoreWindowSource(Store& store, GuestGate* gate, const StoreSourceOptions& options);
 
  private:
+  // One key's reads: its last value, and when the last successful read of
+  // it began.
+  struct KeyReads {
+    std::string key;
+    std::string last_value;
+    int64_t last_started_ns = 0;
+    bool read_once = false;
+  };
+  // A value not seen before (now in KeyReads::last_value): published at the
+  // earliest when the previous successful read began; `first`: read before
+  // anything else was, of unknown age.
+  struct Fresh {
+    int64_t published_at = 0;
+    bool first = false;
+  };
+
   void Watch();
   void ReadWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReadOutlook() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads `k` once; nullopt when it is absent, unchanged or the read failed
+  // (counted).
+  std::optional<Fresh> ReadKey(KeyReads& k, int64_t started) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Apply(const WindowNotice& n, int64_t published_at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseOpen(int64_t closed_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Error(const absl::Status& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void KeyError(const KeyReads& k, const absl::Status& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Store& store_;
   GuestGate* gate_;
   StoreSourceOptions options_;
-  std::string window_key_, outlook_key_;
   absl::Notification stop_;
   absl::Mutex mu_;
+  KeyReads window_key_ ABSL_GUARDED_BY(mu_);
+  KeyReads outlook_key_ ABSL_GUARDED_BY(mu_);
   OpenWindow window_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t seen_ ABSL_GUARDED_BY(mu_) = 0;
-  std::string last_window_value_ ABSL_GUARDED_BY(mu_);
-  std::string last_outlook_value_ ABSL_GUARDED_BY(mu_);
-  bool first_read_ ABSL_GUARDED_BY(mu_) = true;
-  bool first_outlook_read_ ABSL_GUARDED_BY(mu_) = true;
-  // When the last successful read of each key began (a new value was
-  // written after that).
-  int64_t last_read_started_ns_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t last_outlook_read_started_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_outlook_read_ns_ ABSL_GUARDED_BY(mu_) = 0;
   // The reader's clock minus the host's (at least), from the last dated
   // notice, and when it was measured (0: never).
   int64_t offset_ns_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t offset_at_ns_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t last_sequence_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t next_outlook_read_ns_ ABSL_GUARDED_BY(mu_) = 0;
   bool have_outlook_ ABSL_GUARDED_BY(mu_) = false;
   WindowOutlook outlook_ ABSL_GUARDED_BY(mu_);  // on the reader's clock
   StoreSourceStats stats_ ABSL_GUARDED_BY(mu_);

@@ -34,11 +34,12 @@ absl::StatusOr<std::unique_ptr<StoreWindowSource>> StoreWindowSource::Open(
 
 StoreWindowSource::StoreWindowSource(Store& store, GuestGate* gate,
                                      const StoreSourceOptions& options)
-    : store_(store),
-      gate_(gate),
-      options_(options),
-      window_key_(absl::StrCat(options.prefix, "/window")),
-      outlook_key_(absl::StrCat(options.prefix, "/outlook")) {
+    : store_(store), gate_(gate), options_(options) {
+  {
+    absl::MutexLock l(&mu_);
+    window_key_.key = absl::StrCat(options.prefix, "/window");
+    outlook_key_.key = absl::StrCat(options.prefix, "/outlook");
+  }
   if (options_.watcher) watcher_ = std::thread([this] { Watch(); });
 }
 
@@ -69,28 +70,37 @@ void StoreWindowSource::Error(const absl::Status& st) {
   stats_.last_error = st;
 }
 
+std::optional<StoreWindowSource::Fresh> StoreWindowSource::ReadKey(KeyReads& k, int64_t started) {
+  absl::StatusOr<std::optional<std::string>> v = store_.TryGet(k.key);
+  if (!v.ok()) {
+    Error(v.status());
+    return std::nullopt;
+  }
+  // What the last successful read saw was there when it began: a value not
+  // seen then was written after that.
+  const Fresh fresh{k.last_started_ns, !k.read_once};
+  k.last_started_ns = started;
+  k.read_once = true;
+  if (!v->has_value() || **v == k.last_value) return std::nullopt;
+  k.last_value = **std::move(v);
+  return fresh;
+}
+
+void StoreWindowSource::KeyError(const KeyReads& k, const absl::Status& st) {
+  Error(absl::Status(st.code(), absl::StrCat("store key ", k.key, ": ", st.message())));
+}
+
 void StoreWindowSource::ReadWindow() {
   const int64_t started = options_.clock->NowNanos();
   ++stats_.reads;
-  absl::StatusOr<std::optional<std::string>> v = store_.TryGet(window_key_);
-  if (!v.ok()) {
-    Error(v.status());
-    return;
-  }
-  // What the last successful read saw was there when it began.
-  const int64_t previous = last_read_started_ns_;
-  last_read_started_ns_ = started;
-  const bool first = first_read_;
-  first_read_ = false;
-  if (!v->has_value() || **v == last_window_value_) return;
-  last_window_value_ = **v;
-  absl::StatusOr<WindowNotice> n = WindowNoticeFromJson(**v);
+  const std::optional<Fresh> fresh = ReadKey(window_key_, started);
+  if (!fresh.has_value()) return;
+  absl::StatusOr<WindowNotice> n = WindowNoticeFromJson(window_key_.last_value);
   if (!n.ok()) {
-    Error(absl::Status(n.status().code(),
-                       absl::StrCat("store key ", window_key_, ": ", n.status().message())));
+    KeyError(window_key_, n.status());
     return;
   }
-  if (first) {
+  if (fresh->first) {
     // In the store before we looked: of unknown age. A window it says is
     // open may have closed long ago; wait for the next notice.
     if (n->state == WindowState::kOpen && (options_.kinds & KindBit(n->kind)) != 0) {
@@ -103,31 +113,20 @@ void StoreWindowSource::ReadWindow() {
     }
     return;
   }
-  // Not there when the previous read began: published after that.
-  offset_ns_ = previous - n->read_at_ns;
+  offset_ns_ = fresh->published_at - n->read_at_ns;
   offset_at_ns_ = started;
-  Apply(*n, previous);
+  Apply(*n, fresh->published_at);
 }
 
 void StoreWindowSource::ReadOutlook() {
   const int64_t started = options_.clock->NowNanos();
   if (started < next_outlook_read_ns_) return;
   next_outlook_read_ns_ = started + absl::ToInt64Nanoseconds(options_.outlook_poll);
-  absl::StatusOr<std::optional<std::string>> v = store_.TryGet(outlook_key_);
-  if (!v.ok()) {
-    Error(v.status());
-    return;
-  }
-  const int64_t previous = last_outlook_read_started_ns_;
-  last_outlook_read_started_ns_ = started;
-  const bool first = first_outlook_read_;
-  first_outlook_read_ = false;
-  if (!v->has_value() || **v == last_outlook_value_) return;
-  last_outlook_value_ = **v;
-  absl::StatusOr<WindowOutlook> o = WindowOutlookFromJson(**v);
+  const std::optional<Fresh> fresh = ReadKey(outlook_key_, started);
+  if (!fresh.has_value()) return;
+  absl::StatusOr<WindowOutlook> o = WindowOutlookFromJson(outlook_key_.last_value);
   if (!o.ok()) {
-    Error(absl::Status(o.status().code(),
-                       absl::StrCat("store key ", outlook_key_, ": ", o.status().message())));
+    KeyError(outlook_key_, o.status());
     return;
   }
   if (o->writer_closed && !stats_.writer_closed) {  // the host's last copy: it finished
@@ -140,8 +139,8 @@ void StoreWindowSource::ReadOutlook() {
   // first read is dated by a recent window notice's offset, else not used
   // until it changes.
   int64_t offset = 0;
-  if (!first) {
-    offset = previous - o->published_ns;
+  if (!fresh->first) {
+    offset = fresh->published_at - o->published_ns;
   } else if (offset_at_ns_ > 0 && started - offset_at_ns_ <= kOffsetValidNs) {
     offset = offset_ns_;
   } else {
@@ -223,7 +222,7 @@ absl::StatusOr<WindowOutlook> StoreWindowSource::Outlook() {
   absl::MutexLock l(&mu_);
   if (!have_outlook_) {
     return absl::NotFoundError(
-        absl::StrCat("no dated outlook read from store key ", outlook_key_, " yet"));
+        absl::StrCat("no dated outlook read from store key ", outlook_key_.key, " yet"));
   }
   return outlook_;
 }

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "json_read.h"
 #include "omni/forecast.h"
 
 namespace omni {
@@ -146,11 +147,7 @@ absl::StatusOr<Forecast> ParseForecast(const std::string& text) {
 }  // namespace
 
 absl::StatusOr<Forecast> ForecastFromJson(const std::string& text) {
-  try {
-    return ParseForecast(text);
-  } catch (const nlohmann::json::exception& e) {  // a field of another type than the schema's
-    return absl::InvalidArgumentError(absl::StrCat("forecast: ", e.what()));
-  }
+  return internal::CatchJsonErrors<Forecast>("forecast", [&] { return ParseForecast(text); });
 }
 
 std::string ForecastToTable(const Forecast& f, int max_rows) {

@@ -539,15 +539,7 @@ class TelemetryImpl final : public Telemetry {
     if (!forecast.has_value()) return;
     // Sinks run outside mu_: a slow or re-entrant sink (e.g. a Python
     // callback) never blocks the hooks' error path, Snapshot or Counters.
-    absl::MutexLock s(&sinks_mu_);
-    for (const auto& sink : sinks_) {
-      const absl::Status st = sink->Publish(*forecast);
-      if (!st.ok()) {
-        absl::MutexLock l(&mu_);
-        RecordExportError(absl::Status(
-            st.code(), absl::StrCat("forecast sink ", sink->Describe(), ": ", st.message())));
-      }
-    }
+    ToSinks("forecast", [&](ForecastSink& sink) { return sink.Publish(*forecast); });
   }
 
   // The last step with an idle interval of each kind, as the forecaster sees
@@ -611,13 +603,20 @@ class TelemetryImpl final : public Telemetry {
     const WindowNotice n = window_->Latest(clock_->NowNanos());
     if (n.sequence == last_window_sequence_) return;
     last_window_sequence_ = n.sequence;
+    ToSinks("window", [&](ForecastSink& sink) { return sink.PublishWindow(n); });
+  }
+
+  // Calls `publish` on each sink (outside mu_), counting and keeping its
+  // errors as export errors of `what` ("forecast sink <name>: ...").
+  template <typename F>
+  void ToSinks(const char* what, const F& publish) {
     absl::MutexLock s(&sinks_mu_);
     for (const auto& sink : sinks_) {
-      const absl::Status st = sink->PublishWindow(n);
+      const absl::Status st = publish(*sink);
       if (!st.ok()) {
         absl::MutexLock l(&mu_);
         RecordExportError(absl::Status(
-            st.code(), absl::StrCat("window sink ", sink->Describe(), ": ", st.message())));
+            st.code(), absl::StrCat(what, " sink ", sink->Describe(), ": ", st.message())));
       }
     }
   }
@@ -635,15 +634,7 @@ class TelemetryImpl final : public Telemetry {
     last_outlook_sequence_ = o.sequence;
     o.writer_closed = last;
     o.published_ns = clock_->NowNanos();
-    absl::MutexLock s(&sinks_mu_);
-    for (const auto& sink : sinks_) {
-      const absl::Status st = sink->PublishOutlook(o);
-      if (!st.ok()) {
-        absl::MutexLock l(&mu_);
-        RecordExportError(absl::Status(
-            st.code(), absl::StrCat("outlook sink ", sink->Describe(), ": ", st.message())));
-      }
-    }
+    ToSinks("outlook", [&](ForecastSink& sink) { return sink.PublishOutlook(o); });
   }
 
   // Immutable after construction.

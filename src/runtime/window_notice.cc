@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "json_read.h"
 #include "omni/window_channel.h"
 
 namespace omni {
@@ -163,11 +164,8 @@ absl::StatusOr<WindowNotice> ParseWindowNotice(const std::string& text) {
 }  // namespace
 
 absl::StatusOr<WindowNotice> WindowNoticeFromJson(const std::string& text) {
-  try {
-    return ParseWindowNotice(text);
-  } catch (const nlohmann::json::exception& e) {  // a field of another type than the schema's
-    return absl::InvalidArgumentError(absl::StrCat("window notice: ", e.what()));
-  }
+  return internal::CatchJsonErrors<WindowNotice>("window notice",
+                                                 [&] { return ParseWindowNotice(text); });
 }
 
 }  // namespace omni

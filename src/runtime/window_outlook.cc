@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "json_read.h"
 #include "omni/window_channel.h"
 
 namespace omni {
@@ -278,11 +279,8 @@ absl::StatusOr<WindowOutlook> ParseWindowOutlook(const std::string& text) {
 }  // namespace
 
 absl::StatusOr<WindowOutlook> WindowOutlookFromJson(const std::string& text) {
-  try {
-    return ParseWindowOutlook(text);
-  } catch (const nlohmann::json::exception& e) {  // a field of another type than the schema's
-    return absl::InvalidArgumentError(absl::StrCat("window outlook: ", e.what()));
-  }
+  return internal::CatchJsonErrors<WindowOutlook>("window outlook",
+                                                  [&] { return ParseWindowOutlook(text); });
 }
 
 }  // namespace omni

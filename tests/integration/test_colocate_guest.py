@@ -108,6 +108,17 @@ def test_a_notice_to_leave_now_exits_76_without_a_save_and_the_work_is_redone(tm
     assert final(again.stdout) == reference
 
 
+def assert_steps_started_in_windows(d, gerr, slack_ns):
+    """Every guest step (d/units.jsonl) started inside one of the host's idle
+    windows (d/host.jsonl), or at most slack_ns after its close."""
+    windows = idle_intervals(*step_records(d / "host.jsonl"))
+    done = units(d)
+    assert done, f"the guest never ran: {gerr}"
+    outside = [u for u in done
+               if not any(a <= u["start_ns"] < e + slack_ns for a, e, _ in windows)]
+    assert not outside, f"{len(outside)} of {len(done)} steps started outside the windows"
+
+
 def test_a_gated_guest_starts_steps_only_in_the_hosts_idle_windows(tmp_path):
     channel = f"omni-it-{os.getpid()}"
     host = subprocess.Popen([str(HOST), "--steps", "60", "--eval-every", "10", "--quiet",
@@ -120,16 +131,10 @@ def test_a_gated_guest_starts_steps_only_in_the_hosts_idle_windows(tmp_path):
     _, gerr = g.communicate(timeout=60)
     assert g.returncode == 75, gerr  # the host finished: saved, resumable
     assert "the host finished" in gerr
-    windows = idle_intervals(*step_records(tmp_path / "host.jsonl"))
-    done = units(tmp_path)
-    assert done, f"the guest never ran: {gerr}"
     # A step starts while a window is open; the watcher reads the channel
     # every 0.5 ms, so a start may trail a close by that poll (plus the
     # scheduler's delay on a loaded machine: 5 ms allowed).
-    slack = 5_000_000
-    outside = [u for u in done
-               if not any(a <= u["start_ns"] < e + slack for a, e, _ in windows)]
-    assert not outside, f"{len(outside)} of {len(done)} steps started outside the windows"
+    assert_steps_started_in_windows(tmp_path, gerr, slack_ns=5_000_000)
 
 
 def test_a_paused_guest_runs_only_from_a_stalls_open_to_its_close(tmp_path):
@@ -314,13 +319,7 @@ def test_a_guest_on_another_host_reads_the_hosts_windows_from_its_store(tmp_path
     _, gerr = g.communicate(timeout=60)
     assert g.returncode == 75, gerr  # the host finished (its outlook's last copy says so)
     assert "the host finished" in gerr
-    windows = idle_intervals(*step_records(tmp_path / "host.jsonl"))
-    done = units(tmp_path)
-    assert done, f"the guest never ran: {gerr}"
     # A close reaches the guest one store poll (5 ms) after the host's worker
     # published it (up to 2 ms after the close), plus the scheduler's delay
     # on a loaded machine: 20 ms allowed.
-    slack = 20_000_000
-    outside = [u for u in done
-               if not any(a <= u["start_ns"] < e + slack for a, e, _ in windows)]
-    assert not outside, f"{len(outside)} of {len(done)} steps started outside the windows"
+    assert_steps_started_in_windows(tmp_path, gerr, slack_ns=20_000_000)
