@@ -32,6 +32,7 @@
 #include "ckpt/state_snapshot.h"
 #include "common/fs.h"
 #include "common/strings.h"
+#include "common/thread_name.h"
 #include "omni/hash.h"
 #include "omni/version.h"
 
@@ -816,7 +817,11 @@ class CheckpointManagerImpl final : public CheckpointManager {
     return job_ != nullptr || !trash_.empty() || stop_;
   }
   void StartWorker() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!worker_.joinable()) worker_ = std::thread([this] { WorkerLoop(); });
+    if (!worker_.joinable())
+      worker_ = std::thread([this] {
+        internal::NameThisThread("omni-ckpt-write");
+        WorkerLoop();
+      });
   }
 
   const CheckpointOptions opt_;

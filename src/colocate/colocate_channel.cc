@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/thread_name.h"
 #include "runtime/window_doorbell.h"
 
 namespace omni::colocate {
@@ -45,7 +46,10 @@ ChannelWindowSource::ChannelWindowSource(std::unique_ptr<WindowChannelReader> re
                                          GuestGate* gate, const ChannelSourceOptions& options)
     : reader_(std::move(reader)), gate_(gate), options_(options) {
   if (options_.watcher) {
-    watcher_ = std::thread([this] { Watch(); });
+    watcher_ = std::thread([this] {
+      internal::NameThisThread("omni-win-channel");
+      Watch();
+    });
   } else {
     absl::MutexLock l(&mu_);
     Take(reader_->Read());

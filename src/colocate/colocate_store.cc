@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/thread_name.h"
 
 namespace omni::colocate {
 namespace {
@@ -40,7 +41,11 @@ StoreWindowSource::StoreWindowSource(Store& store, GuestGate* gate,
     window_key_.key = absl::StrCat(options.prefix, "/window");
     outlook_key_.key = absl::StrCat(options.prefix, "/outlook");
   }
-  if (options_.watcher) watcher_ = std::thread([this] { Watch(); });
+  if (options_.watcher)
+    watcher_ = std::thread([this] {
+      internal::NameThisThread("omni-win-store");
+      Watch();
+    });
 }
 
 StoreWindowSource::~StoreWindowSource() {

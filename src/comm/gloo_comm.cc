@@ -86,6 +86,7 @@
 #include "absl/time/time.h"
 #include "comm/comm_internal.h"
 #include "common/fs.h"
+#include "common/thread_name.h"
 #include "omni/comm.h"
 #include "omni/store.h"
 
@@ -385,6 +386,7 @@ class LoopTicker final : public gloo::transport::tcp::Handler {
     if (!registered_ || thread_.joinable()) return;
     stop_.store(false);
     thread_ = std::thread([this] {
+      internal::NameThisThread("omni-gloo-wake");
       while (!stop_.load()) {
         const uint64_t one = 1;
         if (write(fd_.get(), &one, sizeof(one)) < 0) {
@@ -494,7 +496,10 @@ class GlooCommunicator final : public Communicator {
   absl::Status Start() {
     if (conns_.empty()) return absl::OkStatus();
     try {
-      watchdog_ = std::thread([this] { Watch(); });
+      watchdog_ = std::thread([this] {
+        internal::NameThisThread("omni-gloo-watch");
+        Watch();
+      });
     } catch (const std::exception& e) {
       return absl::ResourceExhaustedError(
           absl::StrCat("gloo: cannot start the connection watchdog: ", e.what()));

@@ -42,6 +42,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/thread_name.h"
 #include "nlohmann/json.hpp"
 #include "omni/clock.h"
 
@@ -330,7 +331,10 @@ class MembershipImpl final : public Membership {
       }
     }
     Beat();
-    thread_ = std::thread([this] { HeartbeatLoop(); });
+    thread_ = std::thread([this] {
+      internal::NameThisThread("omni-heartbeat");
+      HeartbeatLoop();
+    });
     return absl::OkStatus();
   }
 

@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "common/fs.h"
 #include "common/strings.h"
+#include "common/thread_name.h"
 
 namespace omni {
 namespace {
@@ -268,7 +269,10 @@ class PreemptionMonitorImpl final : public PreemptionMonitor {
 
   absl::Status StartWatcher() {
     try {
-      watcher_ = std::thread([this] { WatchLoop(); });
+      watcher_ = std::thread([this] {
+        internal::NameThisThread("omni-preempt");
+        WatchLoop();
+      });
     } catch (const std::system_error& e) {
       return absl::ResourceExhaustedError(
           absl::StrCat("PreemptionMonitor: cannot start the watcher thread: ", e.what()));

@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/thread_name.h"
 #include "omni/step_log.h"
 #include "omni/window_channel.h"
 #include "runtime/trace_writer.h"
@@ -73,7 +74,10 @@ class TelemetryImpl final : public Telemetry {
       if (!w.ok()) return w.status();
       trace_ = *std::move(w);
     }
-    worker_ = std::thread([this] { WorkerLoop(); });
+    worker_ = std::thread([this] {
+      internal::NameThisThread("omni-telemetry");
+      WorkerLoop();
+    });
     return absl::OkStatus();
   }
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
 
 #include "omni/step_log.h"
 #include "temp_dir.h"
@@ -85,6 +86,29 @@ TEST(Telemetry, MeasuresStepsAndPhasesOnTheInjectedClock) {
   EXPECT_EQ(c.steps_recorded, 10);
   EXPECT_EQ(c.misuse_errors, 0);
   EXPECT_TRUE((*tel)->Close().ok());
+}
+
+// The runtime's threads carry names (common/thread_name.h), so that a
+// host's top -H or /proc/<pid>/task tells what its worker costs.
+TEST(Telemetry, ItsWorkerThreadIsNamedOmniTelemetry) {
+  const auto named = [] {
+    int n = 0;
+    for (const auto& t : fs::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(t.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      n += name == "omni-telemetry" ? 1 : 0;
+    }
+    return n;
+  };
+  const int before = named();
+  FakeClock clock;
+  auto tel = Telemetry::Create({}, &clock);
+  ASSERT_TRUE(tel.ok()) << tel.status();
+  ASSERT_TRUE((*tel)->Flush().ok());  // the worker has run
+  EXPECT_EQ(named(), before + 1);
+  ASSERT_TRUE((*tel)->Close().ok());
+  EXPECT_EQ(named(), before) << "joined";
 }
 
 TEST(Telemetry, PublishesForecastsAfterStationarySteps) {
