@@ -25,9 +25,10 @@
 //    occurrence when its first two explain the whole log, else once three
 //    (four below a spacing of 8) are equally spaced.
 //  - Regime changes: a step outside its bound by a wide margin suspends
-//    windows until steps fit again; three misses on the same side start a new
-//    regime (older steps are forgotten); leading steps of a regime more than
-//    3× its median (compile warm-up) are dropped.
+//    windows until steps fit again; three clear misses on the same side
+//    (beyond the bound by a quarter of its width) start a new regime (older
+//    steps are forgotten); leading steps of a regime more than 3× its median
+//    (compile warm-up) are dropped.
 //  - Windows are anchored to steps: each has its step, kind, earliest and
 //    latest start, a duration guaranteed once it started and an expected
 //    duration; far-ahead windows keep their length, only their start spreads.
