@@ -155,6 +155,22 @@ absl::StatusOr<std::unique_ptr<omni::colocate::ChannelWindowSource>> Attach(
   }
 }
 
+// --store: a host on another machine, read from its store keys; `store`
+// receives the opened store, which must outlive the source.
+absl::StatusOr<std::unique_ptr<omni::colocate::StoreWindowSource>> AttachStore(
+    const Flags& flags, omni::colocate::GuestGate* gate, std::unique_ptr<omni::Store>& store) {
+  if (auto st = omni::torch_ext::RegisterTcpStore(); !st.ok()) return st;
+  absl::StatusOr<std::unique_ptr<omni::Store>> opened = omni::OpenStore(flags.store);
+  if (!opened.ok()) return opened.status();
+  store = *std::move(opened);
+  absl::StatusOr<uint32_t> kinds = omni::colocate::ParseKinds(flags.kinds);
+  if (!kinds.ok()) return kinds.status();
+  omni::colocate::StoreSourceOptions so;
+  so.prefix = flags.store_prefix;
+  so.kinds = *kinds;
+  return omni::colocate::StoreWindowSource::Open(*store, gate, so);
+}
+
 absl::Duration MaxWait(const Flags& flags) {
   return flags.max_wait_s < 0 ? absl::InfiniteDuration()
                               : absl::Nanoseconds(static_cast<int64_t>(1e9 * flags.max_wait_s));
@@ -274,16 +290,7 @@ int Run(const Flags& flags) {
     channel = *std::move(attached);
     source = channel.get();
   } else if (!flags.store.empty()) {
-    if (auto st = omni::torch_ext::RegisterTcpStore(); !st.ok()) return Fail(st);
-    auto opened = omni::OpenStore(flags.store);
-    if (!opened.ok()) return Fail(opened.status());
-    store = *std::move(opened);
-    absl::StatusOr<uint32_t> kinds = omni::colocate::ParseKinds(flags.kinds);
-    if (!kinds.ok()) return Fail(kinds.status());
-    omni::colocate::StoreSourceOptions so;
-    so.prefix = flags.store_prefix;
-    so.kinds = *kinds;
-    auto attached = omni::colocate::StoreWindowSource::Open(*store, gate->get(), so);
+    auto attached = AttachStore(flags, gate->get(), store);
     if (!attached.ok()) return Fail(attached.status());
     from_store = *std::move(attached);
     source = from_store.get();

@@ -52,6 +52,7 @@
 #include "omni/colocate_gate.h"
 #include "omni/colocate_guest.h"
 #include "omni/export.h"
+#include "omni/sinks.h"
 #include "omni/store.h"
 #include "omni/window_channel.h"
 
@@ -127,42 +128,51 @@ class OMNI_EXPORT StoreWindowSource final : public WindowSource {
   // One key's reads: its last value, and when the last successful read of
   // it began.
   struct KeyReads {
-    std::string key;
     std::string last_value;
     int64_t last_started_ns = 0;
     bool read_once = false;
   };
-  // A value not seen before (now in KeyReads::last_value): published at the
-  // earliest when the previous successful read began; `first`: read before
-  // anything else was, of unknown age.
+  // A value not seen before: published at the earliest when the previous
+  // successful read began; `first`: read before anything else was, of
+  // unknown age.
   struct Fresh {
+    std::string value;
     int64_t published_at = 0;
     bool first = false;
   };
+  // One read of a key: its error, or a new value (none: absent or unchanged).
+  struct KeyRead {
+    absl::Status error;
+    std::optional<Fresh> fresh;
+  };
 
   void Watch();
-  void ReadWindow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReadOutlook() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reads `k` once; nullopt when it is absent, unchanged or the read failed
-  // (counted).
-  std::optional<Fresh> ReadKey(KeyReads& k, int64_t started) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the keys (the outlook's when due) under read_mu_ only, so that a
+  // slow store never holds up Current(), then applies what is new under mu_.
+  void ReadOnce() ABSL_LOCKS_EXCLUDED(read_mu_, mu_);
+  KeyRead ReadKey(const std::string& key, KeyReads& k, int64_t started)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
+  void TakeNotice(const Fresh& f, int64_t started) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TakeOutlook(const Fresh& f, int64_t started) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Apply(const WindowNotice& n, int64_t published_at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseOpen(int64_t closed_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Error(const absl::Status& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void KeyError(const KeyReads& k, const absl::Status& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Error(const std::string& key, const absl::Status& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Store& store_;
   GuestGate* gate_;
-  StoreSourceOptions options_;
+  const StoreSourceOptions options_;
+  const std::string window_key_, outlook_key_;
   absl::Notification stop_;
+  // The store's readers (the watcher, or WaitForChange's caller, ReadNow).
+  absl::Mutex read_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  KeyReads window_reads_ ABSL_GUARDED_BY(read_mu_);
+  KeyReads outlook_reads_ ABSL_GUARDED_BY(read_mu_);
+  int64_t next_outlook_read_ns_ ABSL_GUARDED_BY(read_mu_) = 0;
   absl::Mutex mu_;
-  KeyReads window_key_ ABSL_GUARDED_BY(mu_);
-  KeyReads outlook_key_ ABSL_GUARDED_BY(mu_);
   OpenWindow window_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t seen_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_sequence_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t next_outlook_read_ns_ ABSL_GUARDED_BY(mu_) = 0;
   // The reader's clock minus the host's (at least), from the last dated
   // notice, and when it was measured (0: never).
   int64_t offset_ns_ ABSL_GUARDED_BY(mu_) = 0;

@@ -24,7 +24,7 @@ absl::StatusOr<std::unique_ptr<StoreWindowSource>> StoreWindowSource::Open(
   if (options.clock == nullptr) {
     return absl::InvalidArgumentError("StoreSourceOptions.clock must not be null");
   }
-  for (const char* key : {"window", "outlook"}) {
+  for (const char* key : {kWindowStoreKey, kOutlookStoreKey}) {
     if (absl::Status st = ValidateStoreKey(absl::StrCat(options.prefix, "/", key)); !st.ok()) {
       return absl::Status(st.code(), absl::StrCat("StoreSourceOptions.prefix '", options.prefix,
                                                   "': ", st.message()));
@@ -35,17 +35,17 @@ absl::StatusOr<std::unique_ptr<StoreWindowSource>> StoreWindowSource::Open(
 
 StoreWindowSource::StoreWindowSource(Store& store, GuestGate* gate,
                                      const StoreSourceOptions& options)
-    : store_(store), gate_(gate), options_(options) {
-  {
-    absl::MutexLock l(&mu_);
-    window_key_.key = absl::StrCat(options.prefix, "/window");
-    outlook_key_.key = absl::StrCat(options.prefix, "/outlook");
-  }
-  if (options_.watcher)
+    : store_(store),
+      gate_(gate),
+      options_(options),
+      window_key_(absl::StrCat(options.prefix, "/", kWindowStoreKey)),
+      outlook_key_(absl::StrCat(options.prefix, "/", kOutlookStoreKey)) {
+  if (options_.watcher) {
     watcher_ = std::thread([this] {
       internal::NameThisThread("omni-win-store");
       Watch();
     });
+  }
 }
 
 StoreWindowSource::~StoreWindowSource() {
@@ -54,58 +54,63 @@ StoreWindowSource::~StoreWindowSource() {
 }
 
 void StoreWindowSource::Watch() {
-  for (;;) {
-    {
-      absl::MutexLock l(&mu_);
-      ReadWindow();
-      ReadOutlook();
-    }
-    if (stop_.WaitForNotificationWithTimeout(options_.poll)) return;
+  do {
+    ReadOnce();
+  } while (!stop_.WaitForNotificationWithTimeout(options_.poll));
+}
+
+void StoreWindowSource::ReadNow() { ReadOnce(); }
+
+void StoreWindowSource::ReadOnce() {
+  absl::MutexLock r(&read_mu_);
+  const int64_t started = options_.clock->NowNanos();
+  const KeyRead window = ReadKey(window_key_, window_reads_, started);
+  std::optional<KeyRead> outlook;
+  if (started >= next_outlook_read_ns_) {
+    next_outlook_read_ns_ = started + absl::ToInt64Nanoseconds(options_.outlook_poll);
+    outlook = ReadKey(outlook_key_, outlook_reads_, started);
   }
-}
-
-void StoreWindowSource::ReadNow() {
   absl::MutexLock l(&mu_);
-  ReadWindow();
-  ReadOutlook();
+  ++stats_.reads;
+  if (!window.error.ok()) Error(window_key_, window.error);
+  if (window.fresh.has_value()) TakeNotice(*window.fresh, started);
+  if (!outlook.has_value()) return;
+  if (!outlook->error.ok()) Error(outlook_key_, outlook->error);
+  if (outlook->fresh.has_value()) TakeOutlook(*outlook->fresh, started);
 }
 
-void StoreWindowSource::Error(const absl::Status& st) {
-  ++stats_.errors;
-  stats_.last_error = st;
-}
-
-std::optional<StoreWindowSource::Fresh> StoreWindowSource::ReadKey(KeyReads& k, int64_t started) {
-  absl::StatusOr<std::optional<std::string>> v = store_.TryGet(k.key);
+StoreWindowSource::KeyRead StoreWindowSource::ReadKey(const std::string& key, KeyReads& k,
+                                                      int64_t started) {
+  KeyRead out;
+  absl::StatusOr<std::optional<std::string>> v = store_.TryGet(key);
   if (!v.ok()) {
-    Error(v.status());
-    return std::nullopt;
+    out.error = v.status();
+    return out;
   }
   // What the last successful read saw was there when it began: a value not
   // seen then was written after that.
-  const Fresh fresh{k.last_started_ns, !k.read_once};
+  const int64_t previous = k.last_started_ns;
+  const bool first = !k.read_once;
   k.last_started_ns = started;
   k.read_once = true;
-  if (!v->has_value() || **v == k.last_value) return std::nullopt;
+  if (!v->has_value() || **v == k.last_value) return out;
   k.last_value = **std::move(v);
-  return fresh;
+  out.fresh = Fresh{k.last_value, previous, first};
+  return out;
 }
 
-void StoreWindowSource::KeyError(const KeyReads& k, const absl::Status& st) {
-  Error(absl::Status(st.code(), absl::StrCat("store key ", k.key, ": ", st.message())));
+void StoreWindowSource::Error(const std::string& key, const absl::Status& st) {
+  ++stats_.errors;
+  stats_.last_error = absl::Status(st.code(), absl::StrCat("store key ", key, ": ", st.message()));
 }
 
-void StoreWindowSource::ReadWindow() {
-  const int64_t started = options_.clock->NowNanos();
-  ++stats_.reads;
-  const std::optional<Fresh> fresh = ReadKey(window_key_, started);
-  if (!fresh.has_value()) return;
-  absl::StatusOr<WindowNotice> n = WindowNoticeFromJson(window_key_.last_value);
+void StoreWindowSource::TakeNotice(const Fresh& f, int64_t started) {
+  absl::StatusOr<WindowNotice> n = WindowNoticeFromJson(f.value);
   if (!n.ok()) {
-    KeyError(window_key_, n.status());
+    Error(window_key_, n.status());
     return;
   }
-  if (fresh->first) {
+  if (f.first) {
     // In the store before we looked: of unknown age. A window it says is
     // open may have closed long ago; wait for the next notice.
     if (n->state == WindowState::kOpen && (options_.kinds & KindBit(n->kind)) != 0) {
@@ -118,20 +123,15 @@ void StoreWindowSource::ReadWindow() {
     }
     return;
   }
-  offset_ns_ = fresh->published_at - n->read_at_ns;
+  offset_ns_ = f.published_at - n->read_at_ns;
   offset_at_ns_ = started;
-  Apply(*n, fresh->published_at);
+  Apply(*n, f.published_at);
 }
 
-void StoreWindowSource::ReadOutlook() {
-  const int64_t started = options_.clock->NowNanos();
-  if (started < next_outlook_read_ns_) return;
-  next_outlook_read_ns_ = started + absl::ToInt64Nanoseconds(options_.outlook_poll);
-  const std::optional<Fresh> fresh = ReadKey(outlook_key_, started);
-  if (!fresh.has_value()) return;
-  absl::StatusOr<WindowOutlook> o = WindowOutlookFromJson(outlook_key_.last_value);
+void StoreWindowSource::TakeOutlook(const Fresh& f, int64_t started) {
+  absl::StatusOr<WindowOutlook> o = WindowOutlookFromJson(f.value);
   if (!o.ok()) {
-    KeyError(outlook_key_, o.status());
+    Error(outlook_key_, o.status());
     return;
   }
   if (o->writer_closed && !stats_.writer_closed) {  // the host's last copy: it finished
@@ -144,8 +144,8 @@ void StoreWindowSource::ReadOutlook() {
   // first read is dated by a recent window notice's offset, else not used
   // until it changes.
   int64_t offset = 0;
-  if (!fresh->first) {
-    offset = fresh->published_at - o->published_ns;
+  if (!f.first) {
+    offset = f.published_at - o->published_ns;
   } else if (offset_at_ns_ > 0 && started - offset_at_ns_ <= kOffsetValidNs) {
     offset = offset_ns_;
   } else {
@@ -211,10 +211,9 @@ bool StoreWindowSource::WaitForChange(absl::Duration timeout) {
   const Clock& clock = *options_.clock;
   const int64_t until = clock.NowNanos() + absl::ToInt64Nanoseconds(timeout);
   for (;;) {
+    ReadOnce();
     {
       absl::MutexLock l(&mu_);
-      ReadWindow();
-      ReadOutlook();
       if (version_ != seen_) return true;
     }
     const int64_t now = clock.NowNanos();
@@ -227,7 +226,7 @@ absl::StatusOr<WindowOutlook> StoreWindowSource::Outlook() {
   absl::MutexLock l(&mu_);
   if (!have_outlook_) {
     return absl::NotFoundError(
-        absl::StrCat("no dated outlook read from store key ", outlook_key_.key, " yet"));
+        absl::StrCat("no dated outlook read from store key ", outlook_key_, " yet"));
   }
   return outlook_;
 }

@@ -632,9 +632,10 @@ class TelemetryImpl final : public Telemetry {
     WindowOutlook o;
     {
       absl::MutexLock l(&outlook_mu_);
+      // Every worker wake-up asks: copy only what changed.
+      if (!last && (outlook_.sequence == 0 || outlook_.sequence == last_outlook_sequence_)) return;
       o = outlook_;
     }
-    if (!last && (o.sequence == 0 || o.sequence == last_outlook_sequence_)) return;
     last_outlook_sequence_ = o.sequence;
     o.writer_closed = last;
     o.published_ns = clock_->NowNanos();
