@@ -86,11 +86,12 @@ struct CommOptions {
   // nccl: the CUDA device ordinal; -1 picks rank % (visible devices).
   int device = -1;
   // Optional: asked every few milliseconds while the rendezvous waits for
-  // its peers' keys; returning true abandons it (Aborted, "rendezvous
-  // abandoned"). ElasticGroup answers "a member of this generation was seen
-  // dead", so that a member that dies after its generation was agreed costs
-  // a recovery instead of init_timeout. Called on the creating thread only;
-  // must not block.
+  // its peers' keys, and (gloo) while the connections to them are set up;
+  // returning true abandons it (Aborted, "rendezvous abandoned").
+  // ElasticGroup answers "a member of this generation was seen dead, or
+  // gave up on it", so that a member that dies or recovers after its
+  // generation was agreed costs a recovery instead of init_timeout. Called
+  // on the creating thread only; must not wait (a store read is fine).
   std::function<bool()> abandon;
 };
 

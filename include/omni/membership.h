@@ -180,8 +180,13 @@ class OMNI_EXPORT Membership {
   // surviving members on the next generation. Members that report in are
   // kept; one that does not is dropped once its heartbeat has been silent
   // for three heartbeat periods (at most peer_timeout), or, while it keeps
-  // beating, after 10 peer_timeouts (its training thread is stuck). Waits
-  // (up to join_timeout) while fewer than min_replicas are alive. When this
+  // beating, after 10 peer_timeouts (its training thread is stuck). The
+  // members that joined in the current generation may lack the group's
+  // state (the failure may have come before their sync): unless a member
+  // that was there before reported in, such a member is dropped only once
+  // silent for the full peer_timeout, and never while it beats, so that
+  // joiners do not go on alone from their older state. Waits (up to
+  // join_timeout) while fewer than min_replicas are alive. When this
   // replica was itself dropped it joins again (as Join()).
   virtual absl::StatusOr<Generation> Recover(int64_t completed) = 0;
 
@@ -209,6 +214,13 @@ class OMNI_EXPORT Membership {
 
   // Ids of the current generation's members seen dead so far.
   virtual std::vector<std::string> DeadPeers() const = 0;
+  // True when generation `g` can no longer come together: one of its
+  // members gave up on it (reported in to its Recover), or a newer
+  // generation exists. E.g. for a communicator's rendezvous to stop
+  // waiting for a member that went on to recover. Reads the store once
+  // per member and once more, without waiting or retrying; a store error
+  // reads as false. Called by the training thread.
+  virtual bool Superseded(const Generation& g) = 0;
   // The last heartbeat error (store unreachable), OK when none.
   virtual absl::Status HeartbeatError() const = 0;
   // The store failure seen by the heartbeat thread (see the top of this

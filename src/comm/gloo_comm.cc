@@ -82,6 +82,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/comm_internal.h"
@@ -442,17 +443,62 @@ class RingContext final : public gloo::Context {
       const std::vector<char> bytes = ctx->createPair(peer)->address().bytes();
       Check(store.Set(key(rank, peer), std::string(bytes.begin(), bytes.end())));
     }
+    std::vector<std::vector<char>> addresses;
     for (int peer : peers) {
       absl::StatusOr<std::string> v =
           RendezvousGet(store, key(peer, rank), deadline, abandon, "gloo");
       Check(v.status());
-      ctx->getPair(peer)->connect(std::vector<char>(v->begin(), v->end()));
+      addresses.emplace_back(v->begin(), v->end());
     }
+    ConnectPairs(*ctx, peers, addresses, abandon);
     device_ = device;
     transportContext_ = std::move(ctx);
   }
 
  private:
+  // Connects the pairs in `peers` order. A peer that wrote its address and
+  // then gave up on the generation (it recovers) never connects, and a
+  // pair waits for it up to 5x the context timeout: so the pairs connect
+  // on a thread of their own while this one asks `abandon`, and closing
+  // the pairs ends their waits (a closed pair counts as done for gloo).
+  static void ConnectPairs(gloo::transport::Context& ctx, const std::vector<int>& peers,
+                           const std::vector<std::vector<char>>& addresses,
+                           const std::function<bool()>& abandon) {
+    if (!abandon) {
+      for (size_t i = 0; i < peers.size(); ++i) ctx.getPair(peers[i])->connect(addresses[i]);
+      return;
+    }
+    std::atomic<bool> abandoned{false};
+    std::exception_ptr failure;
+    absl::Notification finished;
+    std::thread worker([&] {
+      try {
+        for (size_t i = 0; i < peers.size() && !abandoned.load(); ++i) {
+          ctx.getPair(peers[i])->connect(addresses[i]);
+        }
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      finished.Notify();
+    });
+    while (!finished.WaitForNotificationWithTimeout(kConnectSlice)) {
+      if (!abandoned.load() && !abandon()) continue;
+      abandoned.store(true);
+      // Again at every slice: a connect that began just as the flag was
+      // set finds its pair closed too.
+      for (int peer : peers) ctx.getPair(peer)->close();
+    }
+    worker.join();
+    if (abandoned.load()) {
+      throw StoreError(absl::AbortedError(absl::StrCat(
+          "gloo rendezvous abandoned while connecting to rank(s) ", absl::StrJoin(peers, " "),
+          " (a peer of this generation is gone)")));
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  static constexpr absl::Duration kConnectSlice = absl::Milliseconds(20);
+
   static void Check(const absl::Status& s) {
     if (!s.ok()) throw StoreError(s);
   }

@@ -177,8 +177,9 @@ class ElasticGroupImpl final : public ElasticGroup {
     co.host = o_.host;
     co.device = o_.device;
     // A member of `g` (adopted: the membership's current generation) seen
-    // dead will never arrive: recover at once instead of at init_timeout.
-    co.abandon = [m = membership_.get()] { return !m->DeadPeers().empty(); };
+    // dead will never arrive, nor one that gave up on `g` (it recovers):
+    // recover at once instead of at init_timeout.
+    co.abandon = [m = membership_.get(), &g] { return !m->DeadPeers().empty() || m->Superseded(g); };
     absl::StatusOr<std::unique_ptr<Communicator>> c = CreateCommunicator(co);
     if (!c.ok()) return c.status();
     {

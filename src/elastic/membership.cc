@@ -514,7 +514,12 @@ class MembershipImpl final : public Membership {
       // peer_timeout: a recovered generation of joiners alone would go on
       // from their older checkpoints and train committed steps again (found
       // by the soak test: a joiner formed a generation of its own while the
-      // incumbent's heartbeat paused for 3 periods).
+      // incumbent's heartbeat paused for 3 periods), and one that keeps
+      // beating is never taken for stuck: it is waited for (up to
+      // join_timeout), as it reports in once its own wait ends (found by the
+      // soak test too: the incumbents sat 30 s in the connect of a build the
+      // joiner had abandoned, and the joiner, after 10 peer timeouts, went on
+      // alone from its checkpoint).
       const auto incumbent = [&](const std::string& id) {
         return std::find(cur.joined.begin(), cur.joined.end(), id) == cur.joined.end();
       };
@@ -526,9 +531,10 @@ class MembershipImpl final : public Membership {
       std::vector<std::string> missing_alive;  // not reported, heartbeat still going
       std::vector<std::string> gone;
       for (const ReplicaInfo* m : unreported) {
-        const absl::Duration silence =
-            holder_reported || !incumbent(m->id) ? recover_silence : o_.peer_timeout;
-        if (SilentFor(m->id, silence) || BeatsAsAnotherProcess(*m) || Now() >= stuck_after) {
+        const bool may_go = holder_reported || !incumbent(m->id);
+        const absl::Duration silence = may_go ? recover_silence : o_.peer_timeout;
+        if (SilentFor(m->id, silence) || BeatsAsAnotherProcess(*m) ||
+            (may_go && Now() >= stuck_after)) {
           gone.push_back(m->id);
         } else {
           missing_alive.push_back(m->id);
@@ -623,6 +629,17 @@ class MembershipImpl final : public Membership {
   std::vector<std::string> DeadPeers() const override {
     absl::MutexLock lock(&mu_);
     return {dead_.begin(), dead_.end()};
+  }
+
+  bool Superseded(const Generation& g) override {
+    const auto present = [&](const std::string& key) {
+      absl::StatusOr<std::optional<std::string>> v = store_.TryGet(key);
+      return v.ok() && v->has_value();
+    };
+    if (present(GenKey(g.number + 1))) return true;
+    const std::string prefix = g.prefix() + "/alive/";
+    return std::any_of(g.members.begin(), g.members.end(),
+                       [&](const ReplicaInfo& m) { return present(prefix + m.id); });
   }
 
   absl::Status HeartbeatError() const override {

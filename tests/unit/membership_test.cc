@@ -22,6 +22,7 @@
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "auto_advance.h"
@@ -942,6 +943,73 @@ TEST(Membership, AJoinerAloneDoesNotRecoverWithoutTheMembersThatHoldTheState) {
   ASSERT_TRUE(ra.ok()) << ra.status();
   EXPECT_EQ(Ids(*rc), (std::vector<std::string>{"a", "c"})) << rc->ToString();
   EXPECT_EQ(rc->number, ra->number);
+}
+
+// Found by the soak test (32 steps trained again): r0 restarted from its
+// checkpoint of step 400 and was admitted to [r0 r1 r2] at step 434; the
+// build failed (r2 frozen for 0.95 s), r0 recovered, and r1 and r2 sat 30 s
+// in the build's connect to r0 while their heartbeats went on. After 10 peer
+// timeouts r0 dropped them as stuck and formed [r0] alone, from step 400.
+// Without an incumbent that reported, one that keeps beating is waited for
+// (here b is gone and a stuck).
+TEST(Membership, AJoinerAloneWaitsForABeatingIncumbentPastTheStuckBound) {
+  FakeTime fake;
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts(fake, "a", 1, 8));
+  auto b = MustCreate(*store, Opts(fake, "b", 1, 8));
+  JoinAll({a.get(), b.get()});
+  int64_t step = 1;
+  auto c = MustCreate(*store, Opts(fake, "c", 1, 8));
+  absl::StatusOr<Generation> joined;
+  std::thread jc([&] { joined = c->Join(); });
+  ASSERT_TRUE(DriveAllUntilChange(fake, {a.get(), b.get()}, step).has_value());
+  jc.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  const int64_t number = joined->number;
+  b.reset();  // SIGKILL
+  absl::StatusOr<Generation> rc;
+  std::thread tc([&] { rc = c->Recover(step); });
+  // a beats on, its training thread stuck for 12 peer timeouts (past the 10
+  // after which a member that beats but never reports is dropped where an
+  // incumbent did report).
+  fake.Sleep(absl::Milliseconds(12 * 250));
+  absl::StatusOr<std::optional<std::string>> meanwhile =
+      store->TryGet(absl::StrCat("gen/", number + 1));
+  ASSERT_TRUE(meanwhile.ok()) << meanwhile.status();
+  EXPECT_FALSE(meanwhile->has_value()) << "the joiner went on alone: " << **meanwhile;
+  absl::StatusOr<Generation> ra = a->Recover(step);
+  tc.join();
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  EXPECT_EQ(rc->number, ra->number);
+  EXPECT_EQ(Ids(*rc), (std::vector<std::string>{"a", "c"})) << rc->ToString();
+}
+
+// What a communicator's build asks (ElasticGroup's abandon): has a member
+// of the generation gone on to recover, or is there a newer generation?
+TEST(Membership, AGenerationIsSupersededOnceAMemberRecoversFromItOrANewerOneExists) {
+  FakeTime fake;
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  auto a = MustCreate(*store, Opts(fake, "a", 2, 8));
+  auto b = MustCreate(*store, Opts(fake, "b", 2, 8));
+  std::vector<Generation> g = JoinAll({a.get(), b.get()});
+  EXPECT_FALSE(a->Superseded(g[0]));
+  absl::StatusOr<Generation> rb;
+  std::thread tb([&] { rb = b->Recover(3); });
+  const int64_t t0 = fake.clock.NowNanos();
+  while (!a->Superseded(g[0]) && fake.Since(t0) < absl::Seconds(2)) {
+    fake.Sleep(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(a->Superseded(g[0])) << "b reported in to its recovery";
+  absl::StatusOr<Generation> ra = a->Recover(3);
+  tb.join();
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  EXPECT_TRUE(a->Superseded(g[0]));  // and now a newer generation exists
+  EXPECT_FALSE(a->Superseded(*ra));
+  EXPECT_FALSE(b->Superseded(*rb));
 }
 
 // Counts the compare-and-sets of generation records made through it.
