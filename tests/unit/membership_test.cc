@@ -906,6 +906,18 @@ TEST(Membership, AJoinerThatBeganWatchingDuringAStallCountsSilenceFromItsFirstRe
   EndTheStallAndExpectTheJoinerAdmitted(fake, gate, *a, joiner, joined);
 }
 
+// a and b are members; c joins and is admitted at a boundary of theirs
+// (`step` moves on). Returns c's generation.
+absl::StatusOr<Generation> AdmitJoiner(FakeTime& fake, Membership& a, Membership& b, Membership& c,
+                                       int64_t& step) {
+  absl::StatusOr<Generation> joined;
+  std::thread jc([&] { joined = c.Join(); });
+  const bool changed = DriveAllUntilChange(fake, {&a, &b}, step).has_value();
+  jc.join();
+  if (!changed) return absl::InternalError("a and b reached no change of generation");
+  return joined;
+}
+
 // Found by the soak test: a replica restarted from its checkpoint joined
 // (gen [a b c], c new); b was killed before the join's sync, and a's
 // heartbeat paused for a few periods (its write waited behind the store).
@@ -924,10 +936,7 @@ TEST(Membership, AJoinerAloneDoesNotRecoverWithoutTheMembersThatHoldTheState) {
   JoinAll({a.get(), b.get()});
   int64_t step = 1;
   auto c = MustCreate(*store, Opts(fake, "c", 1, 8));
-  absl::StatusOr<Generation> joined;
-  std::thread jc([&] { joined = c->Join(); });
-  ASSERT_TRUE(DriveAllUntilChange(fake, {a.get(), b.get()}, step).has_value());
-  jc.join();
+  absl::StatusOr<Generation> joined = AdmitJoiner(fake, *a, *b, *c, step);
   ASSERT_TRUE(joined.ok()) << joined.status();
   ASSERT_EQ(joined->joined, (std::vector<std::string>{"c"}));
   b.reset();     // SIGKILL
@@ -961,10 +970,7 @@ TEST(Membership, AJoinerAloneWaitsForABeatingIncumbentPastTheStuckBound) {
   JoinAll({a.get(), b.get()});
   int64_t step = 1;
   auto c = MustCreate(*store, Opts(fake, "c", 1, 8));
-  absl::StatusOr<Generation> joined;
-  std::thread jc([&] { joined = c->Join(); });
-  ASSERT_TRUE(DriveAllUntilChange(fake, {a.get(), b.get()}, step).has_value());
-  jc.join();
+  absl::StatusOr<Generation> joined = AdmitJoiner(fake, *a, *b, *c, step);
   ASSERT_TRUE(joined.ok()) << joined.status();
   const int64_t number = joined->number;
   b.reset();  // SIGKILL
