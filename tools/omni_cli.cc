@@ -325,6 +325,7 @@ int main(int argc, char** argv) {
 
   auto log = omni::ReadStepLog(p.positional[0]);
   if (!log.ok()) return Fail(log.status());
+  omni::cli::NoteUnfinishedTail(p.positional[0], *log);
 
   omni::StepStatsOptions so;
   so.window = static_cast<int>(window);

@@ -328,6 +328,14 @@ absl::StatusOr<std::string> PlotTimeline(const StepLog& log, const PlotOptions& 
   return svg.Finish();
 }
 
+void NoteUnfinishedTail(const std::string& path, const StepLog& log) {
+  if (log.unfinished_tail_bytes == 0) return;
+  std::fprintf(stderr,
+               "omni: %s: left out its unfinished last line (%zu bytes: the log is being "
+               "written, or its writer stopped mid-line)\n",
+               path.c_str(), log.unfinished_tail_bytes);
+}
+
 int PlotCommand(int argc, char** argv) {
   const char* usage =
       "usage: omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N] [--k K] "
@@ -400,6 +408,7 @@ int PlotCommand(int argc, char** argv) {
     std::fprintf(stderr, "omni: %s\n", std::string(log.status().message()).c_str());
     return 1;
   }
+  NoteUnfinishedTail(log_path, *log);
   o.title = absl::StrCat("omni plot ", log_path);
   if (!guest_path.empty()) {
     const std::string label = o.guest.label;

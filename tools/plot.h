@@ -45,6 +45,11 @@ struct PlotOptions {
 // step in it; FailedPrecondition when the log never allows a forecast.
 absl::StatusOr<std::string> PlotTimeline(const StepLog& log, const PlotOptions& options);
 
+// Tells on stderr that ReadStepLog left out `log`'s unfinished last line
+// (a running job's log); nothing when there was none. For every subcommand
+// that reads a step log.
+void NoteUnfinishedTail(const std::string& path, const StepLog& log);
+
 // The `omni plot` subcommand (argv as given to main). Exit code 0, 1 (the
 // operation failed, message on stderr) or 2 (usage).
 int PlotCommand(int argc, char** argv);

@@ -33,6 +33,9 @@ struct StepLogHeader {
 struct StepLog {
   StepLogHeader header;
   std::vector<StepRecord> steps;
+  // Bytes of an unfinished last line that ReadStepLog left out (0: none):
+  // the log is still being written, or its writer stopped mid-line.
+  size_t unfinished_tail_bytes = 0;
 };
 
 // The longest line ReadStepLog accepts (a step of kMaxSpansPerStep spans
@@ -44,7 +47,10 @@ inline constexpr size_t kMaxStepLogLineBytes = size_t{1} << 20;
 // FIFO is refused without blocking) or a newer schema version,
 // InvalidArgument for malformed JSON, a field of the wrong type (each
 // reported as "path:line: ..."), a line longer than kMaxStepLogLineBytes, or
-// a record that fails ValidateStepRecord.
+// a record that fails ValidateStepRecord. A last line without its newline
+// that is not JSON is the line a live writer has not finished (a running
+// job's log, or one whose writer was killed mid-line): it is left out and
+// counted in unfinished_tail_bytes, not an error.
 OMNI_EXPORT absl::StatusOr<StepLog> ReadStepLog(const std::string& path);
 
 class OMNI_EXPORT StepLogWriter {

@@ -408,6 +408,7 @@ py::dict StepLogSummary(const std::string& path, const omni::StepLog& log) {
   d["eval"] = EventDict(log.header.eval);
   d["pipeline"] = PipelineDict(log.header.pipeline);
   d["steps"] = static_cast<int64_t>(log.steps.size());
+  d["unfinished_tail_bytes"] = static_cast<int64_t>(log.unfinished_tail_bytes);
   if (log.steps.empty()) {
     d["first_step"] = py::none();
     d["last_step"] = py::none();

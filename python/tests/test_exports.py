@@ -43,6 +43,21 @@ def test_read_step_log_summarises_the_log(make_telemetry, clock, tmp_path):
     assert info["checkpoint"]["every"] == 100
     assert {"id": omni.DATA_WAIT, "name": "data_wait", "idle": "data_stall"} in info["phases"]
     assert any(p["name"] == "loss_logging" for p in info["phases"])
+    assert info["unfinished_tail_bytes"] == 0
+
+
+def test_read_step_log_of_a_log_being_written_leaves_out_its_unfinished_line(
+        make_telemetry, clock, tmp_path):
+    log_path = tmp_path / "steps.jsonl"
+    tel = make_telemetry(step_log=log_path, **NO_WARMUP)
+    run_steps(tel, clock, 3)
+    tel.close()
+    with open(log_path, "a") as f:
+        f.write('{"type":"step","step":3,"start_')  # the writer's line in progress
+
+    info = omni.read_step_log(log_path)
+    assert info["steps"] == 3
+    assert info["unfinished_tail_bytes"] == len('{"type":"step","step":3,"start_')
 
 
 def test_read_step_log_of_a_missing_file_raises_file_not_found_naming_it(tmp_path):

@@ -367,7 +367,13 @@ absl::StatusOr<StepLog> ReadStepLog(const std::string& path) {
     }
   }
   if (!line.empty() || too_long) {
-    if (absl::Status st = finish_line(); !st.ok()) return st;
+    // No newline: the line a live writer has not finished, when it is not
+    // JSON yet (a complete last line only lacking its newline is read).
+    if (!too_long && json::parse(line, nullptr, /*allow_exceptions=*/false).is_discarded()) {
+      log.unfinished_tail_bytes = line.size();
+    } else if (absl::Status st = finish_line(); !st.ok()) {
+      return st;
+    }
   }
   if (!have_header) return absl::InvalidArgumentError(absl::StrCat(path, ": empty step log"));
   return log;

@@ -69,6 +69,40 @@ TEST(StepLog, ReportsMalformedLinesWithFileAndLine) {
   fs::remove(path);
 }
 
+// A running job's log read while its writer is mid-line (or the log of a
+// writer killed mid-line): the steps before are read, the unfinished line is
+// left out and counted. The same bytes followed by a newline are a malformed
+// line, and a complete last step without its newline is read.
+TEST(StepLog, AnUnfinishedLastLineIsLeftOutAndCountedNotAnError) {
+  const std::string path = TempPath("steplog_live.jsonl");
+  const std::string step0 = "{\"type\":\"step\",\"step\":0,\"start_ns\":0,\"end_ns\":10,\"spans\":[]}";
+  const std::string step1 = "{\"type\":\"step\",\"step\":1,\"start_ns\":10,\"end_ns\":20,\"spans\":[]}";
+  const auto write = [&](const std::string& tail) {
+    StepLogHeader h;
+    auto w = StepLogWriter::Open(path, h);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Close().ok());
+    std::ofstream out(path, std::ios::app);
+    out << step0 << "\n" << tail;
+  };
+  write(step1.substr(0, 30));
+  auto log = ReadStepLog(path);
+  ASSERT_TRUE(log.ok()) << log.status();
+  EXPECT_EQ(log->steps.size(), 1u);
+  EXPECT_EQ(log->unfinished_tail_bytes, 30u);
+  write(step1.substr(0, 30) + "\n");
+  log = ReadStepLog(path);
+  ASSERT_FALSE(log.ok());
+  EXPECT_NE(log.status().message().find(path + ":3: not a JSON object"), absl::string_view::npos)
+      << log.status();
+  write(step1);
+  log = ReadStepLog(path);
+  ASSERT_TRUE(log.ok()) << log.status();
+  EXPECT_EQ(log->steps.size(), 2u);
+  EXPECT_EQ(log->unfinished_tail_bytes, 0u);
+  fs::remove(path);
+}
+
 TEST(StepLog, RefusesSpansThatDoNotNest) {
   const std::string path = TempPath("steplog_nest.jsonl");
   {
