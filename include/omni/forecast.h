@@ -23,7 +23,8 @@
 //    levels; most of a bound's miss budget is above it.
 //  - An undeclared event is learned from its spacing: from its third
 //    occurrence when its first two explain the whole log, else once three
-//    (four below a spacing of 8) are equally spaced.
+//    (four below a spacing of 8) are equally spaced, or spaced by multiples
+//    of one spacing that skip only steps missing from the log.
 //  - Regime changes: a step outside its bound by a wide margin suspends
 //    windows until steps fit again; three clear misses on the same side
 //    (beyond the bound by a quarter of its width) start a new regime (older

@@ -181,6 +181,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     if (o.lengths.size() > kMaxLengths) o.lengths.pop_front();
     o.rule = LearnSpacing(o.steps);
     if (o.rule.every == 0 && o.total == 2) o.rule = SpacingFromTwo(o.steps, first_step_);
+    if (o.rule.every == 0) o.rule = SkippingOnlyUnloggedSteps(key, SpacingAcrossGaps(o.steps));
     // Short spacings need a fourth occurrence: three equal gaps.
     const size_t n = o.steps.size();
     if (o.rule.every > 0 && o.rule.every < 8 &&
@@ -208,6 +209,17 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   const int every = hist_.size() < 64 ? 4 : 16;
   if (++since_learn_ >= every) Relearn();
   return absl::OkStatus();
+}
+
+SpacingRule Forecaster::Impl::SkippingOnlyUnloggedSteps(int key, SpacingRule rule) const {
+  const std::vector<int64_t>& occ = occ_[key].steps;
+  if (rule.every == 0 || occ.size() < 3 || hist_.empty()) return {};
+  const int64_t from = occ[occ.size() - 3], to = occ.back();
+  if (from < hist_.front().step) return {};  // steps older than the history: unknown
+  for (const StepObs& h : hist_) {
+    if (h.step > from && h.step < to && rule.OccursAt(h.step) && h.Find(key) == nullptr) return {};
+  }
+  return rule;
 }
 
 void Forecaster::Impl::ScoreClaims(const StepRecord& rec, const StepObs& obs,

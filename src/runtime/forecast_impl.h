@@ -112,6 +112,10 @@ class Forecaster::Impl {
   void ScoreClaims(const StepRecord& rec, const StepObs& obs, const PhaseCatalog& catalog);
   void TrimWarmup();
   double GapMean() const;
+  // `rule` when every step it puts slot `key` at, between the third-last
+  // occurrence and the last, either is not in the log or has the slot (all
+  // such steps must be within the regime's history); else no rule.
+  SpacingRule SkippingOnlyUnloggedSteps(int key, SpacingRule rule) const;
 
   const ForecastOptions opt_;
   const double conf_;   // stated confidence

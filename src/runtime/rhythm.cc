@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <numeric>
 
 #include "quantile.h"
 
@@ -58,6 +59,16 @@ SpacingRule LearnSpacing(const std::vector<int64_t>& occ) {
   const int64_t d1 = occ[n - 2] - occ[n - 3], d2 = occ[n - 1] - occ[n - 2];
   if (d1 != d2 || d1 < 2) return {};
   return SpacingRule{d1, occ[n - 1] % d1};
+}
+
+SpacingRule SpacingAcrossGaps(const std::vector<int64_t>& occ) {
+  const size_t n = occ.size();
+  if (n < 3) return {};
+  const int64_t d1 = occ[n - 2] - occ[n - 3], d2 = occ[n - 1] - occ[n - 2];
+  if (d1 == d2 || d1 <= 0 || d2 <= 0) return {};
+  const int64_t d = std::gcd(d1, d2);
+  if (d < kMinSpacingFromTwo || d1 / d > kMaxGapMultiple || d2 / d > kMaxGapMultiple) return {};
+  return SpacingRule{d, occ[n - 1] % d};
 }
 
 SpacingRule SpacingFromTwo(const std::vector<int64_t>& occ, int64_t first_step) {

@@ -32,6 +32,16 @@ struct SpacingRule {
 // must be equally spaced (spacing ≥ 2). Otherwise no rule.
 SpacingRule LearnSpacing(const std::vector<int64_t>& occurrences);
 
+// The rule behind the last three occurrences when steps are missing from
+// the log (a telemetry ring that dropped steps, a sampled log whose stride
+// is no divisor of the event's): the two gaps are multiples (at most
+// kMaxGapMultiple) of one spacing d ≥ kMinSpacingFromTwo, their greatest
+// common divisor, and not equal (LearnSpacing's case). The caller must check
+// that every logged step where the rule puts the event has it: the rule
+// skips only steps that are not in the log. Otherwise no rule.
+inline constexpr int64_t kMaxGapMultiple = 8;
+SpacingRule SpacingAcrossGaps(const std::vector<int64_t>& occurrences);
+
 // The rule behind an event's only two occurrences a < b (the caller knows
 // there were no others), when their spacing d = b − a is at least
 // kMinSpacingFromTwo and the rule explains the whole log: the occurrence

@@ -68,6 +68,19 @@ TEST(Rhythm, EqualSpacingMakesARule) {
   EXPECT_EQ(LearnSpacing({3, 4, 5}).every, 0);  // every step is no event
 }
 
+TEST(Rhythm, GapsThatAreMultiplesOfOneSpacingMakeARuleAcrossMissingSteps) {
+  // An eval every 100 steps whose occurrence at 299 is not in the log.
+  const SpacingRule r = SpacingAcrossGaps({99, 199, 399});
+  EXPECT_EQ(r.every, 100);
+  EXPECT_EQ(r.offset, 99);
+  EXPECT_TRUE(r.OccursAt(499));
+  EXPECT_EQ(SpacingAcrossGaps({99, 199, 299}).every, 0);  // equal gaps: LearnSpacing's
+  EXPECT_EQ(SpacingAcrossGaps({5, 17, 30}).every, 0);     // no common spacing
+  EXPECT_EQ(SpacingAcrossGaps({0, 12, 20}).every, 0);     // 4: below kMinSpacingFromTwo
+  EXPECT_EQ(SpacingAcrossGaps({0, 10, 100}).every, 0);    // 9 spacings: too many skipped
+  EXPECT_EQ(SpacingAcrossGaps({10, 30}).every, 0);
+}
+
 TEST(Rhythm, TwoOccurrencesMakeARuleOnlyWhenTheyExplainTheWholeLog) {
   // An eval at 19 and 39 in a log from step 0: the one before would have
   // been at -1, before the log: every 20 steps, next at 59.
