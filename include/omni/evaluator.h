@@ -87,7 +87,8 @@ struct OMNI_EXPORT EvaluationReport {
   std::string ToTable() const;
 };
 
-// InvalidArgument for bad options or an empty log; FailedPrecondition when no
+// InvalidArgument for bad options, an empty log, or a step that starts before
+// the previous one started (the clock went back); FailedPrecondition when no
 // forecast could be made (too few steps in any regime).
 OMNI_EXPORT absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log,
                                                       const EvaluateOptions& options);

@@ -46,8 +46,10 @@ inline constexpr size_t kMaxStepLogLineBytes = size_t{1} << 20;
 // for the file, FailedPrecondition for a file that is not a regular file (a
 // FIFO is refused without blocking) or a newer schema version,
 // InvalidArgument for malformed JSON, a field of the wrong type (each
-// reported as "path:line: ..."), a line longer than kMaxStepLogLineBytes, or
-// a record that fails ValidateStepRecord. A last line without its newline
+// reported as "path:line: ..."), a line longer than kMaxStepLogLineBytes, a
+// record that fails ValidateStepRecord, a step number not after the previous
+// one, or a step that starts before the previous one started (the clock went
+// back: two runs in one file). A last line without its newline
 // that is not JSON is the line a live writer has not finished (a running
 // job's log, or one whose writer was killed mid-line): it is left out and
 // counted in unfinished_tail_bytes, not an error.

@@ -138,6 +138,13 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
         absl::StrCat("stride_steps must be positive, got ", options.stride_steps));
   }
   if (log.steps.empty()) return absl::InvalidArgumentError("step log has no steps");
+  for (size_t i = 1; i < log.steps.size(); ++i) {
+    if (log.steps[i].start_ns < log.steps[i - 1].start_ns) {  // (ReadStepLog refuses it too)
+      return absl::InvalidArgumentError(absl::StrCat("step ", log.steps[i].step,
+                                                     " starts before step ", log.steps[i - 1].step,
+                                                     " started: the log's clock went back"));
+    }
+  }
   ForecastOptions fo = options.forecast;
   if (options.events_from_header) {
     fo.checkpoint = log.header.checkpoint;

@@ -50,6 +50,19 @@ TEST(Evaluator, PerfectlyRegularStepsArePredictedExactly) {
   EXPECT_NE(json.find("\"next_step_by_kind\":{\"normal\""), std::string::npos);
 }
 
+TEST(Evaluator, ALogWhoseClockGoesBackIsRefusedNotScored) {
+  StepLog log = Deterministic(50);
+  for (size_t i = 30; i < log.steps.size(); ++i) {  // a second run, its clock from 0
+    log.steps[i] = MakeStep(log.steps[i].step, static_cast<int64_t>(i - 30) * 100, 100,
+                            {{phase::kDataWait, 0, 20}, {phase::kCompute, 20, 100}});
+  }
+  auto r = Evaluate(log, Opts());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("step 30 starts before step 29 started"), std::string::npos)
+      << r.status();
+}
+
 TEST(Evaluator, ASampledLogScoresOnlyTheLoggedTime) {
   // Every 10th step of regular 100 ms steps: the unlogged steps in between
   // are neither real idle time nor scored forecasts.

@@ -103,6 +103,29 @@ TEST(StepLog, AnUnfinishedLastLineIsLeftOutAndCountedNotAnError) {
   fs::remove(path);
 }
 
+// Two runs in one file (appended by hand, or from two hosts): the second's
+// clock starts anew. Read on, every forecast would be scored against time
+// out of order (omni eval reported recall 0 and no window at all).
+TEST(StepLog, AClockThatGoesBackIsRefusedNamingTheLineAndBothSteps) {
+  const std::string path = TempPath("steplog_clock_back.jsonl");
+  {
+    StepLogHeader h;
+    auto w = StepLogWriter::Open(path, h);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Close().ok());
+    std::ofstream out(path, std::ios::app);
+    out << "{\"type\":\"step\",\"step\":7,\"start_ns\":5000,\"end_ns\":6000,\"spans\":[]}\n";
+    out << "{\"type\":\"step\",\"step\":8,\"start_ns\":100,\"end_ns\":900,\"spans\":[]}\n";
+  }
+  auto log = ReadStepLog(path);
+  ASSERT_FALSE(log.ok());
+  EXPECT_EQ(log.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(log.status().message().find(path + ":3: step 8 starts at 100 ns, before step 7"),
+            absl::string_view::npos)
+      << log.status();
+  fs::remove(path);
+}
+
 TEST(StepLog, RefusesSpansThatDoNotNest) {
   const std::string path = TempPath("steplog_nest.jsonl");
   {
