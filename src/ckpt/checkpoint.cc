@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "ckpt/checkpoint_fs.h"
+#include "ckpt/ckpt_util.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/state_snapshot.h"
 #include "common/fs.h"
@@ -38,6 +39,14 @@
 
 namespace omni {
 namespace {
+
+using internal::Guard;
+using internal::NowUnixMs;
+using internal::Poller;
+using internal::RandomId;
+using internal::Seconds;
+// The longest wait between two looks for the other ranks' files (Poller).
+constexpr absl::Duration kPollMax = absl::Milliseconds(50);
 
 using ckpt::Fd;
 using ckpt::ShardSummary;
@@ -144,53 +153,6 @@ bool Exists(FileSystem& fs, int dir, const std::string& name) {
   return fs.Stat(dir, name, name).ok();
 }
 
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-uint64_t RandomId() {
-  uint64_t v = 0;
-  if (::getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
-    v = static_cast<uint64_t>(NowUnixMs()) * 0x9E3779B97F4A7C15ull ^
-        static_cast<uint64_t>(::getpid());
-  }
-  return v;
-}
-
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-}
-
-// Runs a callback into user code (Stateful::Save / Load), turning an
-// exception into a Status so that none crosses the API (or kills the
-// background thread).
-template <typename Fn>
-absl::Status Guard(const char* what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("exception while ", what, " the state: ", e.what()));
-  } catch (...) {
-    return absl::InternalError(absl::StrCat("unknown exception while ", what, " the state"));
-  }
-}
-
-// Bounded polling: 1 ms, doubling to 50 ms.
-class Poller {
- public:
-  explicit Poller(absl::Duration timeout) : deadline_(absl::Now() + timeout) {}
-  bool Expired() const { return absl::Now() >= deadline_; }
-  void Wait() {
-    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
-    delay_ms_ = std::min(delay_ms_ * 2, 50);
-  }
-
- private:
-  absl::Time deadline_;
-  int delay_ms_ = 1;
-};
 
 // ---------------------------------------------------------------- manifest
 
@@ -1095,7 +1057,7 @@ absl::Status CheckpointManagerImpl::CommitRank0(int64_t step, int tmp_fd, const 
     std::vector<bool> have(opt_.world_size, false);
     have[0] = true;
     int missing = opt_.world_size - 1;
-    Poller poll(opt_.shard_timeout);
+    Poller poll(opt_.shard_timeout, kPollMax);
     while (missing > 0) {
       for (int r = 1; r < opt_.world_size; ++r) {
         if (have[r]) continue;
@@ -1168,7 +1130,7 @@ absl::Status CheckpointManagerImpl::WaitForCommit(int64_t step, int tmp_fd, cons
     const ShardRecord& r = sd->m.shards[opt_.rank];
     return r.header_xxh3 == mine.header_xxh3 && r.bytes == mine.bytes;
   };
-  Poller poll(opt_.shard_timeout);
+  Poller poll(opt_.shard_timeout, kPollMax);
   while (true) {
     if (committed()) return absl::OkStatus();
     if (Exists(fs_, tmp_fd, kAborted)) {

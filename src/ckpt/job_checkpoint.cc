@@ -25,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ckpt/ckpt_util.h"
 #include "ckpt/job_manifest.h"
 #include "ckpt/job_reader.h"
 #include "ckpt/safetensors.h"
@@ -35,6 +36,14 @@
 
 namespace omni {
 namespace {
+
+using internal::Guard;
+using internal::NowUnixMs;
+using internal::Poller;
+using internal::RandomId;
+using internal::Seconds;
+// The longest wait between two looks for the other ranks' files (Poller).
+constexpr absl::Duration kPollMax = absl::Milliseconds(20);
 
 using ckpt::Fd;
 using ckpt::JobFragment;
@@ -77,50 +86,6 @@ std::optional<int64_t> TmpStep(std::string_view name) {
   return ParseStepDir(absl::StrCat("step-", Sv(name.substr(10, 12))));
 }
 
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-uint64_t RandomId() {
-  uint64_t v = 0;
-  if (::getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
-    v = static_cast<uint64_t>(NowUnixMs()) * 0x9E3779B97F4A7C15ull ^
-        static_cast<uint64_t>(::getpid());
-  }
-  return v;
-}
-
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-}
-
-template <typename Fn>
-absl::Status Guard(const char* what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("exception while ", what, " the state: ", e.what()));
-  } catch (...) {
-    return absl::InternalError(absl::StrCat("unknown exception while ", what, " the state"));
-  }
-}
-
-// Bounded polling: 1 ms, doubling to 20 ms.
-class Poller {
- public:
-  explicit Poller(absl::Duration timeout) : deadline_(absl::Now() + timeout) {}
-  bool Expired() const { return absl::Now() >= deadline_; }
-  void Wait() {
-    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
-    delay_ms_ = std::min(delay_ms_ * 2, 20);
-  }
-
- private:
-  absl::Time deadline_;
-  int delay_ms_ = 1;
-};
 
 // ---------------------------------------------------------------- writers
 
@@ -386,7 +351,7 @@ absl::StatusOr<JobManifest> JobCheckpointManagerImpl::Gather(int64_t step,
   std::vector<bool> have(group.size, false);
   have[0] = true;
   int missing = group.size - 1;
-  Poller poll(opt_.part_timeout);
+  Poller poll(opt_.part_timeout, kPollMax);
   while (missing > 0) {
     for (int r = 1; r < group.size; ++r) {
       if (have[r]) continue;
@@ -539,7 +504,7 @@ absl::Status JobCheckpointManagerImpl::WaitForCommit(int64_t step, const JobSave
     absl::StatusOr<StepDir> sd = LoadStep(fs_, dir_.get(), final_name, PathOf(final_name));
     return sd.ok() && sd->m.token == group.token;
   };
-  Poller poll(opt_.part_timeout);
+  Poller poll(opt_.part_timeout, kPollMax);
   while (true) {
     if (committed()) return absl::OkStatus();
     absl::StatusOr<std::string> aborted =
