@@ -217,9 +217,9 @@ class OMNI_EXPORT Membership {
   // True when generation `g` can no longer come together: one of its
   // members gave up on it (reported in to its Recover), or a newer
   // generation exists. E.g. for a communicator's rendezvous to stop
-  // waiting for a member that went on to recover. Reads the store once
-  // per member and once more, without waiting or retrying; a store error
-  // reads as false. Called by the training thread.
+  // waiting for a member that went on to recover. Reads two store keys,
+  // without waiting or retrying (a store error reads as false), whatever
+  // the generation's size. Called by the training thread.
   virtual bool Superseded(const Generation& g) = 0;
   // The last heartbeat error (store unreachable), OK when none.
   virtual absl::Status HeartbeatError() const = 0;

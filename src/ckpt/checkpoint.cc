@@ -153,7 +153,6 @@ bool Exists(FileSystem& fs, int dir, const std::string& name) {
   return fs.Stat(dir, name, name).ok();
 }
 
-
 // ---------------------------------------------------------------- manifest
 
 struct ShardRecord {

@@ -86,7 +86,6 @@ std::optional<int64_t> TmpStep(std::string_view name) {
   return ParseStepDir(absl::StrCat("step-", Sv(name.substr(10, 12))));
 }
 
-
 // ---------------------------------------------------------------- writers
 
 // Lists the tensors a registry saves, copying nothing.

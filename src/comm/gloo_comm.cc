@@ -490,9 +490,9 @@ class RingContext final : public gloo::Context {
     }
     worker.join();
     if (abandoned.load()) {
-      throw StoreError(absl::AbortedError(absl::StrCat(
-          "gloo rendezvous abandoned while connecting to rank(s) ", absl::StrJoin(peers, " "),
-          " (a peer of this generation is gone)")));
+      throw StoreError(absl::AbortedError(
+          absl::StrCat("gloo rendezvous abandoned while connecting to rank(s) ",
+                       absl::StrJoin(peers, " "), " (a peer of this generation is gone)")));
     }
     if (failure) std::rethrow_exception(failure);
   }

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "omni/clock.h"
 #include "omni/hash.h"
 
@@ -19,6 +21,9 @@ namespace {
 
 // Attempts to build a generation after failures before giving up.
 constexpr int kMaxRecoverAttempts = 8;
+// How often a communicator's rendezvous asks the store whether a member gave
+// up on its generation (two reads).
+constexpr absl::Duration kSupersededLook = absl::Milliseconds(50);
 
 class ElasticGroupImpl final : public ElasticGroup {
  public:
@@ -178,8 +183,16 @@ class ElasticGroupImpl final : public ElasticGroup {
     co.device = o_.device;
     // A member of `g` (adopted: the membership's current generation) seen
     // dead will never arrive, nor one that gave up on `g` (it recovers):
-    // recover at once instead of at init_timeout.
-    co.abandon = [m = membership_.get(), &g] { return !m->DeadPeers().empty() || m->Superseded(g); };
+    // recover at once instead of at init_timeout. The store is asked every
+    // kSupersededLook (real time, as the rendezvous polls), not at every
+    // slice of the wait.
+    co.abandon = [m = membership_.get(), &g, next_look = absl::InfinitePast()]() mutable {
+      if (!m->DeadPeers().empty()) return true;
+      const absl::Time now = absl::Now();
+      if (now < next_look) return false;
+      next_look = now + kSupersededLook;
+      return m->Superseded(g);
+    };
     absl::StatusOr<std::unique_ptr<Communicator>> c = CreateCommunicator(co);
     if (!c.ok()) return c.status();
     {

@@ -19,6 +19,9 @@
 //   gen/<N>             generation N: JSON {number, kind, at_step, members,
 //                       joined, left}; written once, by compare-and-set
 //   gen/<N>/alive/<id>  "I survived generation N's failure" (Recover)
+//   gen/<N>/abandoned   a member gave up on generation N (the id of the
+//                       last to enter Recover from it): one key for a
+//                       communicator's rendezvous to watch (Superseded)
 //   gen/<N>/...         communicators of generation N (not used here)
 #include "omni/membership.h"
 
@@ -485,6 +488,10 @@ class MembershipImpl final : public Membership {
           !st.ok()) {
         return st;
       }
+      const std::string gave_up = cur.prefix() + "/abandoned";
+      if (auto st = Retry(gave_up, [&] { return store_.Set(gave_up, o_.self.id); }); !st.ok()) {
+        return st;
+      }
     }
     for (;;) {
       if (absl::Status st = StoreFailure(); !st.ok()) return st;
@@ -636,10 +643,7 @@ class MembershipImpl final : public Membership {
       absl::StatusOr<std::optional<std::string>> v = store_.TryGet(key);
       return v.ok() && v->has_value();
     };
-    if (present(GenKey(g.number + 1))) return true;
-    const std::string prefix = g.prefix() + "/alive/";
-    return std::any_of(g.members.begin(), g.members.end(),
-                       [&](const ReplicaInfo& m) { return present(prefix + m.id); });
+    return present(g.prefix() + "/abandoned") || present(GenKey(g.number + 1));
   }
 
   absl::Status HeartbeatError() const override {

@@ -298,10 +298,10 @@ absl::Status ParseLine(const json& j, const std::string& where, bool& have_heade
         absl::StrCat(where, ": step ", rec.step, " is not after step ", log.steps.back().step));
   }
   if (!log.steps.empty() && rec.start_ns < log.steps.back().start_ns) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": step ", rec.step, " starts at ", rec.start_ns, " ns, before step ",
-        log.steps.back().step, " started (", log.steps.back().start_ns,
-        " ns): the log's clock went back (two runs, or two hosts, in one file?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": step ", rec.step, " starts at ", rec.start_ns, " ns, before step ",
+                     log.steps.back().step, " started (", log.steps.back().start_ns,
+                     " ns): the log's clock went back (two runs, or two hosts, in one file?)"));
   }
   log.steps.push_back(rec);
   return absl::OkStatus();

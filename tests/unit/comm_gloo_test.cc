@@ -571,8 +571,7 @@ TEST(CommGloo, ConnectingToAPeerThatGaveUpIsAbandonedOnceAsked) {
   peer.sin_port = 0xFFFF;
   peer.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   const std::vector<char> bytes =
-      gloo::transport::tcp::Address(reinterpret_cast<const sockaddr*>(&peer), sizeof(peer))
-          .bytes();
+      gloo::transport::tcp::Address(reinterpret_cast<const sockaddr*>(&peer), sizeof(peer)).bytes();
   ASSERT_TRUE(store->Set("gloo/addr/1/0", std::string(bytes.begin(), bytes.end())).ok());
   constexpr absl::Duration kInit = absl::Seconds(10);
   const absl::Time start = absl::Now();

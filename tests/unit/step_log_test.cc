@@ -75,8 +75,10 @@ TEST(StepLog, ReportsMalformedLinesWithFileAndLine) {
 // line, and a complete last step without its newline is read.
 TEST(StepLog, AnUnfinishedLastLineIsLeftOutAndCountedNotAnError) {
   const std::string path = TempPath("steplog_live.jsonl");
-  const std::string step0 = "{\"type\":\"step\",\"step\":0,\"start_ns\":0,\"end_ns\":10,\"spans\":[]}";
-  const std::string step1 = "{\"type\":\"step\",\"step\":1,\"start_ns\":10,\"end_ns\":20,\"spans\":[]}";
+  const std::string step0 =
+      "{\"type\":\"step\",\"step\":0,\"start_ns\":0,\"end_ns\":10,\"spans\":[]}";
+  const std::string step1 =
+      "{\"type\":\"step\",\"step\":1,\"start_ns\":10,\"end_ns\":20,\"spans\":[]}";
   const auto write = [&](const std::string& tail) {
     StepLogHeader h;
     auto w = StepLogWriter::Open(path, h);
