@@ -86,7 +86,8 @@ struct CommOptions {
   // nccl: the CUDA device ordinal; -1 picks rank % (visible devices).
   int device = -1;
   // Optional: asked every few milliseconds while the rendezvous waits for
-  // its peers' keys, and (gloo) while the connections to them are set up;
+  // its peers' keys, and while the connections to them are set up (gloo's
+  // pairs connecting, NCCL's non-blocking init);
   // returning true abandons it (Aborted, "rendezvous abandoned").
   // ElasticGroup answers "a member of this generation was seen dead, or
   // gave up on it", so that a member that dies or recovers after its

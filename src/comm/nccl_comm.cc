@@ -29,6 +29,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -96,7 +97,8 @@ class Backoff {
 // Polls the asynchronous state of `comm` until it leaves ncclInProgress, the
 // deadline passes (DeadlineExceeded) or *abort becomes true (Aborted).
 absl::Status WaitReady(ncclComm_t comm, absl::Time deadline, absl::Duration timeout,
-                       const std::atomic<bool>* abort, const std::string& what) {
+                       const std::atomic<bool>* abort, const std::string& what,
+                       const std::function<bool()>& abandon = nullptr) {
   Backoff backoff;
   for (;;) {
     ncclResult_t state = ncclInProgress;
@@ -106,6 +108,12 @@ absl::Status WaitReady(ncclComm_t comm, absl::Time deadline, absl::Duration time
     if (state != ncclInProgress) return FromNccl(state, comm, what);
     if (abort != nullptr && abort->load()) {
       return absl::AbortedError(absl::StrCat(what, ": aborted (Abort() called)"));
+    }
+    if (abandon && abandon()) {  // CommOptions::abandon, while the ranks connect
+      return absl::AbortedError(
+          absl::StrCat(what,
+                       ": rendezvous abandoned while initializing (a peer of this "
+                       "generation is gone)"));
     }
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
@@ -689,7 +697,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const CommO
   if (comm.get() == nullptr) {
     return absl::InternalError(absl::StrCat(what, ": NCCL returned no communicator"));
   }
-  if (absl::Status s = WaitReady(comm.get(), deadline, options.init_timeout, nullptr, what);
+  if (absl::Status s =
+          WaitReady(comm.get(), deadline, options.init_timeout, nullptr, what, options.abandon);
       !s.ok()) {
     return s;
   }
