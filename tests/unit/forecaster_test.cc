@@ -231,28 +231,37 @@ TEST(Forecaster, UsesDeclaredDurationForAnEventNotYetMeasured) {
   EXPECT_EQ(fc.SaveBound().status().code(), absl::StatusCode::kNotFound);
 }
 
+// Feeds step i at t ms: 380 ms with a 300 ms checkpoint, else a plain 80 ms
+// step. Returns its length in ms.
+int64_t FeedStepOrCheckpoint(Forecaster& fc, int i, int64_t t, bool checkpoint) {
+  if (!checkpoint) {
+    Feed(fc, Step(i, t, 20));
+    return 80;
+  }
+  Feed(fc,
+       MakeStep(
+           i, t, 380,
+           {{phase::kDataWait, 0, 20}, {phase::kCompute, 20, 80}, {phase::kCheckpoint, 80, 380}}));
+  return 380;
+}
+
+// The steps of the forecast's checkpoint windows.
+std::vector<int64_t> CheckpointSteps(const Forecast& f) {
+  std::vector<int64_t> at;
+  for (const IdleWindow& w : f.windows) {
+    if (w.kind == IdleKind::kCheckpoint) at.push_back(w.step);
+  }
+  return at;
+}
+
 TEST(Forecaster, LearnsAnUndeclaredCheckpointFromItsSpacing) {
   Forecaster fc = Make(Opts(3000));
   int64_t t = 0;
-  for (int i = 0; i < 40; ++i) {
-    if (i % 12 == 5) {
-      Feed(fc, MakeStep(i, t, 380,
-                        {{phase::kDataWait, 0, 20},
-                         {phase::kCompute, 20, 80},
-                         {phase::kCheckpoint, 80, 380}}));
-      t += 380;
-    } else {
-      Feed(fc, Step(i, t, 20));
-      t += 80;
-    }
-  }
+  for (int i = 0; i < 40; ++i) t += FeedStepOrCheckpoint(fc, i, t, i % 12 == 5);
   // Seen at 5, 17 and 29: next at 41.
   auto f = fc.Predict(t * kMs);
   ASSERT_TRUE(f.ok());
-  std::vector<int64_t> at;
-  for (const IdleWindow& w : f->windows) {
-    if (w.kind == IdleKind::kCheckpoint) at.push_back(w.step);
-  }
+  const std::vector<int64_t> at = CheckpointSteps(*f);
   ASSERT_FALSE(at.empty());
   EXPECT_EQ(at[0], 41);
   auto save = fc.SaveBound();
@@ -271,28 +280,15 @@ TEST(Forecaster, LearnsAnEventAcrossAnOccurrenceMissingFromTheLog) {
     Forecaster fc = Make(Opts(3000));
     int64_t t = 0;
     for (int i = 0; i < 50; ++i) {
-      const bool ckpt = i % 12 == 5 && i != 29;
       if (i == 29 && !step_29_logged) {
         t += 380;  // it ran, with its checkpoint, but was not logged
         continue;
       }
-      if (ckpt) {
-        Feed(fc, MakeStep(i, t, 380,
-                          {{phase::kDataWait, 0, 20},
-                           {phase::kCompute, 20, 80},
-                           {phase::kCheckpoint, 80, 380}}));
-        t += 380;
-      } else {
-        Feed(fc, Step(i, t, 20));
-        t += 80;
-      }
+      t += FeedStepOrCheckpoint(fc, i, t, i % 12 == 5 && i != 29);
     }
     auto f = fc.Predict(t * kMs);
     ASSERT_TRUE(f.ok());
-    std::vector<int64_t> at;
-    for (const IdleWindow& w : f->windows) {
-      if (w.kind == IdleKind::kCheckpoint) at.push_back(w.step);
-    }
+    const std::vector<int64_t> at = CheckpointSteps(*f);
     if (step_29_logged) {
       EXPECT_TRUE(at.empty()) << "first at " << at[0];
     } else {
