@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
-#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"

@@ -6,7 +6,6 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,7 +18,6 @@
 #include <ctime>
 #include <filesystem>
 #include <set>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 
