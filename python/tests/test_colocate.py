@@ -193,6 +193,14 @@ def test_a_guest_on_another_host_reads_the_hosts_windows_and_outlook_from_its_st
     gate = omni.GuestGate()
     source = omni.StoreWindowSource.open(store, gate, prefix="job/r0", poll_s=0.001,
                                          kinds="data_stall")
+    # A value there at the source's first read is of unknown age and not
+    # used: the watcher's first read must come before the host's stall (under
+    # load its thread started after the stall was published, and the test
+    # waited in vain).
+    until = time.monotonic() + 5
+    while source.stats()["reads"] == 0:
+        assert time.monotonic() < until, "the source's watcher never read the store"
+        time.sleep(0.001)
     run_steps(tel, clock, 30)
     tel.flush()
     with tel.step():
