@@ -28,8 +28,10 @@
 #include "absl/synchronization/mutex.h"
 #include "ckpt/checkpoint_fs.h"
 #include "ckpt/ckpt_util.h"
+#include "ckpt/manifest_fields.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/state_snapshot.h"
+#include "ckpt/step_dirs.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/thread_name.h"
@@ -48,7 +50,11 @@ using internal::Seconds;
 constexpr absl::Duration kPollMax = absl::Milliseconds(50);
 
 using ckpt::Fd;
+using ckpt::Join;
 using ckpt::ShardSummary;
+using ckpt::StepDirName;
+using ckpt::StepDirs;
+using ckpt::StepName;
 using ckpt::TensorEntry;
 using internal::ErrnoStatus;
 using internal::Sv;
@@ -70,16 +76,6 @@ constexpr uint64_t kDefaultHeaderReserve = uint64_t{1} << 20;
 constexpr size_t kMaxManifestBytes = CheckpointManager::kMaxManifestBytes;
 
 // ---------------------------------------------------------------- names
-
-std::string Join(const std::string& dir, const std::string& name) {
-  return dir.empty() || dir.back() == '/' ? dir + name : absl::StrCat(dir, "/", name);
-}
-
-std::string StepDirName(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "step-%012" PRId64, step);
-  return buf;
-}
 
 std::string TmpDirName(int64_t step) {
   char buf[32];
@@ -104,14 +100,6 @@ std::string LockName(int rank) {
 
 bool AllDigits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
-// The step of "step-000000001200" (exactly 12 digits).
-std::optional<int64_t> ParseStepDir(std::string_view name) {
-  if (name.size() != 17 || name.substr(0, 5) != "step-" || !AllDigits(name.substr(5))) {
-    return std::nullopt;
-  }
-  return std::stoll(std::string(name.substr(5)));
 }
 
 // The rank owning a file of a temporary directory: "rank-00003.*" → 3;
@@ -163,15 +151,11 @@ struct ShardRecord {
   uint64_t xxh3 = 0;
 };
 
-struct Manifest {
+// The shared fields (step, world_size, library_version, job_id,
+// created_unix_ms, metadata) come from ckpt::ManifestFields.
+struct Manifest : ckpt::ManifestFields {
   std::string dir;  // the step directory it was read from
   int version = kVersion;
-  int64_t step = 0;
-  int world_size = 1;
-  std::string library_version;
-  std::string job_id;
-  int64_t created_unix_ms = 0;
-  Metadata metadata;
   std::vector<ShardRecord> shards;
   std::vector<std::vector<TensorEntry>> entries;  // per shard, in file order
 
@@ -424,29 +408,7 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::strin
           Version(), " reads version ", kVersion, "); upgrade omni to read it"));
     }
     if (m.version < 1) return p.Error(absl::StrCat("format version ", m.version, " is invalid"));
-    if (!j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0) {
-      return p.Error("no valid step");
-    }
-    m.step = j["step"].get<int64_t>();
-    if (!j.contains("world_size") || !j["world_size"].is_number_integer() ||
-        j["world_size"].get<int64_t>() < 1 || j["world_size"].get<int64_t>() > 99999) {
-      return p.Error("no valid world_size");
-    }
-    m.world_size = j["world_size"].get<int>();
-    if (j.contains("library_version") && j["library_version"].is_string()) {
-      m.library_version = j["library_version"].get<std::string>();
-    }
-    if (j.contains("job_id") && j["job_id"].is_string()) m.job_id = j["job_id"].get<std::string>();
-    if (j.contains("created_unix_ms") && j["created_unix_ms"].is_number_integer()) {
-      m.created_unix_ms = j["created_unix_ms"].get<int64_t>();
-    }
-    if (j.contains("metadata")) {
-      if (!j["metadata"].is_object()) return p.Error("metadata is not an object");
-      for (const auto& [k, v] : j["metadata"].items()) {
-        if (!v.is_string()) return p.Error(absl::StrCat("metadata '", k, "' is not a string"));
-        m.metadata[k] = v.get<std::string>();
-      }
-    }
+    if (std::optional<std::string> e = ckpt::ReadManifestFields(j, m)) return p.Error(*e);
     if (!j.contains("shards") || !j["shards"].is_array() ||
         j["shards"].size() != static_cast<size_t>(m.world_size)) {
       return p.Error(absl::StrCat("needs one shard per rank (world_size ", m.world_size, ")"));
@@ -516,11 +478,8 @@ absl::StatusOr<StepDir> LoadStep(FileSystem& fs, int dir, const std::string& nam
   }
   absl::StatusOr<Manifest> m = ParseManifest(*text, path);
   if (!m.ok()) return m.status();
-  const std::string base = std::filesystem::path(path).filename().string();
-  const std::optional<int64_t> dir_step = ParseStepDir(base);
-  if (dir_step && *dir_step != m->step) {
-    return absl::DataLossError(absl::StrCat(m->ManifestPath(), ": step ", m->step,
-                                            " does not match the directory name ", base));
+  if (absl::Status st = ckpt::CheckStepMatchesDirName(path, m->ManifestPath(), m->step); !st.ok()) {
+    return st;
   }
   out.m = *std::move(m);
   return out;
@@ -529,8 +488,7 @@ absl::StatusOr<StepDir> LoadStep(FileSystem& fs, int dir, const std::string& nam
 // A step directory named by the user (may be reached through symbolic links:
 // the user named it; nothing inside it is followed).
 absl::StatusOr<StepDir> LoadStepPath(const std::string& path) {
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const std::string p = ckpt::TrimTrailingSlashes(path);
   return LoadStep(internal::RealFileSystem(), AT_FDCWD, p, p);
 }
 
@@ -618,43 +576,10 @@ absl::Status VerifyShard(FileSystem& fs, const StepDir& sd, int rank) {
                                sd.m.entries[rank]);
 }
 
-// A step directory entry under the checkpoint directory.
-struct StepName {
-  int64_t step = 0;
-  std::string name;
-  std::string path;
-};
-
-// Every step directory under the open directory `dir` (at `path`), newest
-// first.
-absl::StatusOr<std::vector<StepName>> StepDirs(FileSystem& fs, int dir, const std::string& path) {
-  absl::StatusOr<std::vector<std::string>> names = ListDir(fs, dir, path);
-  if (!names.ok()) return names.status();
-  std::vector<StepName> out;
-  for (const std::string& n : *names) {
-    if (std::optional<int64_t> s = ParseStepDir(n)) out.push_back({*s, n, Join(path, n)});
-  }
-  std::sort(out.begin(), out.end(),
-            [](const StepName& a, const StepName& b) { return a.step > b.step; });
-  return out;
-}
-
 std::vector<CheckpointStatus> ScanAt(FileSystem& fs, int dir, const std::vector<StepName>& dirs) {
-  std::vector<CheckpointStatus> out;
-  for (const StepName& d : dirs) {
-    CheckpointStatus cs;
-    cs.info.step = d.step;
-    cs.info.path = d.path;
-    absl::StatusOr<StepDir> sd = LoadStep(fs, dir, d.name, d.path);
-    if (!sd.ok()) {
-      cs.status = sd.status();
-    } else {
-      cs.info = sd->m.Info();
-      cs.status = CheckStep(fs, *sd);
-    }
-    out.push_back(std::move(cs));
-  }
-  return out;
+  return ckpt::ScanSteps(
+      dirs, [&](const StepName& d) { return LoadStep(fs, dir, d.name, d.path); },
+      [&](const StepDir& sd) { return CheckStep(fs, sd); });
 }
 
 absl::StatusOr<std::vector<CheckpointStatus>> Scan(const std::string& dir) {
@@ -1368,12 +1293,7 @@ absl::StatusOr<CheckpointManager::RestoreResult> CheckpointManagerImpl::Restore(
   // (every object's Load again), and only a complete load counts.
   RestoreResult result;
   std::string partial;  // the checkpoint the objects last read from, without success
-  const auto partial_note = [&partial]() {
-    return partial.empty()
-               ? std::string()
-               : absl::StrCat("; the state objects may have been partially loaded from ", partial,
-                              " and hold an unspecified state");
-  };
+  const auto partial_note = [&partial]() { return ckpt::PartialLoadNote(partial); };
   for (const StepName& cand : candidates) {
     const std::string& path = cand.path;
     absl::StatusOr<StepDir> m = LoadStep(fs_, dir_.get(), cand.name, path);
@@ -1422,20 +1342,8 @@ absl::StatusOr<CheckpointManager::RestoreResult> CheckpointManagerImpl::Restore(
     result.info = m->m.Info();
     return result;
   }
-  std::string msg = absl::StrCat("no valid checkpoint in ", opt_.dir);
-  if (!result.skipped.empty())
-    absl::StrAppend(&msg, " (", absl::StrJoin(result.skipped, "; "), ")");
-  if (!partial.empty()) return absl::DataLossError(absl::StrCat(msg, partial_note()));
-  if (!candidates.empty() && !opt_.start_fresh) {
-    // Checkpoints there, none usable: starting from step 0 would silently
-    // throw the job's progress away (and retention would then delete them).
-    return absl::FailedPreconditionError(absl::StrCat(
-        msg, "; it holds ", candidates.size(), " checkpoint director",
-        candidates.size() == 1 ? "y" : "ies",
-        " but none is valid: refusing to start from scratch (repair or move them, or start "
-        "fresh explicitly: CheckpointOptions::start_fresh, omni_train --start-fresh)"));
-  }
-  return absl::NotFoundError(msg);
+  return ckpt::NoValidCheckpoint(opt_.dir, result.skipped, partial, candidates.size(),
+                                 opt_.start_fresh, "CheckpointOptions::start_fresh");
 }
 
 absl::Status ValidateOptions(const CheckpointOptions& o) {

@@ -27,6 +27,7 @@
 #include "ckpt/job_manifest.h"
 #include "ckpt/job_reader.h"
 #include "ckpt/safetensors.h"
+#include "ckpt/step_dirs.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "omni/hash.h"
@@ -697,12 +698,7 @@ absl::StatusOr<CheckpointManager::RestoreResult> JobCheckpointManagerImpl::Resto
   }
   CheckpointManager::RestoreResult result;
   std::string partial;
-  const auto note = [&partial]() {
-    return partial.empty()
-               ? std::string()
-               : absl::StrCat("; the state objects may have been partially loaded from ", partial,
-                              " and hold an unspecified state");
-  };
+  const auto note = [&partial]() { return ckpt::PartialLoadNote(partial); };
   for (const StepName& cand : candidates) {
     absl::StatusOr<StepDir> sd = LoadStep(fs_, dir_.get(), cand.name, cand.path);
     absl::Status st = sd.status();
@@ -736,18 +732,8 @@ absl::StatusOr<CheckpointManager::RestoreResult> JobCheckpointManagerImpl::Resto
     result.info = sd->m.Info();
     return result;
   }
-  std::string msg = absl::StrCat("no valid checkpoint in ", opt_.dir);
-  if (!result.skipped.empty())
-    absl::StrAppend(&msg, " (", absl::StrJoin(result.skipped, "; "), ")");
-  if (!partial.empty()) return absl::DataLossError(absl::StrCat(msg, note()));
-  if (!candidates.empty() && !opt_.start_fresh) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        msg, "; it holds ", candidates.size(), " checkpoint director",
-        candidates.size() == 1 ? "y" : "ies",
-        " but none is valid: refusing to start from scratch (repair or move them, or start "
-        "fresh explicitly: start_fresh, omni_train --start-fresh)"));
-  }
-  return absl::NotFoundError(msg);
+  return ckpt::NoValidCheckpoint(opt_.dir, result.skipped, partial, candidates.size(),
+                                 opt_.start_fresh, "start_fresh");
 }
 
 absl::Status JobCheckpointManagerImpl::RestorePerReplica(const StateRegistry& per_replica,

@@ -352,30 +352,10 @@ absl::StatusOr<JobManifest> ParseJobManifest(const std::string& text, const std:
                        ": not a job-level checkpoint (written by a job without an elastic group, "
                        "one directory per rank); restore it with omni::CheckpointManager"));
     }
-    if (!j.contains("step") || !j["step"].is_number_unsigned()) return p.Error("no valid step");
-    m.step = j["step"].get<int64_t>();
-    if (!j.contains("world_size") || !j["world_size"].is_number_unsigned() ||
-        j["world_size"].get<uint64_t>() < 1 || j["world_size"].get<uint64_t>() > 99999) {
-      return p.Error("no valid world_size");
-    }
-    m.world_size = j["world_size"].get<int>();
-    if (j.contains("library_version") && j["library_version"].is_string()) {
-      m.library_version = j["library_version"].get<std::string>();
-    }
-    if (j.contains("job_id") && j["job_id"].is_string()) m.job_id = j["job_id"].get<std::string>();
-    if (j.contains("created_unix_ms") && j["created_unix_ms"].is_number_integer()) {
-      m.created_unix_ms = j["created_unix_ms"].get<int64_t>();
-    }
+    if (std::optional<std::string> e = ReadManifestFields(j, m)) return p.Error(*e);
     absl::StatusOr<uint64_t> token = p.Hex(j, "token", "manifest");
     if (!token.ok()) return token.status();
     m.token = *token;
-    if (j.contains("metadata")) {
-      if (!j["metadata"].is_object()) return p.Error("metadata is not an object");
-      for (const auto& [k, v] : j["metadata"].items()) {
-        if (!v.is_string()) return p.Error(absl::StrCat("metadata '", k, "' is not a string"));
-        m.metadata[k] = v.get<std::string>();
-      }
-    }
     if (!j.contains("parts") || !j["parts"].is_array() ||
         j["parts"].size() != static_cast<size_t>(m.world_size)) {
       return p.Error(absl::StrCat("needs one part per replica (world_size ", m.world_size, ")"));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "ckpt/manifest_fields.h"
 #include "ckpt/safetensors.h"
 #include "omni/checkpoint.h"
 #include "omni/state.h"
@@ -59,16 +60,13 @@ struct JobPart {
   uint64_t replica_bytes = 0;
 };
 
-struct JobManifest {
+// The fields shared with the per-rank layout (step, world_size,
+// library_version, job_id, created_unix_ms, metadata) come from
+// ManifestFields.
+struct JobManifest : ManifestFields {
   std::string dir;  // the step directory
   int version = kJobVersion;
-  int64_t step = 0;
-  int world_size = 1;
-  std::string library_version;
-  std::string job_id;
-  int64_t created_unix_ms = 0;
   uint64_t token = 0;
-  std::map<std::string, std::string> metadata;
   std::vector<JobPart> parts;
   std::vector<JobTensor> replicated;                  // sorted by key
   std::vector<std::vector<TensorEntry>> per_replica;  // per part

@@ -5,24 +5,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
-#include <chrono>
-#include <cinttypes>
-#include <cstdio>
 #include <ctime>
-#include <filesystem>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "ckpt/ckpt_util.h"
 #include "omni/hash.h"
 
 namespace omni::ckpt {
 namespace {
 
-using internal::DirEntry;
 using internal::ErrnoStatus;
 using internal::FileSystem;
 
@@ -31,44 +25,7 @@ constexpr size_t kMaxManifestBytes = kJobMaxManifestBytes;
 constexpr const char* kLock = ".lock-job";
 constexpr const char* kLockGuard = ".lock-job-guard";
 
-// Bounded polling: 1 ms, doubling to 20 ms.
-class Poller {
- public:
-  explicit Poller(absl::Duration timeout) : deadline_(absl::Now() + timeout) {}
-  bool Expired() const { return absl::Now() >= deadline_; }
-  void Wait() {
-    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
-    delay_ms_ = std::min(delay_ms_ * 2, 20);
-  }
-
- private:
-  absl::Time deadline_;
-  int delay_ms_ = 1;
-};
-
 }  // namespace
-
-std::string Join(const std::string& dir, const std::string& name) {
-  return dir.empty() || dir.back() == '/' ? dir + name : absl::StrCat(dir, "/", name);
-}
-
-std::string StepDirName(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "step-%012" PRId64, step);
-  return buf;
-}
-
-std::optional<int64_t> ParseStepDir(std::string_view name) {
-  if (name.size() != 17 || name.substr(0, 5) != "step-") return std::nullopt;
-  int64_t v = 0;
-  for (char c : name.substr(5)) {
-    if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + (c - '0');
-  }
-  return v;
-}
-
-// The step of a temporary directory ".tmp-step-000000001200[...]".
 
 absl::StatusOr<StepDir> LoadStep(FileSystem& fs, int dir, const std::string& name,
                                  const std::string& path) {
@@ -86,19 +43,15 @@ absl::StatusOr<StepDir> LoadStep(FileSystem& fs, int dir, const std::string& nam
   }
   absl::StatusOr<JobManifest> m = ParseJobManifest(*text, path);
   if (!m.ok()) return m.status();
-  const std::string base = std::filesystem::path(path).filename().string();
-  const std::optional<int64_t> dir_step = ParseStepDir(base);
-  if (dir_step && *dir_step != m->step) {
-    return absl::DataLossError(absl::StrCat(path, "/", kManifest, ": step ", m->step,
-                                            " does not match the directory name ", base));
+  if (absl::Status st = CheckStepMatchesDirName(path, Join(path, kManifest), m->step); !st.ok()) {
+    return st;
   }
   out.m = *std::move(m);
   return out;
 }
 
 absl::StatusOr<StepDir> LoadStepPath(const std::string& path) {
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const std::string p = TrimTrailingSlashes(path);
   return LoadStep(internal::RealFileSystem(), AT_FDCWD, p, p);
 }
 
@@ -149,35 +102,10 @@ absl::Status CheckStep(FileSystem& fs, const StepDir& sd) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<StepName>> StepDirs(FileSystem& fs, int dir, const std::string& path) {
-  absl::StatusOr<std::vector<DirEntry>> entries = fs.List(dir, path);
-  if (!entries.ok()) return entries.status();
-  std::vector<StepName> out;
-  for (const DirEntry& e : *entries) {
-    if (std::optional<int64_t> s = ParseStepDir(e.name))
-      out.push_back({*s, e.name, Join(path, e.name)});
-  }
-  std::sort(out.begin(), out.end(),
-            [](const StepName& a, const StepName& b) { return a.step > b.step; });
-  return out;
-}
-
 std::vector<CheckpointStatus> ScanAt(FileSystem& fs, int dir, const std::vector<StepName>& dirs) {
-  std::vector<CheckpointStatus> out;
-  for (const StepName& d : dirs) {
-    CheckpointStatus cs;
-    cs.info.step = d.step;
-    cs.info.path = d.path;
-    absl::StatusOr<StepDir> sd = LoadStep(fs, dir, d.name, d.path);
-    if (!sd.ok()) {
-      cs.status = sd.status();
-    } else {
-      cs.info = sd->m.Info();
-      cs.status = CheckStep(fs, *sd);
-    }
-    out.push_back(std::move(cs));
-  }
-  return out;
+  return ScanSteps(
+      dirs, [&](const StepName& d) { return LoadStep(fs, dir, d.name, d.path); },
+      [&](const StepDir& sd) { return CheckStep(fs, sd); });
 }
 
 std::vector<JobPartInfo> PartsOf(const JobManifest& m) {
@@ -202,7 +130,7 @@ absl::StatusOr<Fd> JoinJobLock(FileSystem& fs, int dir, const std::string& dir_p
                                      ": cannot create the job lock: ", guard.status().message()));
   }
   // The guard is held only for the few calls below, by any replica.
-  Poller poll(absl::Seconds(30));
+  internal::Poller poll(absl::Seconds(30), absl::Milliseconds(20));
   while (::flock(guard->get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK) return ErrnoStatus(errno, absl::StrCat("lock ", guard_path));
     if (poll.Expired()) {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "ckpt/job_manifest.h"
 #include "ckpt/safetensors.h"
+#include "ckpt/step_dirs.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "omni/checkpoint.h"
@@ -27,11 +28,6 @@ namespace omni::ckpt {
 
 constexpr const char* kJobManifest = "manifest.json";
 constexpr size_t kJobMaxManifestBytes = CheckpointManager::kMaxManifestBytes;
-
-std::string Join(const std::string& dir, const std::string& name);
-std::string StepDirName(int64_t step);
-// The step of "step-000000001200" (exactly 12 digits).
-std::optional<int64_t> ParseStepDir(std::string_view name);
 
 // A step directory opened for reading (no symbolic link followed) and its
 // manifest.
@@ -144,16 +140,6 @@ class JobReader final : public StateReader {
   std::vector<std::unique_ptr<ShardReader>> parts_;
 };
 
-struct StepName {
-  int64_t step = 0;
-  std::string name;
-  std::string path;
-};
-
-// Every step directory under the open directory `dir` (at `path`), newest
-// first.
-absl::StatusOr<std::vector<StepName>> StepDirs(internal::FileSystem& fs, int dir,
-                                               const std::string& path);
 // Each one's manifest and the cheap checks of its parts.
 std::vector<CheckpointStatus> ScanAt(internal::FileSystem& fs, int dir,
                                      const std::vector<StepName>& dirs);

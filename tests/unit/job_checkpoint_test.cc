@@ -7,6 +7,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -82,6 +83,7 @@ std::vector<absl::StatusOr<JobSaveStats>> SaveTogether(const std::string& dir, i
   const int n = static_cast<int>(reps.size());
   std::vector<absl::StatusOr<JobSaveStats>> out(n, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       std::unique_ptr<JobCheckpointManager> m = MustOpen(Options(dir, "r" + std::to_string(r)));
@@ -264,6 +266,30 @@ TEST(JobCheckpoint, SaveAloneWritesOnePartAndKeepsAnExistingCheckpointOfTheStep)
   ASSERT_TRUE(parts.ok());
   ASSERT_EQ(parts->size(), 1U);
   EXPECT_EQ((*parts)[0].replica_id, "r1");
+}
+
+TEST(JobCheckpoint, AManifestStepBeyondInt64IsRefusedNamingTheStepNotReadAsNegative) {
+  TempDir dir;
+  std::deque<Replica> reps;
+  reps.emplace_back(0);
+  for (const auto& st : SaveTogether(dir.path(), 5, reps, 5)) ASSERT_TRUE(st.ok());
+  const std::string manifest = dir / "step-000000000005/manifest.json";
+  std::string text;
+  {
+    std::ifstream in(manifest);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string was = "\"step\": 5,";
+  const size_t at = text.find(was);
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, was.size(), "\"step\": 18446744073709551615,");  // 2^64 - 1
+  std::ofstream(manifest, std::ios::trunc) << text;
+  // Read as int64 it was step -1 ("does not match the directory name");
+  // now the manifest is refused for what it holds.
+  absl::Status v = VerifyJobCheckpoint(dir / "step-000000000005");
+  EXPECT_EQ(v.code(), absl::StatusCode::kDataLoss) << v;
+  EXPECT_TRUE(absl::StrContains(v.message(), "no valid step")) << v;
+  EXPECT_TRUE(absl::StrContains(v.message(), "manifest.json")) << v;
 }
 
 TEST(JobCheckpoint, DescribeNamesEveryReplicaItsShareAndEachPiece) {
