@@ -176,16 +176,17 @@ std::string ForecastToTable(const Forecast& f, int max_rows) {
                                     std::string(IdleKindName(w.kind)), w.phase));
   }
   if (!f.next_steps.empty()) {
+    // Four significant digits: microsecond steps (a tight loop) do not read as 0.0.
     absl::StrAppend(&out, "  next steps (ms):");
     for (const StepBound& b : f.next_steps) {
       absl::StrAppend(
-          &out, absl::StrFormat(" %d:[%.1f, %.1f]", b.step, static_cast<double>(b.lo_ns) / 1e6,
+          &out, absl::StrFormat(" %d:[%.4g, %.4g]", b.step, static_cast<double>(b.lo_ns) / 1e6,
                                 static_cast<double>(b.hi_ns) / 1e6));
     }
     absl::StrAppend(&out, "\n");
   }
   if (f.save_hi_ns > 0) {
-    absl::StrAppend(&out, absl::StrFormat("  save takes at most %.1f ms\n",
+    absl::StrAppend(&out, absl::StrFormat("  save takes at most %.4g ms\n",
                                           static_cast<double>(f.save_hi_ns) / 1e6));
   }
   return out;

@@ -511,6 +511,18 @@ TEST(Forecaster, RejectsBadOptionsNamingTheField) {
   EXPECT_NEAR(ForecastOptions{}.StatedConfidence(), 0.9545, 1e-4);
 }
 
+TEST(ForecastTable, MicrosecondStepBoundsAndSavesKeepTheirDigits) {
+  Forecast f;
+  f.last_step = 2999;
+  f.next_steps.push_back(StepBound{3000, 1'950, 2'460, 0.95});  // a 2 µs step
+  f.next_steps.push_back(StepBound{3001, 99'000'000, 105'500'000, 0.95});
+  f.save_hi_ns = 12'345;
+  const std::string table = ForecastToTable(f);
+  EXPECT_NE(table.find("3000:[0.00195, 0.00246]"), std::string::npos) << table;
+  EXPECT_NE(table.find("3001:[99, 105.5]"), std::string::npos) << table;
+  EXPECT_NE(table.find("save takes at most 0.01235 ms"), std::string::npos) << table;
+}
+
 TEST(ForecastJson, RoundTripsVersionTwoAndReadsVersionOne) {
   Forecast f;
   f.made_at_ns = 1000;
