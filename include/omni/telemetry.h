@@ -57,6 +57,14 @@ struct TelemetryOptions {
   bool keep_previous_outputs = false;
   std::string source = "omni";
   int ring_capacity = 256;  // completed steps buffered for the worker (power of two)
+  // How often the worker looks for completed steps while one may be due.
+  // Once it has seen 16 steps, and while no sink is attached, it sleeps
+  // until shortly before the next step can end (90% of the shortest recent
+  // step, or of the forecast's lower bound for the next step when that is
+  // longer, after the last step's end; at most 100 ms at a time), so it
+  // wakes a few times per step rather than every poll. With a sink attached
+  // (they forward live notices and outlooks) it polls all the time. Flush
+  // and destruction wake it at once.
   absl::Duration worker_poll = absl::Milliseconds(2);
   // Live window notices ("idle now" / "busy again", omni/window_channel.h):
   // the shared-memory channel of that name for readers on this host (empty =

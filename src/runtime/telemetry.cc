@@ -16,6 +16,7 @@
 #include "omni/step_log.h"
 #include "omni/window_channel.h"
 #include "runtime/trace_writer.h"
+#include "runtime/worker_pacing.h"
 
 namespace omni {
 namespace {
@@ -99,6 +100,7 @@ class TelemetryImpl final : public Telemetry {
   void AddSink(std::unique_ptr<ForecastSink> sink) override {
     absl::MutexLock l(&sinks_mu_);
     sinks_.push_back(std::move(sink));
+    has_sinks_.store(true, std::memory_order_release);
   }
 
   // ------------------------------------------------------------ hooks
@@ -451,12 +453,14 @@ class TelemetryImpl final : public Telemetry {
       bool stop = false;
       bool flush_pending = false;
       uint64_t flushes = 0;
+      const absl::Duration wait = pacing_.Next(clock_->NowNanos(), options_.worker_poll,
+                                               has_sinks_.load(std::memory_order_acquire));
       {
         absl::MutexLock l(&wake_mu_);
         const auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) {
           return stop_ || flush_requests_ > flushes_served_;
         };
-        wake_mu_.AwaitWithTimeout(absl::Condition(&wake), options_.worker_poll);
+        wake_mu_.AwaitWithTimeout(absl::Condition(&wake), wait);
         stop = stop_;
         flushes = flush_requests_;
         flush_pending = flush_requests_ > flushes_served_;
@@ -484,6 +488,7 @@ class TelemetryImpl final : public Telemetry {
     absl::MutexLock l(&mu_);
     for (; t < h; ++t) {
       const StepRecord& rec = ring_[t & mask_];
+      pacing_.Note(rec.start_ns, rec.end_ns);
       const bool warmup = stats_.warming_up();
       const absl::Status st = stats_.Add(rec);
       if (!st.ok()) {
@@ -502,6 +507,10 @@ class TelemetryImpl final : public Telemetry {
       tail_.store(t + 1, std::memory_order_release);
     }
     if (log_) RecordExportError(log_->Flush());
+    if (options_.forecast_enabled) {
+      const absl::StatusOr<std::vector<StepBound>> next = forecaster_.NextStepBounds(1);
+      pacing_.ExpectNext(next.ok() && !next->empty() ? next->front().lo_ns : 0);
+    }
     return t;
   }
 
@@ -670,6 +679,7 @@ class TelemetryImpl final : public Telemetry {
   WindowQuantileTable quantiles_ ABSL_GUARDED_BY(mu_);
   uint64_t last_window_sequence_ = 0;   // worker
   uint64_t last_outlook_sequence_ = 0;  // worker
+  internal::WorkerPacing pacing_;       // worker: its wait between looks at the ring
   // The outlook in the channel (the worker's forecasts, AnnounceBusy's busy
   // period): its writer is called under outlook_mu_, never with mu_ held.
   mutable absl::Mutex outlook_mu_;
@@ -680,6 +690,7 @@ class TelemetryImpl final : public Telemetry {
   std::atomic<uint64_t> tail_{0};
   std::atomic<int> num_phases_{phase::kNumBuiltin};
   std::atomic<bool> closed_{false};
+  std::atomic<bool> has_sinks_{false};  // AddSink was called: the worker polls
   std::atomic<int64_t> misuse_{0}, dropped_{0}, truncated_{0};
 
   // Worker and readers.

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "omni/step_log.h"
+#include "runtime/worker_pacing.h"
 #include "temp_dir.h"
 
 namespace omni {
@@ -331,6 +332,53 @@ TEST(Telemetry, RejectsStepsWhoseClockWentBackwards) {
   ASSERT_TRUE((*tel)->Flush().ok());
   EXPECT_EQ((*tel)->Counters().steps_rejected, 1);
   EXPECT_EQ((*tel)->Snapshot().steps_seen, 1);
+}
+
+// The worker's wait between looks at the ring (runtime/worker_pacing.h).
+constexpr int64_t kMs = 1'000'000;
+
+internal::WorkerPacing PacedBySteps(int n, int64_t step_ns) {
+  internal::WorkerPacing p;
+  for (int i = 0; i < n; ++i) p.Note(i * step_ns, (i + 1) * step_ns);
+  return p;
+}
+
+TEST(WorkerPacing, PollsUntilItHasSeenEnoughStepsAndWhileASinkIsAttached) {
+  const absl::Duration poll = absl::Milliseconds(2);
+  const int n = internal::WorkerPacing::kPacingSteps;
+  EXPECT_EQ(internal::WorkerPacing().Next(0, poll, false), poll);
+  EXPECT_EQ(PacedBySteps(n - 1, 50 * kMs).Next((n - 1) * 50 * kMs, poll, false), poll);
+  EXPECT_EQ(PacedBySteps(n, 50 * kMs).Next(n * 50 * kMs, poll, /*prompt=*/true), poll);
+}
+
+TEST(WorkerPacing, SleepsUntilShortlyBeforeTheNextStepCanEndThenPolls) {
+  const absl::Duration poll = absl::Milliseconds(2);
+  const int n = internal::WorkerPacing::kPacingSteps;
+  internal::WorkerPacing p = PacedBySteps(n, 50 * kMs);
+  const int64_t end = n * 50 * kMs;
+  // 90% of the shortest recent step after the last step's end.
+  EXPECT_EQ(p.Next(end + kMs, poll, false), absl::Milliseconds(44));
+  // Past that point, or past the step's end: a poll.
+  EXPECT_EQ(p.Next(end + 46 * kMs, poll, false), poll);
+  EXPECT_EQ(p.Next(end + 80 * kMs, poll, false), poll);
+  // One shorter step among the recent ones shortens the sleep.
+  p.Note(end, end + 20 * kMs);
+  EXPECT_EQ(p.Next(end + 20 * kMs, poll, false), absl::Milliseconds(18));
+  // A poll longer than the sleep is kept.
+  EXPECT_EQ(p.Next(end + 20 * kMs, absl::Milliseconds(30), false), absl::Milliseconds(30));
+}
+
+TEST(WorkerPacing, ALongNextStepIsSleptThroughInWakeUpsOfAtMostTheLongestSleep) {
+  const absl::Duration poll = absl::Milliseconds(2);
+  const int n = internal::WorkerPacing::kPacingSteps;
+  internal::WorkerPacing p = PacedBySteps(n, 10 * kMs);
+  const int64_t end = n * 10 * kMs;
+  p.ExpectNext(230 * kMs);  // an eval step: due 207 ms after the last end
+  EXPECT_EQ(p.Next(end, poll, false), internal::WorkerPacing::kMaxSleep);
+  EXPECT_EQ(p.Next(end + 150 * kMs, poll, false), absl::Milliseconds(57));
+  EXPECT_EQ(p.Next(end + 210 * kMs, poll, false), poll);
+  p.ExpectNext(0);  // no forecast: the recent steps alone
+  EXPECT_EQ(p.Next(end, poll, false), absl::Milliseconds(9));
 }
 
 }  // namespace
