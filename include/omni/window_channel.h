@@ -280,10 +280,13 @@ class OMNI_EXPORT WindowChannelWriter {
 
 class OMNI_EXPORT WindowChannelReader {
  public:
-  // Maps the channel `name` read-only. Errors: InvalidArgument for a bad
-  // name; NotFound naming the channel when no writer created it;
-  // FailedPrecondition naming it when it is corrupt (size or magic) or of
-  // another schema version (stating both versions).
+  // Maps the channel `name` read-only. A channel its writer is creating
+  // (the object exists, its header is not written yet) is waited for, for
+  // real, up to 200 ms. Errors: InvalidArgument for a bad name; NotFound
+  // naming the channel when no writer created it; FailedPrecondition naming
+  // it when it is corrupt (size or magic), of another schema version
+  // (stating both versions), or still not initialised after the wait (its
+  // writer died while creating it).
   static absl::StatusOr<std::unique_ptr<WindowChannelReader>> Open(
       const std::string& name, const Clock* clock = Clock::Real());
   virtual ~WindowChannelReader() = default;

@@ -535,11 +535,13 @@ std::unique_ptr<WindowChannelWriter> WindowChannelWriter::CreateInProcess(double
   return w;
 }
 
-absl::StatusOr<std::unique_ptr<WindowChannelReader>> WindowChannelReader::Open(
-    const std::string& name, const Clock* clock) {
-  if (auto st = ValidateChannelName(name); !st.ok()) return st;
-  if (clock == nullptr) return absl::InvalidArgumentError("window channel reader: clock is null");
-  const std::string shm = ShmName(name);
+namespace {
+
+// One attempt at mapping the channel `name` for reading. Unavailable while a
+// writer is creating it: the object exists but is not sized yet, or its
+// magic is still 0 (WindowChannelWriter::Create sizes it, maps it and then
+// writes the header).
+absl::StatusOr<const WindowLayout*> MapForReading(const std::string& name, const std::string& shm) {
   internal::Fd fd(::shm_open(shm.c_str(), O_RDONLY, 0));
   if (!fd.valid()) {
     const int err = errno;
@@ -553,37 +555,77 @@ absl::StatusOr<std::unique_ptr<WindowChannelReader>> WindowChannelReader::Open(
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return internal::ErrnoStatus(errno, absl::StrCat("fstat ", shm));
   const auto want = static_cast<off_t>(sizeof(WindowLayout));
+  if (st.st_size == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("window channel '", name, "' (", shm, ") is not initialised: 0 bytes"));
+  }
   if (st.st_size < static_cast<off_t>(sizeof(uint64_t) + 2 * sizeof(uint32_t))) {
     return absl::FailedPreconditionError(absl::StrCat("window channel '", name, "' (", shm,
                                                       ") is corrupt: ", st.st_size,
                                                       " bytes, expected ", want));
   }
-  void* addr = ::mmap(nullptr, static_cast<size_t>(std::max(st.st_size, want)), PROT_READ,
-                      MAP_SHARED, fd.get(), 0);
+  const auto mapped = static_cast<size_t>(std::max(st.st_size, want));
+  void* addr = ::mmap(nullptr, mapped, PROT_READ, MAP_SHARED, fd.get(), 0);
   if (addr == MAP_FAILED) return internal::ErrnoStatus(errno, absl::StrCat("mmap ", shm));
   const auto* l = static_cast<const WindowLayout*>(addr);
-  const auto unmap = [&] { ::munmap(addr, static_cast<size_t>(std::max(st.st_size, want))); };
   const uint64_t magic = l->magic.load(std::memory_order_acquire);
-  if (magic != internal::kWindowMagic) {
-    unmap();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "window channel '", name, "' (", shm, ") is corrupt or not initialised: bad magic"));
-  }
-  const uint32_t version = l->schema_version.load(std::memory_order_relaxed);
-  if (version != internal::kWindowSchemaVersion) {
-    unmap();
-    return absl::FailedPreconditionError(
+  absl::Status bad;
+  if (magic == 0) {
+    bad = absl::UnavailableError(
+        absl::StrCat("window channel '", name, "' (", shm, ") is not initialised: no magic"));
+  } else if (magic != internal::kWindowMagic) {
+    bad = absl::FailedPreconditionError(
+        absl::StrCat("window channel '", name, "' (", shm, ") is corrupt: bad magic"));
+  } else if (const uint32_t version = l->schema_version.load(std::memory_order_relaxed);
+             version != internal::kWindowSchemaVersion) {
+    bad = absl::FailedPreconditionError(
         absl::StrCat("window channel '", name, "' (", shm, ") has schema version ", version,
                      "; this reader reads version ", internal::kWindowSchemaVersion));
+  } else if (st.st_size != want ||
+             l->layout_bytes.load(std::memory_order_relaxed) != sizeof(WindowLayout)) {
+    bad = absl::FailedPreconditionError(absl::StrCat("window channel '", name, "' (", shm,
+                                                     ") is corrupt: ", st.st_size,
+                                                     " bytes, expected ", want));
   }
-  if (st.st_size != want ||
-      l->layout_bytes.load(std::memory_order_relaxed) != sizeof(WindowLayout)) {
-    unmap();
-    return absl::FailedPreconditionError(absl::StrCat("window channel '", name, "' (", shm,
-                                                      ") is corrupt: ", st.st_size,
-                                                      " bytes, expected ", want));
+  if (!bad.ok()) {
+    ::munmap(addr, mapped);
+    return bad;
   }
-  return std::make_unique<ReaderImpl>(name, l, clock);
+  return l;
+}
+
+// How long Open waits for a writer that is creating the channel (a few
+// system calls: microseconds, unless the writer died in between).
+constexpr absl::Duration kCreationWait = absl::Milliseconds(200);
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WindowChannelReader>> WindowChannelReader::Open(
+    const std::string& name, const Clock* clock) {
+  if (auto st = ValidateChannelName(name); !st.ok()) return st;
+  if (clock == nullptr) return absl::InvalidArgumentError("window channel reader: clock is null");
+  const std::string shm = ShmName(name);
+  // A reader started together with the writer may find the object between
+  // its creation and its header: it waits (for real) for the header, reopening
+  // by name (Create replaces an object left by a dead writer).
+  // Once such an object was seen, its absence is a writer replacing it.
+  const absl::Time until = absl::Now() + kCreationWait;
+  absl::Status being_created;
+  for (;;) {
+    absl::StatusOr<const WindowLayout*> l = MapForReading(name, shm);
+    if (l.ok()) return std::make_unique<ReaderImpl>(name, *l, clock);
+    if (absl::IsUnavailable(l.status())) {
+      being_created = l.status();
+    } else if (being_created.ok() || !absl::IsNotFound(l.status())) {
+      return l.status();
+    }
+    if (absl::Now() >= until) {
+      return absl::FailedPreconditionError(absl::StrCat(being_created.message(), " after ",
+                                                        absl::FormatDuration(kCreationWait),
+                                                        " (its writer died while creating it?)"));
+    }
+    absl::SleepFor(absl::Microseconds(500));
+  }
 }
 
 namespace internal {
