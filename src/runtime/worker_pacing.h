@@ -6,14 +6,13 @@
 // each wake-up taking a core from whatever runs there (a co-located guest,
 // the job's own threads). So once it has seen a few steps it sleeps until
 // shortly before the next step can end at the earliest (the end of the last
-// step plus 90% of the shortest of the recent steps), then polls again: a
-// step end is still picked up within a poll, and the worker wakes a few
-// times per step. With a forecast, the next step's own lower bound counts
-// too (an eval step every 10th: the worker sleeps through most of it). It
-// polls all the time while a sink is attached (sinks
-// forward live window notices and outlooks to other hosts as they happen)
-// and until kPacingSteps steps were seen. Flush and shutdown wake it at once
-// whatever the wait.
+// step plus 90% of the shortest of the recent steps, or of the forecast's
+// lower bound for the next step when that is longer: an eval step is slept
+// through), then polls again. A step's end is still picked up within a
+// poll, and the worker wakes a few times per step. It polls all the time
+// while a sink is attached (sinks forward live window notices and outlooks
+// to other hosts as they happen) and until kPacingSteps steps were seen.
+// Flush and shutdown wake it at once whatever the wait.
 //
 // Thread safety: one owner (the worker thread).
 #pragma once
