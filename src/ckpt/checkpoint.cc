@@ -262,67 +262,9 @@ std::string ManifestJson(const Manifest& m) {
 
 // Parsing: every structural problem is DataLoss naming `path` (and the key);
 // json type errors are caught and reported the same way.
-class Parser {
+class Parser : public ckpt::ManifestParser {
  public:
-  explicit Parser(std::string path) : path_(std::move(path)) {}
-  absl::Status Error(std::string_view what) const {
-    return absl::DataLossError(absl::StrCat(path_, ": ", Sv(what)));
-  }
-  absl::StatusOr<uint64_t> Hex(const json& v, std::string_view what) const {
-    if (!v.is_string()) return Error(absl::StrCat(Sv(what), " is not a string"));
-    const std::string s = v.get<std::string>();
-    uint64_t out = 0;
-    if (s.size() != 16) return Error(absl::StrCat(Sv(what), " is not 16 hex digits"));
-    for (char c : s) {
-      int d = -1;
-      if (c >= '0' && c <= '9') d = c - '0';
-      if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-      if (d < 0) return Error(absl::StrCat(Sv(what), " is not 16 lowercase hex digits"));
-      out = (out << 4) | static_cast<uint64_t>(d);
-    }
-    return out;
-  }
-  absl::StatusOr<uint64_t> Unsigned(const json& obj, const char* field,
-                                    std::string_view what) const {
-    if (!obj.contains(field) || !obj[field].is_number_unsigned()) {
-      return Error(absl::StrCat(Sv(what), ": '", field, "' missing or not a non-negative integer"));
-    }
-    return obj[field].get<uint64_t>();
-  }
-  absl::StatusOr<TensorEntry> Entry(const json& v, const std::string& key) const {
-    const std::string where = absl::StrCat("key '", key, "'");
-    if (!v.is_object() || !v.contains("dtype") || !v["dtype"].is_string() || !v.contains("shape") ||
-        !v["shape"].is_array() || !v.contains("data_offsets") || !v["data_offsets"].is_array() ||
-        v["data_offsets"].size() != 2 || !v.contains("xxh3")) {
-      return Error(absl::StrCat(where, ": needs dtype, shape, data_offsets and xxh3"));
-    }
-    TensorEntry e;
-    e.key = key;
-    if (!IsValidStateKey(key)) return Error(absl::StrCat(where, " is malformed"));
-    absl::StatusOr<DType> dt = ParseDType(v["dtype"].get<std::string>());
-    if (!dt.ok()) return Error(absl::StrCat(where, ": ", dt.status().message()));
-    e.dtype = *dt;
-    for (const json& d : v["shape"]) {
-      if (!d.is_number_integer()) return Error(absl::StrCat(where, ": shape is not integers"));
-      e.shape.push_back(d.get<int64_t>());
-    }
-    const json& off = v["data_offsets"];
-    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
-      return Error(absl::StrCat(where, ": data_offsets are not non-negative integers"));
-    }
-    e.begin = off[0].get<uint64_t>();
-    e.end = off[1].get<uint64_t>();
-    absl::StatusOr<size_t> want = TensorBytes(e.dtype, e.shape);
-    if (!want.ok()) return Error(absl::StrCat(where, ": ", want.status().message()));
-    if (e.end < e.begin || e.end - e.begin != *want) {
-      return Error(absl::StrCat(where, ": data_offsets [", e.begin, ",", e.end, "] do not hold ",
-                                DTypeName(e.dtype), " ", ckpt::ShapeString(e.shape)));
-    }
-    absl::StatusOr<uint64_t> h = Hex(v["xxh3"], absl::StrCat(where, " xxh3"));
-    if (!h.ok()) return h.status();
-    e.xxh3 = *h;
-    return e;
-  }
+  using ManifestParser::ManifestParser;
   absl::StatusOr<ShardRecord> Record(const json& v, std::string_view what) const {
     if (!v.is_object() || !v.contains("rank") || !v["rank"].is_number_integer() ||
         !v.contains("file") || !v["file"].is_string()) {
@@ -334,16 +276,13 @@ class Parser {
     if (r.file != ShardFileName(r.rank)) {
       return Error(absl::StrCat(Sv(what), ": file '", r.file, "' is not ", ShardFileName(r.rank)));
     }
-    absl::StatusOr<uint64_t> bytes = Unsigned(v, "bytes", what);
+    absl::StatusOr<uint64_t> bytes = U64(v, "bytes", what);
     if (!bytes.ok()) return bytes.status();
-    absl::StatusOr<uint64_t> hb = Unsigned(v, "header_bytes", what);
+    absl::StatusOr<uint64_t> hb = U64(v, "header_bytes", what);
     if (!hb.ok()) return hb.status();
-    if (!v.contains("header_xxh3") || !v.contains("xxh3")) {
-      return Error(absl::StrCat(Sv(what), ": needs header_xxh3 and xxh3"));
-    }
-    absl::StatusOr<uint64_t> hh = Hex(v["header_xxh3"], absl::StrCat(Sv(what), " header_xxh3"));
+    absl::StatusOr<uint64_t> hh = Hex(v, "header_xxh3", what);
     if (!hh.ok()) return hh.status();
-    absl::StatusOr<uint64_t> dh = Hex(v["xxh3"], absl::StrCat(Sv(what), " xxh3"));
+    absl::StatusOr<uint64_t> dh = Hex(v, "xxh3", what);
     if (!dh.ok()) return dh.status();
     r.bytes = *bytes;
     r.header_bytes = *hb;
@@ -375,9 +314,6 @@ class Parser {
     }
     return absl::OkStatus();
   }
-
- private:
-  std::string path_;
 };
 
 absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& step_dir) {

@@ -50,80 +50,9 @@ json PartJson(const JobPart& p) {
 }
 
 // Every structural problem is DataLoss naming the file (and the key).
-class Parser {
+class Parser : public ManifestParser {
  public:
-  explicit Parser(std::string path) : path_(std::move(path)) {}
-  absl::Status Error(std::string_view what) const {
-    return absl::DataLossError(absl::StrCat(path_, ": ", Sv(what)));
-  }
-  absl::StatusOr<uint64_t> Hex(const json& obj, const char* field, std::string_view what) const {
-    if (!obj.contains(field) || !obj[field].is_string() ||
-        obj[field].get<std::string>().size() != 16) {
-      return Error(absl::StrCat(Sv(what), ": '", field, "' is not 16 hex digits"));
-    }
-    uint64_t out = 0;
-    for (char c : obj[field].get<std::string>()) {
-      int d = -1;
-      if (c >= '0' && c <= '9') d = c - '0';
-      if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-      if (d < 0) return Error(absl::StrCat(Sv(what), ": '", field, "' is not lowercase hex"));
-      out = (out << 4) | static_cast<uint64_t>(d);
-    }
-    return out;
-  }
-  absl::StatusOr<uint64_t> U64(const json& obj, const char* field, std::string_view what) const {
-    if (!obj.is_object() || !obj.contains(field) || !obj[field].is_number_unsigned()) {
-      return Error(absl::StrCat(Sv(what), ": '", field, "' missing or not a non-negative integer"));
-    }
-    return obj[field].get<uint64_t>();
-  }
-  absl::StatusOr<std::pair<uint64_t, uint64_t>> Pair(const json& obj, const char* field,
-                                                     std::string_view what) const {
-    if (!obj.contains(field) || !obj[field].is_array() || obj[field].size() != 2 ||
-        !obj[field][0].is_number_unsigned() || !obj[field][1].is_number_unsigned() ||
-        obj[field][1].get<uint64_t>() < obj[field][0].get<uint64_t>()) {
-      return Error(absl::StrCat(Sv(what), ": '", field, "' is not an increasing pair"));
-    }
-    return std::make_pair(obj[field][0].get<uint64_t>(), obj[field][1].get<uint64_t>());
-  }
-  absl::Status TypeAndShape(const json& v, const std::string& where, DType& dtype,
-                            std::vector<int64_t>& shape) const {
-    if (!v.is_object() || !v.contains("dtype") || !v["dtype"].is_string() || !v.contains("shape") ||
-        !v["shape"].is_array()) {
-      return Error(absl::StrCat(where, ": needs dtype and shape"));
-    }
-    absl::StatusOr<DType> dt = ParseDType(v["dtype"].get<std::string>());
-    if (!dt.ok()) return Error(absl::StrCat(where, ": ", dt.status().message()));
-    dtype = *dt;
-    shape.clear();
-    for (const json& d : v["shape"]) {
-      if (!d.is_number_integer()) return Error(absl::StrCat(where, ": shape is not integers"));
-      shape.push_back(d.get<int64_t>());
-    }
-    if (absl::StatusOr<size_t> n = TensorBytes(dtype, shape); !n.ok()) {
-      return Error(absl::StrCat(where, ": ", n.status().message()));
-    }
-    return absl::OkStatus();
-  }
-  absl::StatusOr<TensorEntry> Entry(const json& v, const std::string& key) const {
-    const std::string where = absl::StrCat("key '", key, "'");
-    if (!IsValidStateKey(key)) return Error(absl::StrCat(where, " is malformed"));
-    TensorEntry e;
-    e.key = key;
-    if (auto st = TypeAndShape(v, where, e.dtype, e.shape); !st.ok()) return st;
-    absl::StatusOr<std::pair<uint64_t, uint64_t>> off = Pair(v, "data_offsets", where);
-    if (!off.ok()) return off.status();
-    e.begin = off->first;
-    e.end = off->second;
-    if (e.end - e.begin != *TensorBytes(e.dtype, e.shape)) {
-      return Error(absl::StrCat(where, ": data_offsets do not hold ", DTypeName(e.dtype), " ",
-                                ShapeString(e.shape)));
-    }
-    absl::StatusOr<uint64_t> h = Hex(v, "xxh3", where);
-    if (!h.ok()) return h.status();
-    e.xxh3 = *h;
-    return e;
-  }
+  using ManifestParser::ManifestParser;
   absl::StatusOr<JobPart> Part(const json& v, std::string_view what) const {
     if (!v.is_object() || !v.contains("rank") || !v["rank"].is_number_unsigned() ||
         !v.contains("file") || !v["file"].is_string()) {
@@ -207,9 +136,6 @@ class Parser {
     }
     return absl::OkStatus();
   }
-
- private:
-  std::string path_;
 };
 
 }  // namespace

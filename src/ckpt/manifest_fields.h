@@ -1,6 +1,7 @@
-// The fields that both checkpoint manifest layouts carry (the per-rank
-// layout of checkpoint.cc and the job layout of job_manifest.cc): one reader
-// for both. Private to omni_core.
+// What both checkpoint manifest layouts share (the per-rank layout of
+// checkpoint.cc and the job layout of job_manifest.cc): their common fields
+// and the parser of their parts (digests, integers, tensor entries). Private
+// to omni_core.
 //
 // Thread safety: plain functions.
 #pragma once
@@ -10,6 +11,14 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ckpt/safetensors.h"
+#include "omni/state.h"
 
 namespace omni::ckpt {
 
@@ -29,5 +38,32 @@ struct ManifestFields {
 // fields (library_version, job_id, created_unix_ms) are left at their
 // defaults when absent or mistyped.
 std::optional<std::string> ReadManifestFields(const nlohmann::json& j, ManifestFields& f);
+
+// Reads the parts of a manifest (or of a fragment) at `path`: every
+// structural problem is DataLoss naming the path, and `what` / the key
+// where it is. The layouts' own parsers derive from it.
+class ManifestParser {
+ public:
+  explicit ManifestParser(std::string path) : path_(std::move(path)) {}
+  absl::Status Error(std::string_view what) const;
+  // obj[field]: 16 lowercase hex digits (an XXH3 digest, a token).
+  absl::StatusOr<uint64_t> Hex(const nlohmann::json& obj, const char* field,
+                               std::string_view what) const;
+  // obj[field]: a non-negative integer.
+  absl::StatusOr<uint64_t> U64(const nlohmann::json& obj, const char* field,
+                               std::string_view what) const;
+  // obj[field]: [a, b] with 0 ≤ a ≤ b.
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> Pair(const nlohmann::json& obj, const char* field,
+                                                     std::string_view what) const;
+  // v's "dtype" and "shape", of a size TensorBytes accepts.
+  absl::Status TypeAndShape(const nlohmann::json& v, const std::string& where, DType& dtype,
+                            std::vector<int64_t>& shape) const;
+  // A tensor entry under `key` (a valid state key): dtype, shape,
+  // data_offsets holding exactly the tensor's bytes, xxh3.
+  absl::StatusOr<TensorEntry> Entry(const nlohmann::json& v, const std::string& key) const;
+
+ private:
+  std::string path_;
+};
 
 }  // namespace omni::ckpt
