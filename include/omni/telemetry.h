@@ -89,7 +89,10 @@ struct TelemetryCounters {
   int64_t steps_rejected = 0;   // records the statistics refused (e.g. clock went backwards)
   int64_t forecasts_published = 0;
   int64_t export_errors = 0;  // step log / trace / sink failures
-  absl::Status last_error;    // the most recent of the errors above
+  // Times the worker thread woke to look for completed steps (each poll;
+  // see TelemetryOptions::worker_poll): what it costs the other threads.
+  int64_t worker_wakeups = 0;
+  absl::Status last_error;  // the most recent of the errors above
 };
 
 class OMNI_EXPORT Telemetry {

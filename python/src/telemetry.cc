@@ -95,6 +95,7 @@ py::dict CountersDict(const omni::TelemetryCounters& c) {
   d["spans_truncated"] = c.spans_truncated;
   d["steps_rejected"] = c.steps_rejected;
   d["forecasts_published"] = c.forecasts_published;
+  d["worker_wakeups"] = c.worker_wakeups;
   d["export_errors"] = c.export_errors;
   d["last_error"] = c.last_error.ok() ? std::string() : c.last_error.ToString();
   return d;

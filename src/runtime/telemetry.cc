@@ -285,6 +285,7 @@ class TelemetryImpl final : public Telemetry {
     c.steps_dropped = dropped_.load(std::memory_order_relaxed);
     c.misuse_errors = misuse_.load(std::memory_order_relaxed);
     c.spans_truncated = truncated_.load(std::memory_order_relaxed);
+    c.worker_wakeups = wakeups_.load(std::memory_order_relaxed);
     absl::MutexLock l(&mu_);
     c.steps_rejected = rejected_;
     c.forecasts_published = published_;
@@ -461,6 +462,7 @@ class TelemetryImpl final : public Telemetry {
           return stop_ || flush_requests_ > flushes_served_;
         };
         wake_mu_.AwaitWithTimeout(absl::Condition(&wake), wait);
+        wakeups_.fetch_add(1, std::memory_order_relaxed);
         stop = stop_;
         flushes = flush_requests_;
         flush_pending = flush_requests_ > flushes_served_;
@@ -692,6 +694,7 @@ class TelemetryImpl final : public Telemetry {
   std::atomic<bool> closed_{false};
   std::atomic<bool> has_sinks_{false};  // AddSink was called: the worker polls
   std::atomic<int64_t> misuse_{0}, dropped_{0}, truncated_{0};
+  std::atomic<int64_t> wakeups_{0};  // written by the worker only
 
   // Worker and readers.
   mutable absl::Mutex mu_;

@@ -343,6 +343,14 @@ internal::WorkerPacing PacedBySteps(int n, int64_t step_ns) {
   return p;
 }
 
+TEST(Telemetry, CountsTheWorkersWakeUps) {
+  auto tel = Telemetry::Create(TelemetryOptions{}).value();
+  const int64_t before = tel->Counters().worker_wakeups;
+  ASSERT_TRUE(tel->Flush().ok());  // wakes the worker at once
+  ASSERT_TRUE(tel->Flush().ok());
+  EXPECT_GE(tel->Counters().worker_wakeups, before + 2);
+}
+
 TEST(WorkerPacing, PollsUntilItHasSeenEnoughStepsAndWhileASinkIsAttached) {
   const absl::Duration poll = absl::Milliseconds(2);
   const int n = internal::WorkerPacing::kPacingSteps;
