@@ -263,6 +263,10 @@ namespace {
 // How far beyond its marginal bound, in widths of the bound, a step must be
 // to count towards a regime change (CheckRegime).
 constexpr double kRegimeMissMargin = 0.25;
+// A new regime when this many of the last kScatterSteps steps missed their
+// bound clearly, on either side (ScatteredMisses).
+constexpr int kScatterSteps = 20;
+constexpr int kScatterMisses = 5;
 
 }  // namespace
 
@@ -279,6 +283,11 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
   if (!MarginalBound(obs.step, lo, hi)) return;
   const int miss = d > hi ? 1 : (d < lo ? -1 : 0);
   bound_cal_[static_cast<int>(obs.kind)].Update(miss != 0);
+  const double margin = kRegimeMissMargin * (hi - lo);
+  const bool clear = d > hi + margin || d < lo - margin;
+  recent_.emplace_back(obs.step, clear);
+  if (static_cast<int>(recent_.size()) > kScatterSteps) recent_.pop_front();
+  if (clear && ScatteredMisses()) return;
   if (miss == 0) {
     run_len_ = 0;
     run_side_ = 0;
@@ -292,7 +301,6 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
   // events' lengths with it (seen: three false changes in the demo's 1,000
   // steps, each leaving its next eval unclaimed). A slight miss is counted by
   // the calibrator and is evidence of neither regime.
-  const double margin = kRegimeMissMargin * (hi - lo);
   const int side = d > hi + margin ? 1 : (d < lo - margin ? -1 : 0);
   if (side == 0) {
     outlier_ = false;
@@ -310,11 +318,39 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
   if (run_len_ < 3) return;
   // Three misses on one side: a new regime begins with the missed steps.
   while (static_cast<int>(hist_.size()) > run_len_ - 1) hist_.pop_front();
+  BeginRegime();
+}
+
+bool Forecaster::Impl::ScatteredMisses() {
+  // Clear misses on both sides, between steps that fit: the rhythm itself
+  // changed (a stall that came every 3rd step now comes every 5th: the old
+  // class's steps are too short, the new stall's steps too long, and a run
+  // of misses on one side never forms). At the calibrated rate the marginal
+  // bound is missed clearly by about 1 step in 100; kScatterMisses of the
+  // last kScatterSteps is not chance (binomial tail below 1e-3 even at 3 %).
+  int clear = 0;
+  for (const auto& [step, c] : recent_) clear += c ? 1 : 0;
+  if (clear < kScatterMisses) return false;
+  // The new regime begins with the first of those misses.
+  int64_t first = recent_.back().first;
+  for (const auto& [step, c] : recent_) {
+    if (c) {
+      first = step;
+      break;
+    }
+  }
+  while (!hist_.empty() && hist_.front().step < first) hist_.pop_front();
+  BeginRegime();
+  return true;
+}
+
+void Forecaster::Impl::BeginRegime() {
   ++regimes_;
   regime_steps_ = static_cast<int64_t>(hist_.size());
   run_len_ = 0;
   run_side_ = 0;
   suspect_ = outlier_ = false;
+  recent_.clear();
   claims_.clear();
   since_learn_ = std::numeric_limits<int>::max() / 2;  // relearn now
 }

@@ -109,6 +109,10 @@ class Forecaster::Impl {
   int64_t NextEventStep(int64_t from, int64_t limit) const;
   void Relearn();
   void CheckRegime(const StepObs& obs);
+  // A new regime from scattered clear misses (true: it began); the state
+  // reset of every new regime.
+  bool ScatteredMisses();
+  void BeginRegime();
   void ScoreClaims(const StepRecord& rec, const StepObs& obs, const PhaseCatalog& catalog);
   void TrimWarmup();
   double GapMean() const;
@@ -135,6 +139,8 @@ class Forecaster::Impl {
   int run_side_ = 0, run_len_ = 0;
   bool suspect_ = false;  // two misses on one side: a regime may be ending
   bool outlier_ = false;  // one step far outside its bound (a stall, a GC)
+  // The last steps judged by CheckRegime: (step, missed its bound clearly).
+  std::deque<std::pair<int64_t, bool>> recent_;
   std::array<std::array<int, kNumSlots>, kNumStepKinds> slot_period_{};
   std::array<int, kNumStepKinds> dur_period_{};
   // The recent-level window of each kind's durations (0: the marginal
