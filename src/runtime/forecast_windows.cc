@@ -125,14 +125,58 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       }
     }
   };
+  // Normal steps' lengths (see below): each predicted by the mean of its
+  // residue class (the normal steps' period), the residuals about it pooled
+  // over all classes at quantiles α/4 and 1 − α/4. An event's training work
+  // follows the same rhythm as a normal step's, so its start is predicted
+  // from the class of its own step and spreads like these residuals.
+  SampleSummary normal;
+  const int np_period = std::max(dur_period_[static_cast<int>(StepKind::kNormal)], 1);
+  std::vector<double> class_sum(static_cast<size_t>(np_period), 0.0);
+  std::vector<int> class_n(static_cast<size_t>(np_period), 0);
+  double normal_sum = 0;
+  for (const StepObs& o : hist_) {
+    if (o.kind != StepKind::kNormal) continue;
+    const auto r = static_cast<size_t>(o.step % np_period);
+    class_sum[r] += static_cast<double>(o.duration());
+    ++class_n[r];
+    normal_sum += static_cast<double>(o.duration());
+    ++normal.n;
+  }
+  if (normal.n > 0) normal.mean = normal_sum / normal.n;
+  const auto class_mean = [&](int64_t st) {
+    const auto r = static_cast<size_t>(st % np_period);
+    return class_n[r] >= 3 ? class_sum[r] / class_n[r] : normal.mean;
+  };
   std::vector<double> v;
   matching(dur_period_[kb]);
   v.reserve(same.size());
   for (const StepObs* o : same) v.push_back(static_cast<double>(o->duration()));
   const std::vector<double> series = v;  // in step order (Summarize sorts v)
-  Summarize(v, m.dur, bound_cal_[static_cast<int>(kind)].margin(), Spread::kWhole, -1,
-            kDurationLoShare);
+  const double bound_margin = bound_cal_[static_cast<int>(kind)].margin();
+  Summarize(v, m.dur, bound_margin, Spread::kWhole, -1, kDurationLoShare);
   if (m.dur.n == 0) return m;
+  if (base != StepKind::kNormal && np_period > 1) {
+    // An event step's training work follows the normal steps' rhythm (a
+    // loader that stalls every 7th step stalls on an eval step of that
+    // residue too): each past event step's excess over its own class's
+    // normal step, on this step's class. The bound covers both readings
+    // (the event may skip the rhythm's slot: a checkpoint step that loads
+    // no data).
+    v.clear();
+    const double here = class_mean(step);
+    for (const StepObs* o : same) {
+      v.push_back(static_cast<double>(o->duration()) - class_mean(o->step) + here);
+    }
+    SampleSummary shifted;
+    Summarize(v, shifted, bound_margin, Spread::kWhole, -1, kDurationLoShare);
+    m.dur.lo = std::min(m.dur.lo, shifted.lo);
+    m.dur.hi = std::max(m.dur.hi, shifted.hi);
+    m.dur.low_tail = std::min(m.dur.low_tail, shifted.low_tail);
+    m.dur.median = shifted.median;
+    m.dur.mean = shifted.mean;
+    m.dur.var = std::max(m.dur.var, shifted.var);
+  }
   m.ok = true;
   const int level_k = local_window_[static_cast<size_t>(kb)];
   const auto min_n = static_cast<size_t>(std::ceil(2 / alpha_));
@@ -157,29 +201,6 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       m.local_until = until;
     }
   }
-  // Normal steps' lengths (see below): each predicted by the mean of its
-  // residue class (the normal steps' period), the residuals about it pooled
-  // over all classes at quantiles α/4 and 1 − α/4. An event's training work
-  // follows the same rhythm as a normal step's, so its start is predicted
-  // from the class of its own step and spreads like these residuals.
-  SampleSummary normal;
-  const int np_period = std::max(dur_period_[static_cast<int>(StepKind::kNormal)], 1);
-  std::vector<double> class_sum(static_cast<size_t>(np_period), 0.0);
-  std::vector<int> class_n(static_cast<size_t>(np_period), 0);
-  double normal_sum = 0;
-  for (const StepObs& o : hist_) {
-    if (o.kind != StepKind::kNormal) continue;
-    const auto r = static_cast<size_t>(o.step % np_period);
-    class_sum[r] += static_cast<double>(o.duration());
-    ++class_n[r];
-    normal_sum += static_cast<double>(o.duration());
-    ++normal.n;
-  }
-  if (normal.n > 0) normal.mean = normal_sum / normal.n;
-  const auto class_mean = [&](int64_t st) {
-    const auto r = static_cast<size_t>(st % np_period);
-    return class_n[r] >= 3 ? class_sum[r] / class_n[r] : normal.mean;
-  };
   {
     std::vector<double> res;
     for (const StepObs& o : hist_) {
