@@ -45,6 +45,9 @@ std::vector<Trace> Corpus() {
       {"rlhf_bimodal.jsonl", {}},
       {"steady_text.jsonl", {K::kEval}},
       {"multimodal_stalls.jsonl", {K::kEval}},
+      // Regressions (tuned on since): a stress test's findings.
+      {"rhythm_change.jsonl", {K::kDataStall}},
+      {"events_on_rhythm.jsonl", {K::kDataStall, K::kEval, K::kCheckpoint}},
       // Held out (tests/data/README.md): not tuned on.
       {"drift.jsonl", {K::kEval}, true},
       {"contention.jsonl", {K::kCheckpoint}, true},

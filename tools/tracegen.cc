@@ -8,7 +8,8 @@
 // Scenarios other than the default "pipeline" are in tracegen_scenarios.cc
 // (steady, heavy_stalls, stall_every3, periodic_declared, periodic_undeclared,
 // restart, sampled10, rlhf_bimodal, and the held-out drift, contention,
-// bursty_stalls, time_ckpt, straggler, sampled5, gc_pauses;
+// bursty_stalls, time_ckpt, straggler, sampled5, gc_pauses, and the regressions
+// rhythm_change, events_on_rhythm;
 // tests/data/README.md describes each).
 //
 // The stage runs a GPipe schedule (see omni/forecast.h, PipelineSchedule):

@@ -225,6 +225,38 @@ void AddHeldOut(std::map<std::string, Scenario>& m) {
                     }};
 }
 
+// Two behaviours a stress test of new step logs found the forecaster
+// getting wrong (2026-12-02), kept as regression traces (tuned on since).
+void AddRegressions(std::map<std::string, Scenario>& m) {
+  // A loader whose refill rhythm changes: a ~300 ms stall every 3rd step
+  // until step 750, every 5th from then on (a new shard size).
+  m["rhythm_change"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+                          const bool stall = s < 750 ? s % 3 == 2 : s % 5 == 4;
+                          StepBuilder b(s, t);
+                          b.Phase(phase::kDataWait, stall ? n.LogN(300, 0.08) : n.LogN(4, 0.25));
+                          b.Phase(phase::kCompute, n.Jit(500, 0.02));
+                          b.Phase(phase::kComm, n.Jit(20, 0.05));
+                          b.Phase(phase::kOptimizer, n.Jit(10, 0.04));
+                          return b.Finish();
+                        }};
+  // Events on a stall rhythm: a ~200 ms stall every 7th step, a declared
+  // eval every 64 steps and an undeclared ~1.5 s checkpoint every 100, so
+  // that some events fall on a stall step (eval 447, 895; checkpoint 699).
+  m["events_on_rhythm"] = {[](StepLogHeader& h) {
+                             h.eval = PeriodicEvent{64, 63, 0};
+                           },
+                           [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+                             StepBuilder b(s, t);
+                             b.Phase(phase::kDataWait,
+                                     s % 7 == 6 ? n.LogN(200, 0.08) : n.LogN(5, 0.25));
+                             b.Phase(phase::kCompute, n.Jit(250, 0.02));
+                             b.Phase(phase::kComm, n.Jit(15, 0.05));
+                             b.Phase(phase::kOptimizer, n.Jit(8, 0.04));
+                             return WithEvents(b.Finish(), n, s % 64 == 63, 250, 800,
+                                               s % 100 == 99 ? n.LogN(1500, 0.06) : 0.0);
+                           }};
+}
+
 std::map<std::string, Scenario> Scenarios() {
   std::map<std::string, Scenario> m;
   m["steady"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
@@ -295,6 +327,7 @@ std::map<std::string, Scenario> Scenarios() {
         return b.Finish();
       }};
   AddHeldOut(m);
+  AddRegressions(m);
   return m;
 }
 
