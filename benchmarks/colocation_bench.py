@@ -300,6 +300,25 @@ def harvest(idle, units, nominal_ns, runs=None):
     return used / total if total else 0.0, total, outside, None
 
 
+def warm_unit_ns(units, runs):
+    """The guest's median unit among those that began and ended inside one
+    run (no stop in them, not the unit a resume continued): its speed
+    co-located, at the same time as the harvest, with warm caches. Against
+    the unit alone it separates what co-location costs the guest's speed
+    (shared caches, the host's other threads, the machine's speed at that
+    moment) from what each resume costs; None without runs."""
+    if not runs:
+        return None
+    starts = [r["resume_ns"] for r in runs]
+    ends = [r["signal_ns"] if r.get("signal_ns", 0) > 0 else r["stop_ns"] for r in runs]
+    warm = []
+    for u in units:
+        k = bisect.bisect_right(starts, u["start_ns"]) - 1
+        if k >= 0 and u["end_ns"] <= ends[k]:
+            warm.append(u["end_ns"] - u["start_ns"])
+    return statistics.median(warm) if warm else None
+
+
 def mean_step_ms(steps, skip=(), stat=statistics.mean):
     ds = [(r["end_ns"] - r["start_ns"]) / 1e6 for r in steps
           if r["step"] >= WARMUP_STEPS and r["step"] not in skip]
@@ -545,6 +564,10 @@ def summary(alone, res, ref_guest, nominal, skip=(), alone_ms=None):
     steps, idle_phases = res["steps"]
     idle = idle_intervals(steps, idle_phases, CPU_IDLE_PHASES)
     h, idle_ns, outside_ns, inside_ns = harvest(idle, res["units"], nominal, res["runs"])
+    warm = warm_unit_ns(res["units"], res["runs"])
+    # The same harvest with the guest's co-located warm unit as the yardstick
+    # (what the resumes themselves cost, not the machine's speed).
+    h_warm = harvest(idle, res["units"], warm, res["runs"])[0] if warm else None
     offered = (overlap([(r["resume_ns"], r["stop_ns"]) for r in res["runs"]], idle) / idle_ns
                if res["runs"] is not None and idle_ns else None)
     t0 = alone_ms if alone_ms is not None else median_step_ms(alone[1][0], skip)
@@ -557,6 +580,7 @@ def summary(alone, res, ref_guest, nominal, skip=(), alone_ms=None):
     cpu_a, wait_a = alone[2]
     cpu_g, wait_g = res["sched"]
     return {"alone_ms": t0, "with_ms": t1, "slowdown_pct": 100 * (t1 - t0) / t0, "harvest": h,
+            "harvest_warm": h_warm, "warm_unit_ms": None if warm is None else warm / 1e6,
             "paired_pct": paired, "paired_sum_pct": paired_sum, "stops": stops,
             "harvest_cpu": (inside_ns / idle_ns if inside_ns is not None and idle_ns else None),
             "cpu_ms": (cpu_a, cpu_g), "wait_ms": (wait_a, wait_g),
@@ -624,6 +648,9 @@ def demo(b, out, steps):
         ("harvest (share of it the guest used)",
          f"{s['harvest']:.3f} (its CPU: {s['harvest_cpu'] or 0:.3f})"),
         ("  share in which the guest was running", f"{s['offered'] or 0:.3f}"),
+        ("  its unit alone / co-located, warm (harvest by it)",
+         f"{nominal / 1e6:.3f} / " + (f"{s['warm_unit_ms']:.3f} ms ({s['harvest_warm']:.3f})"
+                                      if s["warm_unit_ms"] else "n/a")),
         ("guest steps done", f"{res['guest_steps']} (in {res['guest_runs']} runs)"),
         ("stops after a close", f"{st['stops']}"),
         ("  supervisor's signal after the close p50 / p99",
@@ -718,6 +745,12 @@ def bench(b, out, steps, pairs):
         "critical_idle_share": r(med(sp["idle_share"] for sp in per_pair), 4),
         "guest_outside_idle_ms_per_step": r(med(sp["outside_ms_per_step"] for sp in per_pair), 3),
         "guest_unit_ms_alone_pairs": [r(ref[1] / 1e6, 3) for ref in refs],
+        # Diagnostics of the harvest: the guest's warm unit inside its runs
+        # (co-located, at the same time) and the harvest against it.
+        "guest_warm_unit_ms_pairs": [r(sp["warm_unit_ms"], 3) for sp in per_pair],
+        "harvest_vs_warm_unit": r(med(hw) if (hw := [sp["harvest_warm"] for sp in per_pair
+                                                     if sp["harvest_warm"] is not None])
+                                  else None, 3),
         "guest_steps": gated[0]["guest_steps"],
         "guest_yields": stop_sum("stops"),
         "guest_cpu_after_close_p99_ms": r(max(x["cpu_bound_p99_ms"] for x in stops), 3),
