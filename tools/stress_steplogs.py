@@ -1,0 +1,360 @@
+#!/usr/bin/python3
+"""Seeded generator of step logs (omni.steplog v1) for stress-testing the
+step-time / idle-window forecaster (`omni eval`).
+
+Usage: /usr/bin/python3 tools/stress_steplogs.py OUTDIR [--seed N]
+benchmarks/forecast_stress.py writes them and scores each with `omni eval`
+(make bench; the ctest cli.forecast_stress). Written on 2026-12-02 as a
+generalisation check: behaviours the corpus in tests/data lacks. Two of its
+findings are regression traces there (rhythm_change, events_on_rhythm).
+
+Every log: a header line (omni_tracegen-style phase table and declared
+events), then one `step` line per logged step, CLOCK_MONOTONIC nanoseconds
+starting at a large value, spans in start order, nested spans inside their
+parent (depth 1), step numbers strictly increasing, a ~50 us host-side gap
+between steps. Noise is lognormal per phase unless stated. Each scenario is
+deterministic for (seed, scenario name).
+
+Scenarios (none of them is in tests/data):
+  01_grad_accum        4 micro-steps per optimizer step, each logged as a
+                       step. Every micro-step: data wait ~2 ms, fwd+bwd 80 ms,
+                       FSDP reduce-scatter ~14 ms, tiny grad-scaler op 1 ms.
+                       Every 4th (step % 4 == 3, the optimizer step): an
+                       uncovered ~4 ms host gap (grad-norm .item() sync,
+                       unscale) then comm+optimizer ~30% longer. 2000 steps.
+  02_thermal           compute 200 ms * (1 + 0.15 sin(2 pi s / 150)) (+1.5%
+                       noise): a throttling GPU; data stall ~5 ms. 2000 steps.
+  03_eval_period_change  eval every 50 steps for the first 1000 steps (steps
+                       49, 99, ..., 999), then every 30 (1029, 1059, ...),
+                       undeclared. 600 ms eval w/ nested 150 ms forward.
+                       2000 steps.
+  04_stall_rhythm_change  a ~300 ms data stall every 3rd step for steps
+                       0..749, then every 5th step (754, 759, ...); else
+                       ~4 ms; compute 500 ms. 1500 steps.
+  05_tiny_steps        ~4 ms steps (0.3 ms Gaussian jitter on compute), 1 ms
+                       data wait, 20 us gaps. 3000 steps.
+  06_long_steps        ~45 s steps (compute 40 s), checkpoint every 20 steps
+                       (offset 19) ~90 s +-5%, undeclared. 300 steps
+                       (horizon 300 s covers only ~6 steps).
+  07_irregular_sampled  a 10000-step job with a ~250 ms stall every 4th step
+                       (offset 3), 300 ms compute; a random 30% of the steps
+                       are logged (Bernoulli, not a stride). ~3000 lines.
+  08_outlier_pause     steady 105 ms steps; step 500 takes 100x (a 10 s NCCL
+                       retry inside comm, busy); between steps 750 and 751
+                       the job is suspended for 2 s (uncovered gap). 1000
+                       steps.
+  09_pareto_compute    compute = 120 ms + 30 ms * (Pareto(alpha 1.5) - 1):
+                       variable-length packed sequences, infinite variance;
+                       data wait ~6 ms. 1500 steps.
+  10_three_events      data stall ~200 ms every 7th step (offset 6), eval
+                       every 64 (offset 63, ~800 ms with 250 ms forward),
+                       checkpoint every 100 (offset 99, ~1.5 s); only the
+                       eval is declared (step 1599 has eval+checkpoint,
+                       several have stall+event). 2000 steps.
+  11_mid_job_start     log starts at step 123456, monotonic clock ~100 days
+                       in. The first 30 steps are warm-up ("warmup": true):
+                       a 35 s first step (graph compile), recompiles of
+                       3-12 s at a few steps, autotuning makes the rest ~1.5x
+                       slower. Declared eval every 100 (offset 99 in absolute
+                       step numbers: 123499, ...), ~1 s. 800 steps.
+  12_nested_eval       two-level idle: eval every 25th step (offset 24,
+                       declared): eval phase containing forward pass A
+                       (busy, 120 ms), scoring (eval idle, 100 ms), a nested
+                       `metric_upload` phase (user phase 8, idle host_side,
+                       ~60 ms, registered by a `phase` line), forward pass B
+                       (busy, 80 ms), then eval idle ~40 ms. 1000 steps.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import sys
+
+PHASES = [
+    {"id": 0, "idle": "data_stall", "name": "data_wait"},
+    {"id": 1, "idle": "busy", "name": "compute"},
+    {"id": 2, "idle": "busy", "name": "comm"},
+    {"id": 3, "idle": "busy", "name": "optimizer"},
+    {"id": 4, "idle": "checkpoint", "name": "checkpoint"},
+    {"id": 5, "idle": "eval", "name": "eval"},
+    {"id": 6, "idle": "pipeline_bubble", "name": "pipeline_bubble"},
+    {"id": 7, "idle": "host_side", "name": "host"},
+]
+
+MS = 1_000_000
+S = 1_000_000_000
+
+
+def header(source, ckpt=(0, 0, 0), ev=(0, 0, 0)):
+    """ckpt / ev: (every_steps, offset, expected_ns)."""
+    return {
+        "clock": "CLOCK_MONOTONIC",
+        "events": {
+            "checkpoint": {"every_steps": ckpt[0], "expected_ns": ckpt[2], "offset": ckpt[1]},
+            "eval": {"every_steps": ev[0], "expected_ns": ev[2], "offset": ev[1]},
+            "pipeline": {"backward_over_forward": 2.0, "micro_batches": 1, "stage": 0, "stages": 1},
+        },
+        "phases": PHASES,
+        "schema": "omni.steplog",
+        "source": "stress_steplogs.py " + source,
+        "type": "header",
+        "version": 1,
+    }
+
+
+def ln(rng, median, sigma):
+    """lognormal with the given median (ns or ms, whatever the caller uses)."""
+    return median * math.exp(rng.gauss(0.0, sigma))
+
+
+class Writer:
+    def __init__(self, path, hdr, t0):
+        self.f = open(path, "w")
+        self.f.write(json.dumps(hdr, separators=(",", ":")) + "\n")
+        self.t = int(t0)
+        self.last_step = None
+        self.n = 0
+
+    def gap(self, ns):
+        self.t += int(ns)
+
+    def step(self, num, segs, kind="normal", warmup=False, log=True, gap_ns=50_000):
+        """segs: list of top-level segments, each
+             (phase_or_None, dur_ns)            a phase (None: uncovered time)
+             (phase, dur_ns, children)          children: list of
+                 (phase_or_None, dur_ns) laid out back to back from the
+                 parent's start; None = the parent's own time.
+        The step starts at self.t; returns the step's end. log=False
+        advances the clock without writing (unlogged steps of a sampled log).
+        """
+        assert self.last_step is None or num > self.last_step
+        start = self.t
+        t = start
+        spans = []
+        for seg in segs:
+            ph, d = seg[0], int(round(seg[1]))
+            assert d > 0
+            if ph is not None:
+                sp = {"phase": ph, "start_ns": t, "end_ns": t + d, "depth": 0}
+                spans.append(sp)
+                if len(seg) > 2:
+                    c = t
+                    for cph, cd in seg[2]:
+                        cd = int(round(cd))
+                        if cph is not None:
+                            spans.append({"phase": cph, "start_ns": c, "end_ns": c + cd, "depth": 1})
+                        c += cd
+                    assert c <= t + d, (num, seg)
+            t += d
+        end = t
+        if log:
+            rec = {"type": "step", "step": num, "start_ns": start, "end_ns": end,
+                   "kind": kind, "warmup": warmup, "spans": spans}
+            self.f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            self.last_step = num
+            self.n += 1
+        self.t = end + int(gap_ns)
+        return end
+
+    def raw(self, obj):
+        self.f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+    def close(self):
+        self.f.close()
+
+
+def eval_seg(rng, total_med, fwd_med, sigma=0.05):
+    total = ln(rng, total_med, sigma)
+    fwd = min(ln(rng, fwd_med, sigma), total * 0.8)
+    return ("eval", total, [("compute", fwd)])
+
+
+def std_train(rng, data_med, data_sig, comp_med, comp_sig=0.02, comm_med=15 * MS, opt_med=8 * MS):
+    return [("data_wait", ln(rng, data_med, data_sig)),
+            ("compute", ln(rng, comp_med, comp_sig)),
+            ("comm", ln(rng, comm_med, 0.05)),
+            ("optimizer", ln(rng, opt_med, 0.04))]
+
+
+# ---------------------------------------------------------------- scenarios
+
+def s01_grad_accum(w, rng):
+    for s in range(2000):
+        segs = [("data_wait", ln(rng, 2 * MS, 0.2)), ("compute", ln(rng, 80 * MS, 0.02))]
+        if s % 4 == 3:
+            segs.append((None, ln(rng, 4 * MS, 0.15)))           # host sync gap
+            segs.append(("comm", ln(rng, 14 * MS * 1.3, 0.05)))
+            segs.append(("optimizer", ln(rng, 9 * MS, 0.04)))     # (14+1)*1.3 ~ 19.5 -> 27
+        else:
+            segs.append(("comm", ln(rng, 14 * MS, 0.05)))
+            segs.append(("optimizer", ln(rng, 1 * MS, 0.05)))
+        w.step(s, segs, gap_ns=ln(rng, 50_000, 0.2))
+
+
+def s02_thermal(w, rng):
+    for s in range(2000):
+        f = 1 + 0.15 * math.sin(2 * math.pi * s / 150.0)
+        segs = std_train(rng, 5 * MS, 0.2, 200 * MS * f, 0.015)
+        w.step(s, segs)
+
+
+def s03_eval_period_change(w, rng):
+    for s in range(2000):
+        segs = std_train(rng, 8 * MS, 0.25, 150 * MS)
+        is_eval = (s < 1000 and s % 50 == 49) or (s >= 1000 and (s - 1000) % 30 == 29)
+        kind = "normal"
+        if is_eval:
+            segs.append(eval_seg(rng, 600 * MS, 150 * MS))
+            kind = "eval"
+        w.step(s, segs, kind=kind)
+
+
+def s04_stall_rhythm_change(w, rng, n=1500, change=750):
+    for s in range(n):
+        stall = (s < change and s % 3 == 2) or (s >= change and s % 5 == 4)
+        d = ln(rng, 300 * MS, 0.08) if stall else ln(rng, 4 * MS, 0.25)
+        segs = [("data_wait", d), ("compute", ln(rng, 500 * MS, 0.02)),
+                ("comm", ln(rng, 20 * MS, 0.05)), ("optimizer", ln(rng, 10 * MS, 0.04))]
+        w.step(s, segs)
+
+
+def s05_tiny_steps(w, rng):
+    for s in range(3000):
+        comp = max(1.0 * MS, rng.gauss(2.2 * MS, 0.3 * MS))
+        segs = [("data_wait", ln(rng, 1 * MS, 0.1)), ("compute", comp),
+                ("comm", ln(rng, 0.5 * MS, 0.05)), ("optimizer", ln(rng, 0.3 * MS, 0.05))]
+        w.step(s, segs, gap_ns=ln(rng, 20_000, 0.2))
+
+
+def s06_long_steps(w, rng):
+    for s in range(300):
+        segs = [("data_wait", ln(rng, 0.5 * S, 0.2)), ("compute", ln(rng, 40 * S, 0.02)),
+                ("comm", ln(rng, 3.5 * S, 0.05)), ("optimizer", ln(rng, 1 * S, 0.04))]
+        kind = "normal"
+        if s % 20 == 19:
+            segs.append(("checkpoint", ln(rng, 90 * S, 0.05)))
+            kind = "checkpoint"
+        w.step(s, segs, kind=kind, gap_ns=ln(rng, 200_000, 0.2))
+
+
+def s07_irregular_sampled(w, rng):
+    for s in range(10000):
+        d = ln(rng, 250 * MS, 0.08) if s % 4 == 3 else ln(rng, 5 * MS, 0.25)
+        segs = [("data_wait", d), ("compute", ln(rng, 300 * MS, 0.02)),
+                ("comm", ln(rng, 15 * MS, 0.05)), ("optimizer", ln(rng, 8 * MS, 0.04))]
+        w.step(s, segs, log=rng.random() < 0.3)
+
+
+def s08_outlier_pause(w, rng):
+    for s in range(1000):
+        segs = std_train(rng, 5 * MS, 0.2, 80 * MS)
+        if s == 500:   # 100x: an NCCL timeout/retry inside the allreduce
+            segs[2] = ("comm", 100 * 105 * MS - 90 * MS)
+        w.step(s, segs)
+        if s == 750:
+            w.gap(2 * S)  # SIGSTOP / preemption-suspend for 2 s
+
+
+def s09_pareto_compute(w, rng):
+    for s in range(1500):
+        comp = 120 * MS + 30 * MS * (rng.paretovariate(1.5) - 1.0)
+        segs = [("data_wait", ln(rng, 6 * MS, 0.2)), ("compute", comp),
+                ("comm", ln(rng, 15 * MS, 0.05)), ("optimizer", ln(rng, 8 * MS, 0.04))]
+        w.step(s, segs)
+
+
+def s10_three_events(w, rng, n=2000):
+    for s in range(n):
+        d = ln(rng, 200 * MS, 0.08) if s % 7 == 6 else ln(rng, 5 * MS, 0.25)
+        segs = [("data_wait", d), ("compute", ln(rng, 250 * MS, 0.02)),
+                ("comm", ln(rng, 15 * MS, 0.05)), ("optimizer", ln(rng, 8 * MS, 0.04))]
+        kind = "normal"
+        if s % 64 == 63:
+            segs.append(eval_seg(rng, 800 * MS, 250 * MS))
+            kind = "eval"
+        if s % 100 == 99:
+            segs.append(("checkpoint", ln(rng, 1.5 * S, 0.06)))
+            kind = "checkpoint"
+        w.step(s, segs, kind=kind)
+
+
+def s11_mid_job_start(w, rng):
+    first = 123456
+    recompiles = {first + 4, first + 9, first + 17, first + 23}
+    for i in range(800):
+        s = first + i
+        warm = i < 30
+        slow = 1.5 if warm else 1.0
+        segs = std_train(rng, 10 * MS, 0.25, 180 * MS * slow)
+        if i == 0:
+            segs[1] = ("compute", ln(rng, 35 * S, 0.05))        # torch.compile
+        elif s in recompiles:
+            segs[1] = ("compute", rng.uniform(3, 12) * S)       # dynamic-shape recompile
+        kind = "normal"
+        if s % 100 == 99:
+            segs.append(eval_seg(rng, 1 * S, 300 * MS))
+            kind = "eval"
+        w.step(s, segs, kind=kind, warmup=warm)
+
+
+def s12_nested_eval(w, rng):
+    w.raw({"type": "phase", "id": 8, "name": "metric_upload", "idle": "host_side"})
+    for s in range(1000):
+        segs = std_train(rng, 6 * MS, 0.2, 160 * MS)
+        kind = "normal"
+        if s % 25 == 24:
+            fa = ln(rng, 120 * MS, 0.03)
+            sc = ln(rng, 100 * MS, 0.05)
+            up = ln(rng, 60 * MS, 0.15)
+            fb = ln(rng, 80 * MS, 0.03)
+            tail = ln(rng, 40 * MS, 0.08)
+            segs.append(("eval", fa + sc + up + fb + tail,
+                         [("compute", fa), (None, sc), ("metric_upload", up), ("compute", fb)]))
+            kind = "eval"
+        w.step(s, segs, kind=kind)
+
+
+SCENARIOS = [
+    ("01_grad_accum", s01_grad_accum, {}),
+    ("02_thermal", s02_thermal, {}),
+    ("03_eval_period_change", s03_eval_period_change, {}),
+    ("04_stall_rhythm_change", s04_stall_rhythm_change, {}),
+    ("05_tiny_steps", s05_tiny_steps, {}),
+    ("06_long_steps", s06_long_steps, {}),
+    ("07_irregular_sampled", s07_irregular_sampled, {}),
+    ("08_outlier_pause", s08_outlier_pause, {}),
+    ("09_pareto_compute", s09_pareto_compute, {}),
+    ("10_three_events", s10_three_events, {"ev": (64, 63, 800 * MS)}),
+    ("11_mid_job_start", s11_mid_job_start, {"ev": (100, 99, 1 * S), "t0": 8_640_000 * S}),
+    ("12_nested_eval", s12_nested_eval, {"ev": (25, 24, 400 * MS)}),
+]
+
+
+def write_all(out, seed=1234):
+    """Writes every scenario to OUTDIR/<name>.jsonl; returns the paths."""
+    os.makedirs(out, exist_ok=True)
+    paths = []
+    for name, fn, opt in SCENARIOS:
+        rng = random.Random(f"{seed}:{name}")
+        t0 = opt.get("t0", rng.randint(10 ** 12, 10 ** 13))   # ~17 min .. 3 h of uptime
+        hdr = header(name, ckpt=opt.get("ck", (0, 0, 0)), ev=opt.get("ev", (0, 0, 0)))
+        path = os.path.join(out, name + ".jsonl")
+        w = Writer(path, hdr, t0)
+        fn(w, rng)
+        w.close()
+        paths.append(path)
+    return paths
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="directory for the logs")
+    ap.add_argument("--seed", type=int, default=1234)
+    a = ap.parse_args()
+    for p in write_all(a.out, a.seed):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()
