@@ -294,8 +294,16 @@ absl::Status ParseLine(const json& j, const std::string& where, bool& have_heade
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", st.message()));
   }
   if (!log.steps.empty() && rec.step <= log.steps.back().step) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": step ", rec.step, " is not after step ", log.steps.back().step));
+    // Time moved on but the step numbers went back: a second run of the job
+    // appended to the first (a resume that redoes the steps after its
+    // checkpoint). omni's writers start a new file per run.
+    const bool later_run = rec.start_ns >= log.steps.back().end_ns;
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": step ", rec.step, " is not after step ", log.steps.back().step,
+        later_run ? absl::StrCat(" although it started later: two runs of the job in one file (a "
+                                 "resume redoing steps from its checkpoint?); split the file "
+                                 "before this line and read each run on its own")
+                  : ""));
   }
   if (!log.steps.empty() && rec.start_ns < log.steps.back().start_ns) {
     return absl::InvalidArgumentError(

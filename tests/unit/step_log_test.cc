@@ -128,6 +128,30 @@ TEST(StepLog, AClockThatGoesBackIsRefusedNamingTheLineAndBothSteps) {
   fs::remove(path);
 }
 
+TEST(StepLog, ASecondRunAppendedToTheFirstIsRefusedSayingSoAndWhereToSplit) {
+  // A resumed run that redoes steps 8.. after its predecessor reached 9.
+  const std::string path = TempPath("steplog_two_runs.jsonl");
+  {
+    StepLogHeader h;
+    auto w = StepLogWriter::Open(path, h);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Close().ok());
+    std::ofstream out(path, std::ios::app);
+    out << "{\"type\":\"step\",\"step\":8,\"start_ns\":1000,\"end_ns\":2000,\"spans\":[]}\n";
+    out << "{\"type\":\"step\",\"step\":9,\"start_ns\":2000,\"end_ns\":3000,\"spans\":[]}\n";
+    out << "{\"type\":\"step\",\"step\":8,\"start_ns\":9000,\"end_ns\":9900,\"spans\":[]}\n";
+  }
+  auto log = ReadStepLog(path);
+  ASSERT_FALSE(log.ok());
+  EXPECT_EQ(log.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string m(log.status().message());
+  EXPECT_NE(m.find(path + ":4: step 8 is not after step 9 although it started later: two runs"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("split the file before this line"), std::string::npos) << m;
+  fs::remove(path);
+}
+
 TEST(StepLog, RefusesSpansThatDoNotNest) {
   const std::string path = TempPath("steplog_nest.jsonl");
   {
