@@ -23,6 +23,16 @@ std::string TempPath(const std::string& name) {
   return (fs::temp_directory_path() / (name + "." + std::to_string(::getpid()))).string();
 }
 
+// A log with the default header, then `text` appended as it is.
+void WriteHeaderThen(const std::string& path, const std::string& text) {
+  StepLogHeader h;
+  auto w = StepLogWriter::Open(path, h);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  std::ofstream out(path, std::ios::app);
+  out << text;
+}
+
 TEST(StepLog, RoundTripsHeaderEventsPhasesAndSpans) {
   const std::string path = TempPath("steplog_roundtrip.jsonl");
   StepLogHeader h;
@@ -54,15 +64,9 @@ TEST(StepLog, RoundTripsHeaderEventsPhasesAndSpans) {
 
 TEST(StepLog, ReportsMalformedLinesWithFileAndLine) {
   const std::string path = TempPath("steplog_bad.jsonl");
-  {
-    StepLogHeader h;
-    auto w = StepLogWriter::Open(path, h);
-    ASSERT_TRUE(w.ok());
-    ASSERT_TRUE((*w)->Close().ok());
-    std::ofstream out(path, std::ios::app);
-    out << "{\"type\":\"step\",\"step\":0,\"start_ns\":0,\"end_ns\":10,\"spans\":[]}\n";
-    out << "this is not json\n";
-  }
+  WriteHeaderThen(path,
+                  "{\"type\":\"step\",\"step\":0,\"start_ns\":0,\"end_ns\":10,\"spans\":[]}\n"
+                  "this is not json\n");
   auto log = ReadStepLog(path);
   ASSERT_FALSE(log.ok());
   EXPECT_NE(log.status().message().find(path + ":3"), absl::string_view::npos) << log.status();
@@ -79,14 +83,7 @@ TEST(StepLog, AnUnfinishedLastLineIsLeftOutAndCountedNotAnError) {
       "{\"type\":\"step\",\"step\":0,\"start_ns\":0,\"end_ns\":10,\"spans\":[]}";
   const std::string step1 =
       "{\"type\":\"step\",\"step\":1,\"start_ns\":10,\"end_ns\":20,\"spans\":[]}";
-  const auto write = [&](const std::string& tail) {
-    StepLogHeader h;
-    auto w = StepLogWriter::Open(path, h);
-    ASSERT_TRUE(w.ok());
-    ASSERT_TRUE((*w)->Close().ok());
-    std::ofstream out(path, std::ios::app);
-    out << step0 << "\n" << tail;
-  };
+  const auto write = [&](const std::string& tail) { WriteHeaderThen(path, step0 + "\n" + tail); };
   write(step1.substr(0, 30));
   auto log = ReadStepLog(path);
   ASSERT_TRUE(log.ok()) << log.status();
@@ -110,15 +107,9 @@ TEST(StepLog, AnUnfinishedLastLineIsLeftOutAndCountedNotAnError) {
 // out of order (omni eval reported recall 0 and no window at all).
 TEST(StepLog, AClockThatGoesBackIsRefusedNamingTheLineAndBothSteps) {
   const std::string path = TempPath("steplog_clock_back.jsonl");
-  {
-    StepLogHeader h;
-    auto w = StepLogWriter::Open(path, h);
-    ASSERT_TRUE(w.ok());
-    ASSERT_TRUE((*w)->Close().ok());
-    std::ofstream out(path, std::ios::app);
-    out << "{\"type\":\"step\",\"step\":7,\"start_ns\":5000,\"end_ns\":6000,\"spans\":[]}\n";
-    out << "{\"type\":\"step\",\"step\":8,\"start_ns\":100,\"end_ns\":900,\"spans\":[]}\n";
-  }
+  WriteHeaderThen(path,
+                  "{\"type\":\"step\",\"step\":7,\"start_ns\":5000,\"end_ns\":6000,\"spans\":[]}\n"
+                  "{\"type\":\"step\",\"step\":8,\"start_ns\":100,\"end_ns\":900,\"spans\":[]}\n");
   auto log = ReadStepLog(path);
   ASSERT_FALSE(log.ok());
   EXPECT_EQ(log.status().code(), absl::StatusCode::kInvalidArgument);
@@ -131,16 +122,11 @@ TEST(StepLog, AClockThatGoesBackIsRefusedNamingTheLineAndBothSteps) {
 TEST(StepLog, ASecondRunAppendedToTheFirstIsRefusedSayingSoAndWhereToSplit) {
   // A resumed run that redoes steps 8.. after its predecessor reached 9.
   const std::string path = TempPath("steplog_two_runs.jsonl");
-  {
-    StepLogHeader h;
-    auto w = StepLogWriter::Open(path, h);
-    ASSERT_TRUE(w.ok());
-    ASSERT_TRUE((*w)->Close().ok());
-    std::ofstream out(path, std::ios::app);
-    out << "{\"type\":\"step\",\"step\":8,\"start_ns\":1000,\"end_ns\":2000,\"spans\":[]}\n";
-    out << "{\"type\":\"step\",\"step\":9,\"start_ns\":2000,\"end_ns\":3000,\"spans\":[]}\n";
-    out << "{\"type\":\"step\",\"step\":8,\"start_ns\":9000,\"end_ns\":9900,\"spans\":[]}\n";
-  }
+  WriteHeaderThen(
+      path,
+      "{\"type\":\"step\",\"step\":8,\"start_ns\":1000,\"end_ns\":2000,\"spans\":[]}\n"
+      "{\"type\":\"step\",\"step\":9,\"start_ns\":2000,\"end_ns\":3000,\"spans\":[]}\n"
+      "{\"type\":\"step\",\"step\":8,\"start_ns\":9000,\"end_ns\":9900,\"spans\":[]}\n");
   auto log = ReadStepLog(path);
   ASSERT_FALSE(log.ok());
   EXPECT_EQ(log.status().code(), absl::StatusCode::kInvalidArgument);
