@@ -125,11 +125,12 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       }
     }
   };
-  // Normal steps' lengths (see below): each predicted by the mean of its
-  // residue class (the normal steps' period), the residuals about it pooled
-  // over all classes at quantiles α/4 and 1 − α/4. An event's training work
-  // follows the same rhythm as a normal step's, so its start is predicted
-  // from the class of its own step and spreads like these residuals.
+  // Normal steps' lengths: each predicted by the mean of its residue class
+  // (the normal steps' period), the residuals about it pooled over all
+  // classes at quantiles α/4 and 1 − α/4 (below). An event's training work
+  // follows the same rhythm as a normal step's, so its duration (next) and
+  // its start (the slots, below) are predicted from the class of its own
+  // step, and its start spreads like these residuals.
   SampleSummary normal;
   const int np_period = std::max(dur_period_[static_cast<int>(StepKind::kNormal)], 1);
   std::vector<double> class_sum(static_cast<size_t>(np_period), 0.0);

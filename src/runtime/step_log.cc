@@ -300,9 +300,9 @@ absl::Status ParseLine(const json& j, const std::string& where, bool& have_heade
     const bool later_run = rec.start_ns >= log.steps.back().end_ns;
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": step ", rec.step, " is not after step ", log.steps.back().step,
-        later_run ? absl::StrCat(" although it started later: two runs of the job in one file (a "
-                                 "resume redoing steps from its checkpoint?); split the file "
-                                 "before this line and read each run on its own")
+        later_run ? " although it started later: two runs of the job in one file (a resume "
+                    "redoing steps from its checkpoint?); split the file before this line and "
+                    "read each run on its own"
                   : ""));
   }
   if (!log.steps.empty() && rec.start_ns < log.steps.back().start_ns) {
