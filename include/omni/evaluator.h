@@ -78,6 +78,7 @@ struct OMNI_EXPORT EvaluationReport {
   int64_t windows = 0;
   double claimed_confidence = 0;  // what every window and bound states
   int64_t regime_changes = 0;
+  int64_t transients = 0;  // changes taken back (Forecaster::transients)
   Score total;
   std::array<Score, kNumIdleKinds> by_kind;  // indexed by IdleKind
   BoundScore next_step;

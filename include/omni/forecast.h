@@ -28,8 +28,13 @@
 //  - Regime changes: a step outside its bound by a wide margin suspends
 //    windows until steps fit again; three clear misses on the same side
 //    (beyond the bound by a quarter of its width) start a new regime (older
-//    steps are forgotten); leading steps of a regime more than 3× its median
-//    (compile warm-up) are dropped.
+//    steps are forgotten), and so do 5 clear misses on either side among
+//    the last 20 steps (a changed rhythm); leading steps of a regime more
+//    than 3× its median (compile warm-up) are dropped. When, within 64 steps
+//    of a change from a run of misses, 8 normal steps in a row fit the old
+//    regime's bounds, the change was a transient (a slow spell that
+//    passed): the old history comes back without the steps that missed,
+//    and the change is not counted (transients() counts these).
 //  - Windows are anchored to steps: each has its step, kind, earliest and
 //    latest start, a duration guaranteed once it started and an expected
 //    duration; far-ahead windows keep their length, only their start spreads.
@@ -220,6 +225,7 @@ class OMNI_EXPORT Forecaster {
   const ForecastOptions& options() const;
   int64_t last_step() const;
   int64_t regime_changes() const;  // regimes started after the first
+  int64_t transients() const;      // changes taken back (a slow spell that passed)
 
   class Impl;
 

@@ -280,6 +280,7 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
                      " steps (too few steps in any regime, or the log ends there)"));
   }
   report.regime_changes = forecaster->regime_changes();
+  report.transients = forecaster->transients();
   report.next_step = all_bounds.Score();
   for (int k = 0; k < kNumStepKinds; ++k) report.next_step_by_kind[k] = kind_bounds[k].Score();
   return report;
@@ -294,6 +295,7 @@ std::string EvaluationReport::ToJson() const {
   j["windows"] = windows;
   j["claimed_confidence"] = std::round(claimed_confidence * 1e4) / 1e4;
   j["regime_changes"] = regime_changes;
+  j["transients"] = transients;
   j["total"] = ScoreJson(total);
   const auto num = [](double v) {
     return std::isnan(v) ? json(nullptr) : json(std::round(v * 1e4) / 1e4);
@@ -337,10 +339,12 @@ std::string EvaluationReport::ToTable() const {
     row(std::string(IdleKindName(static_cast<IdleKind>(i))), s);
   }
   row("all", total);
-  absl::StrAppend(&out, absl::StrFormat("claimed confidence %.4f; next-step bounds: coverage %.4f, "
-                                        "median slack %.3f over %d steps; %d regime changes\n",
-                                        claimed_confidence, next_step.coverage(),
-                                        next_step.slack_median, next_step.steps, regime_changes));
+  absl::StrAppend(&out,
+                  absl::StrFormat("claimed confidence %.4f; next-step bounds: coverage %.4f, "
+                                  "median slack %.3f over %d steps; %d regime changes, "
+                                  "%d transients\n",
+                                  claimed_confidence, next_step.coverage(), next_step.slack_median,
+                                  next_step.steps, regime_changes, transients));
   return out;
 }
 

@@ -165,6 +165,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   hist_.push_back(obs);
   if (static_cast<int>(hist_.size()) > opt_.history_steps) hist_.pop_front();
   ++regime_steps_;
+  Transient(obs);
   // Occurrences and learned events, per slot.
   for (int key = 0; key < kNumSlots; ++key) {
     Occurrences& o = occ_[key];
@@ -317,6 +318,14 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
   outlier_ = wide && !suspect_;
   if (run_len_ < 3) return;
   // Three misses on one side: a new regime begins with the missed steps.
+  {
+    std::vector<int64_t> missed{obs.step};
+    for (size_t i = hist_.size() - std::min<size_t>(hist_.size(), run_len_ - 1); i < hist_.size();
+         ++i) {
+      missed.push_back(hist_[i].step);
+    }
+    KeepPriorRegime(obs.step, missed);
+  }
   while (static_cast<int>(hist_.size()) > run_len_ - 1) hist_.pop_front();
   BeginRegime();
 }
@@ -339,13 +348,93 @@ bool Forecaster::Impl::ScatteredMisses() {
       break;
     }
   }
+  prior_.reset();  // a changed rhythm is no slow spell
   while (!hist_.empty() && hist_.front().step < first) hist_.pop_front();
   BeginRegime();
   return true;
 }
 
+namespace {
+
+// A level change (a run of misses on one side) is taken back when this many
+// normal steps in a row fit the old regime's bounds within kTransientSteps
+// of it. A changed rhythm (ScatteredMisses) is not: its steps fit the old
+// bounds in long stretches between the misses.
+constexpr int kTransientFits = 8;
+constexpr int64_t kTransientSteps = 64;
+
+}  // namespace
+
+void Forecaster::Impl::KeepPriorRegime(int64_t at, std::vector<int64_t> missed) {
+  // A second change while the first may still be taken back keeps the first
+  // one's regime (the slow spell was learned, and its end is the change);
+  // Transient judges the steps against that regime's bounds.
+  if (prior_.has_value()) return;
+  int64_t cycle = CycleLength();
+  if (cycle == 0) cycle = std::max(dur_period_[static_cast<int>(StepKind::kNormal)], 1);
+  PriorRegime p;
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  p.bound.assign(static_cast<size_t>(cycle), {kNaN, kNaN});
+  for (int64_t s = last_step_ + 1; s <= last_step_ + cycle; ++s) {
+    double lo = 0, hi = 0;
+    if (KindAt(s) == StepKind::kNormal && MarginalBound(s, lo, hi)) {
+      p.bound[static_cast<size_t>(s % cycle)] = {lo, hi};
+    }
+  }
+  const int64_t first_missed = *std::min_element(missed.begin(), missed.end());
+  for (const StepObs& o : hist_) {
+    if (o.step < first_missed) p.hist.push_back(o);
+  }
+  p.regime_steps = regime_steps_;
+  p.since = at;
+  p.missed = std::move(missed);
+  prior_ = std::move(p);
+}
+
+bool Forecaster::Impl::Transient(const StepObs& obs) {
+  if (!prior_.has_value()) return false;
+  PriorRegime& p = *prior_;
+  if (obs.step - p.since > kTransientSteps) {
+    prior_.reset();
+    return false;
+  }
+  if (obs.kind != StepKind::kNormal) return false;
+  const auto& [lo, hi] =
+      p.bound[static_cast<size_t>(obs.step % static_cast<int64_t>(p.bound.size()))];
+  if (std::isnan(lo)) return false;
+  const auto d = static_cast<double>(obs.duration());
+  if (d < lo || d > hi) {
+    p.fits = 0;
+    p.missed.push_back(obs.step);
+    return false;
+  }
+  if (++p.fits < kTransientFits) return false;
+  // The old regime again: its history, then the steps since that did not
+  // miss its bounds.
+  std::deque<StepObs> merged = std::move(p.hist);
+  for (const StepObs& o : hist_) {
+    if ((merged.empty() || o.step > merged.back().step) &&
+        std::find(p.missed.begin(), p.missed.end(), o.step) == p.missed.end()) {
+      merged.push_back(o);
+    }
+  }
+  while (static_cast<int>(merged.size()) > opt_.history_steps) merged.pop_front();
+  const int64_t steps = p.regime_steps + (obs.step - p.since);
+  hist_ = std::move(merged);
+  prior_.reset();
+  --regimes_;
+  ++transients_;
+  ResetRegimeState();
+  regime_steps_ = steps;
+  return true;
+}
+
 void Forecaster::Impl::BeginRegime() {
   ++regimes_;
+  ResetRegimeState();
+}
+
+void Forecaster::Impl::ResetRegimeState() {
   regime_steps_ = static_cast<int64_t>(hist_.size());
   run_len_ = 0;
   run_side_ = 0;
@@ -439,6 +528,7 @@ absl::StatusOr<StepBound> Forecaster::SaveBound() const { return impl_->SaveBoun
 const ForecastOptions& Forecaster::options() const { return impl_->options(); }
 int64_t Forecaster::last_step() const { return impl_->last_step(); }
 int64_t Forecaster::regime_changes() const { return impl_->regime_changes(); }
+int64_t Forecaster::transients() const { return impl_->transients(); }
 
 absl::StatusOr<FitCheck> Forecaster::FitsBefore(const GuestCost& g, int64_t now_ns,
                                                 int64_t deadline_ns) const {

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <deque>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -30,6 +31,12 @@ struct SampleSummary {
   double lo = 0, hi = 0;  // two-sided quantiles at the stated confidence
   double low_tail = 0;    // one-sided lower quantile (guaranteed length)
   double median = 0, mean = 0, var = 0;
+  // The standard deviation the lower end of a small sample's interval
+  // uses: the lower half's own (√2 × the root mean square below the median,
+  // n − 1 degrees of freedom) where that is smaller than the whole sample's,
+  // so that one long occurrence (an eval that ran late) does not shorten the
+  // length guaranteed for the next one.
+  double sd_lo = 0;
   double spread = 0;                    // q90 − q10 (at least 2% of the median)
   double spread_lo = 0, spread_hi = 0;  // 2·(median − q10), 2·(q90 − median)
 };
@@ -71,6 +78,7 @@ class Forecaster::Impl {
   const ForecastOptions& options() const { return opt_; }
   int64_t last_step() const { return last_step_; }
   int64_t regime_changes() const { return regimes_; }
+  int64_t transients() const { return transients_; }
 
  private:
   struct Occurrences {
@@ -113,6 +121,19 @@ class Forecaster::Impl {
   // reset of every new regime.
   bool ScatteredMisses();
   void BeginRegime();
+  // What a new regime starts without: the detector's runs, the pending
+  // claims; a relearn at the next step.
+  void ResetRegimeState();
+  // Before a regime change cuts the history: the old regime's steps and its
+  // bound of every normal step of one cycle ahead, so that a slow spell that
+  // passes (a noisy neighbour, a throttled core) is taken back (Transient).
+  // `at`: the step that completed the evidence; `missed`: the steps that
+  // missed the old bounds.
+  void KeepPriorRegime(int64_t at, std::vector<int64_t> missed);
+  // After a change: the steps since fit the old regime's bounds again, so
+  // the change was a transient; the old history comes back without the
+  // steps that missed (true: taken back).
+  bool Transient(const StepObs& obs);
   void ScoreClaims(const StepRecord& rec, const StepObs& obs, const PhaseCatalog& catalog);
   void TrimWarmup();
   double GapMean() const;
@@ -139,6 +160,21 @@ class Forecaster::Impl {
   int run_side_ = 0, run_len_ = 0;
   bool suspect_ = false;  // two misses on one side: a regime may be ending
   bool outlier_ = false;  // one step far outside its bound (a stall, a GC)
+  // The regime before the last change, while it may still come back
+  // (KeepPriorRegime): its steps, its normal steps' bounds by step modulo
+  // prior_cycle_ (NaN: no bound), the first step after the change, how many
+  // normal steps in a row have fitted those bounds since, and the steps
+  // that missed them.
+  struct PriorRegime {
+    std::deque<StepObs> hist;
+    int64_t regime_steps = 0;
+    std::vector<std::pair<double, double>> bound;
+    int64_t since = -1;
+    int fits = 0;
+    std::vector<int64_t> missed;
+  };
+  std::optional<PriorRegime> prior_;
+  int64_t transients_ = 0;
   // The last steps judged by CheckRegime: (step, missed its bound clearly).
   std::deque<std::pair<int64_t, bool>> recent_;
   std::array<std::array<int, kNumSlots>, kNumStepKinds> slot_period_{};

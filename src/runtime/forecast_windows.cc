@@ -64,8 +64,13 @@ void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, doubl
   double sum = 0, sq = 0;
   for (const double x : v) sum += x;
   s.mean = sum / n;
-  for (const double x : v) sq += (x - s.mean) * (x - s.mean);
+  double below = 0;
+  for (const double x : v) {
+    sq += (x - s.mean) * (x - s.mean);
+    if (x < s.median) below += (x - s.median) * (x - s.median);
+  }
   s.var = sq / n;
+  if (n > 1) s.sd_lo = std::min(std::sqrt(sq / (n - 1)), std::sqrt(2 * below / (n - 1)));
   const double q10 = QuantileSorted(v, 0.1), q90 = QuantileSorted(v, 0.9);
   const double floor = std::max(0.02 * std::abs(s.median), kMinSpreadNs);
   s.spread = std::max(q90 - q10, floor);
@@ -90,11 +95,18 @@ void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, doubl
   if (n >= 2 / alpha_) return;
   const double prior = n < 5 ? 0.05 * std::abs(scale >= 0 ? scale : s.mean) : 0.0;
   const double sd = std::max(n > 1 ? std::sqrt(sq / (n - 1)) : 0.0, prior);
-  const double half = SmallSampleFactor(z_, n) * sd * std::sqrt(1 + 1 / n);
-  const double one = SmallSampleFactor(z1_, n) * sd * std::sqrt(1 + 1 / n);
-  s.lo = std::min(s.lo, s.mean - half - widen_lo);
-  s.hi = std::max(s.hi, s.mean + half + widen_hi);
-  s.low_tail = std::min(s.low_tail, s.mean - one - widen_lo);
+  // A window's lower end (its guaranteed length) from the lower half of its
+  // sample and the lower of the mean and the median: a long occurrence
+  // moves the mean up and widens the whole sample's spread, not the short
+  // ones'. A duration's interval stays symmetric about the mean.
+  const bool per_side = kind == Spread::kPerSide;
+  const double sd_lo = per_side ? std::max(s.sd_lo, prior) : sd;
+  const double root = std::sqrt(1 + 1 / n);
+  const double centre_lo = per_side ? std::min(s.mean, s.median) : s.mean;
+  s.lo = std::min(s.lo, centre_lo - SmallSampleFactor(z_, n) * sd_lo * root - widen_lo);
+  s.hi = std::max(s.hi, s.mean + SmallSampleFactor(z_, n) * sd * root + widen_hi);
+  s.low_tail =
+      std::min(s.low_tail, centre_lo - SmallSampleFactor(z1_, n) * sd_lo * root - widen_lo);
 }
 
 StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) const {
@@ -291,9 +303,9 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       sl.a.lo = a_mean - std::max(-normal.lo, own);
       sl.a.hi = a_mean + std::max(normal.hi, own) + std::max(wm, 0.0) * sl.a.spread_hi;
       sl.a.mean = sl.a.median = a_mean;
-      const double sd = std::max(np > 1 ? std::sqrt(sl.d.var * np / (np - 1)) : 0.0,
-                                 np < 5 ? 0.05 * sl.d.mean : 0.0);
-      const double low = sl.d.mean - SmallSampleFactor(z_, np) * sd * std::sqrt(1 + 1 / np) -
+      const double sd = std::max(sl.d.sd_lo, np < 5 ? 0.05 * sl.d.mean : 0.0);
+      const double low = std::min(sl.d.mean, sl.d.median) -
+                         SmallSampleFactor(z_, np) * sd * std::sqrt(1 + 1 / np) -
                          std::max(wm, 0.0) * sl.d.spread_lo;
       // The end offsets of occurrences in other residue classes are no
       // sample of this one's when the normal steps have a rhythm.

@@ -389,6 +389,91 @@ TEST(Forecaster, ASlowdownStartsANewRegimeWithinThreeSteps) {
   EXPECT_GT((*b)[0].lo_ns, 95 * kMs);  // learnt from the slow steps only
 }
 
+TEST(Forecaster, ASlowSpellThatPassesIsTakenBackWithWhatItHadLearned) {
+  Forecaster fc = Make(Opts(2000));
+  Jitter j;
+  int64_t t = 0;
+  int i = 0;
+  const auto step = [&](int64_t compute) {
+    const int64_t dw = j(20, 0.05);
+    const StepRecord r = MakeStep(i++, t, dw + compute + 10,
+                                  {{phase::kDataWait, 0, dw},
+                                   {phase::kCompute, dw, dw + compute},
+                                   {phase::kOptimizer, dw + compute, dw + compute + 10}});
+    t += dw + compute + 10;
+    return r;
+  };
+  for (int k = 0; k < 100; ++k) Feed(fc, step(50));
+  // Four steps at more than twice the work (a noisy neighbour), then as
+  // before.
+  for (int k = 0; k < 4; ++k) Feed(fc, step(120));
+  EXPECT_EQ(fc.regime_changes(), 1);
+  for (int k = 0; k < 7; ++k) Feed(fc, step(50));
+  EXPECT_EQ(fc.transients(), 0);  // 7 steps that fit the old regime: not yet
+  Feed(fc, step(50));
+  EXPECT_EQ(fc.regime_changes(), 0);
+  EXPECT_EQ(fc.transients(), 1);
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  // The old 100 steps and the 8 since, not the slow ones.
+  EXPECT_EQ(f->steps_observed, 108);
+  auto b = fc.NextStepBounds(1);
+  ASSERT_TRUE(b.ok());
+  EXPECT_LT((*b)[0].hi_ns, 100 * kMs);
+}
+
+TEST(Forecaster, ASlowdownThatStaysIsNotTakenBack) {
+  Forecaster fc = Make(Opts(2000));
+  Jitter j;
+  int64_t t = 0;
+  for (int i = 0; i < 200; ++i) {
+    const int64_t compute = i < 100 ? 50 : 120;
+    const int64_t dw = j(20, 0.05);
+    Feed(fc, MakeStep(i, t, dw + compute + 10,
+                      {{phase::kDataWait, 0, dw},
+                       {phase::kCompute, dw, dw + compute},
+                       {phase::kOptimizer, dw + compute, dw + compute + 10}}));
+    t += dw + compute + 10;
+  }
+  EXPECT_EQ(fc.regime_changes(), 1);
+  EXPECT_EQ(fc.transients(), 0);
+}
+
+TEST(Forecaster, ALongEvalDoesNotShortenTheNextEvalsGuaranteedLength) {
+  // Ten evals of ~500 ms; the fifth ran 1 s (a slow metrics upload). Before
+  // the guaranteed length of a few events came from the lower half of their
+  // sample, that one long eval cut the next one's to 238 ms.
+  ForecastOptions o = Opts(30'000);
+  o.eval = PeriodicEvent{20, 19, 0};
+  Forecaster fc = Make(o);
+  Jitter j;
+  int64_t t = 0;
+  for (int i = 0; i < 218; ++i) {
+    const int64_t dw = j(20, 0.3);
+    if (i % 20 == 19) {
+      const int64_t c = j(50, 0.05), ev = i == 99 ? 1000 : j(500, 0.02);
+      Feed(fc, MakeStep(i, t, dw + c + ev,
+                        {{phase::kDataWait, 0, dw},
+                         {phase::kCompute, dw, dw + c},
+                         {phase::kEval, dw + c, dw + c + ev}}));
+      t += dw + c + ev;
+    } else {
+      Feed(fc, Step(i, t, dw));
+      t += dw + 60;
+    }
+  }
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok());
+  const IdleWindow* ev = nullptr;
+  for (const IdleWindow& w : f->windows) {
+    if (w.kind == IdleKind::kEval && ev == nullptr) ev = &w;
+  }
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->step, 219);
+  EXPECT_GT(ev->guaranteed_ns, 400 * kMs);
+  EXPECT_LT(ev->guaranteed_ns, 500 * kMs);
+}
+
 TEST(Forecaster, HeavyTailedStepsAreCoveredAtLeastAtTheStatedRate) {
   Forecaster fc = Make(Opts(1000));
   std::mt19937_64 rng(11);
