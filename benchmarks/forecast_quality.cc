@@ -48,6 +48,7 @@ std::vector<Trace> Corpus() {
       // Regressions (tuned on since): a stress test's findings.
       {"rhythm_change.jsonl", {K::kDataStall}},
       {"events_on_rhythm.jsonl", {K::kDataStall, K::kEval, K::kCheckpoint}},
+      {"slow_spells.jsonl", {K::kDataStall, K::kEval}},
       // Held out (tests/data/README.md): not tuned on.
       {"drift.jsonl", {K::kEval}, true},
       {"contention.jsonl", {K::kCheckpoint}, true},

@@ -255,6 +255,22 @@ void AddRegressions(std::map<std::string, Scenario>& m) {
                              return WithEvents(b.Finish(), n, s % 64 == 63, 250, 800,
                                                s % 100 == 99 ? n.LogN(1500, 0.06) : 0.0);
                            }};
+  // Slow spells that pass (a noisy neighbour): steps 300-305 and 620-626 run
+  // 2.2× slower, then as before. A ~150 ms stall every 10th step, an
+  // undeclared eval every 40 (~150 ms forward pass, ~400 ms idle after it);
+  // eval 519's idle part runs twice as long (a slow metrics upload).
+  m["slow_spells"] = {
+      nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+        const bool spell = (s >= 300 && s < 306) || (s >= 620 && s < 627);
+        const double slow = spell ? 2.2 : 1.0;
+        StepBuilder b(s, t);
+        b.Phase(phase::kDataWait, s % 10 == 0 ? n.LogN(150, 0.05) : n.LogN(2, 0.25));
+        b.Phase(phase::kCompute, slow * n.Jit(200, 0.02));
+        b.Phase(phase::kComm, slow * n.Jit(10, 0.05));
+        b.Phase(phase::kOptimizer, slow * n.Jit(8, 0.04));
+        const double idle = s == 519 ? 800 : 400;
+        return WithEvents(b.Finish(), n, s % 40 == 39, 150 * slow, 150 * slow + idle * slow, 0.0);
+      }};
 }
 
 std::map<std::string, Scenario> Scenarios() {
