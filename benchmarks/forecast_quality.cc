@@ -151,9 +151,14 @@ int main(int argc, char** argv) {
         ",\"held_out\":", Bool(t.held_out), ",\"next_step_coverage\":", Num(coverage),
         ",\"next_step_slack_median\":", Num(rep->next_step.slack_median),
         ",\"next_step_slack_floor\":", Num(floor), ",\"regime_changes\":", rep->regime_changes,
-        ",\"goals\":{\"precision\":", Bool(precision_ok), ",\"recall\":",
-        has_recall_goal ? Bool(recall_ok) : "null", ",\"coverage\":", Bool(coverage_ok),
-        ",\"slack\":", Bool(slack_ok), ",\"slack_reachable\":", Bool(floor <= 1.15), "}}"));
+        ",\"transients\":", rep->transients,
+        ",\"notice_precision\":", Num(rep->notices.total.precision()),
+        ",\"notice_recall\":", Num(rep->notices.total.recall()),
+        ",\"combined_precision\":", Num(rep->combined_total.precision()), ",\"combined_recall\":",
+        Num(rep->combined_total.recall()), ",\"goals\":{\"precision\":", Bool(precision_ok),
+        ",\"recall\":", has_recall_goal ? Bool(recall_ok) : "null",
+        ",\"coverage\":", Bool(coverage_ok), ",\"slack\":", Bool(slack_ok),
+        ",\"slack_reachable\":", Bool(floor <= 1.15), "}}"));
   }
   std::printf(
       "corpus: %d of %d goals met (%d missed slack goals below their trace's floor); held out: "

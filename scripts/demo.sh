@@ -21,7 +21,8 @@ echo "== the forecast the runtime made one step before the last eval (omni forec
 echo "== forecast quality, replayed on this run's step log (omni eval) =="
 echo "   (a window counts from the moment it opens for its guaranteed length, as a guest"
 echo "    acting on the window-open notice uses it; the shard fetches are every 10th step,"
-echo "    the evals every 40th; the video-clip stalls are random and not claimable)"
+echo "    the evals every 40th; the video-clip stalls are random and not claimable;"
+echo "    then the live notices a guest reading them every 0.5 ms was given, and the two together)"
 "$BUILD/bin/omni" eval "$OUT/steps.jsonl"
 echo
 echo "== the last 60 steps as a picture: real idle time against forecast windows (omni plot) =="

@@ -33,6 +33,18 @@ namespace omni {
 
 enum class Scoring { kLive, kHorizon };
 
+// How Evaluate replays the live window notices (omni/window_channel.h): the
+// telemetry's defaults (TelemetryOptions::window_confidence,
+// window_min_samples, StatsOptions::window) and a guest that reads the
+// remaining duration every `poll_ns` while a window is open (the co-location
+// guest's ChannelSourceOptions::poll).
+struct NoticeReplayOptions {
+  double confidence = 0.95;
+  int min_samples = 3;
+  int window = 200;
+  int64_t poll_ns = 500'000;
+};
+
 struct EvaluateOptions {
   // Events default to the log header's. `omni eval --window N` sets
   // forecast.history_steps (the steps of the current regime it learns from).
@@ -40,6 +52,7 @@ struct EvaluateOptions {
   bool events_from_header = true;
   int stride_steps = 1;  // forecast at every stride-th boundary
   Scoring scoring = Scoring::kLive;
+  NoticeReplayOptions notices;
 };
 
 // The time a published window lets a guest use, as Evaluate scores it: its
@@ -83,6 +96,27 @@ struct OMNI_EXPORT EvaluationReport {
   std::array<Score, kNumIdleKinds> by_kind;  // indexed by IdleKind
   BoundScore next_step;
   std::array<BoundScore, kNumStepKinds> next_step_by_kind;  // indexed by StepKind
+  // The live notices replayed: at each window of an idle phase in the log,
+  // the remaining durations a guest reading every NoticeReplayOptions::poll_ns
+  // was told (from the windows measured before that step), each used to its
+  // end. forecast_ns is the claimed time, forecast_true_ns the part of it
+  // inside the window; real_ns the windows' time (the gaps between steps
+  // have no notices). first_claims: windows whose notice at the open
+  // claimed a remaining duration; first_claims_held: ... that lasted it.
+  struct NoticeScore {
+    Score total;
+    std::array<Score, kNumIdleKinds> by_kind;
+    int64_t first_claims = 0;
+    int64_t first_claims_held = 0;
+  };
+  NoticeReplayOptions notice_options;
+  NoticeScore notices;
+  // A guest acting on both: each forecast window's claim (as scored above)
+  // and the notices' claims, their union, over the logged time from the
+  // first forecast on. by_kind: the precision of each kind's claims, the
+  // recall of each kind's real idle time by any claim.
+  Score combined_total;
+  std::array<Score, kNumIdleKinds> combined_by_kind;
 
   std::string ToJson() const;
   std::string ToTable() const;

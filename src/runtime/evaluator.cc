@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "notice_replay.h"
 #include "step_slots.h"
 
 namespace omni {
@@ -44,6 +45,73 @@ void ForEachOverlap(const Interval* x, size_t nx, const Interval* y, size_t ny, 
     } else {
       ++j;
     }
+  }
+}
+
+// Sorts `v` and merges overlapping or touching intervals (the kind of the
+// first of each merged run is kept).
+void MergeInPlace(std::vector<Interval>& v) {
+  std::sort(v.begin(), v.end(), [](const Interval& x, const Interval& y) { return x.a < y.a; });
+  size_t n = 0;
+  for (size_t k = 0; k < v.size(); ++k) {
+    if (n > 0 && v[k].a <= v[n - 1].b) {
+      v[n - 1].b = std::max(v[n - 1].b, v[k].b);
+    } else {
+      v[n++] = v[k];
+    }
+  }
+  v.resize(n);
+}
+
+// A guest acting on both the forecasts' windows and the live notices: the
+// union of their claims, scored against the real idle time from `from` on.
+void ScoreCombined(const std::vector<Interval>& forecast_claims,
+                   const std::vector<NoticeClaim>& notice_claims,
+                   const std::vector<Interval>& truth, const std::vector<Interval>& known,
+                   int64_t from, EvaluationReport& report) {
+  std::vector<Interval> claims = forecast_claims;
+  for (const NoticeClaim& c : notice_claims) {
+    if (c.end_ns > from) claims.push_back({std::max(c.start_ns, from), c.end_ns, c.kind});
+  }
+  // Only known time is scored.
+  std::vector<Interval> merged_known = known;
+  MergeInPlace(merged_known);
+  std::array<std::vector<Interval>, kNumIdleKinds> by_kind;
+  std::vector<Interval> all;
+  for (const Interval& c : claims) {
+    std::vector<Interval> one{c};
+    ForEachOverlap(one.data(), 1, merged_known.data(), merged_known.size(),
+                   [&](size_t, size_t ki, int64_t) {
+                     const Interval x{std::max(c.a, merged_known[ki].a),
+                                      std::min(c.b, merged_known[ki].b), c.kind};
+                     by_kind[static_cast<int>(c.kind)].push_back(x);
+                     all.push_back(x);
+                   });
+  }
+  std::vector<Interval> real;
+  for (const Interval& t : truth) {
+    if (t.b > from) real.push_back({std::max(t.a, from), t.b, t.kind});
+  }
+  MergeInPlace(all);
+  EvaluationReport::Score& total = report.combined_total;
+  for (const Interval& c : all) total.forecast_ns += c.b - c.a;
+  for (const Interval& r : real) {
+    total.real_ns += r.b - r.a;
+    report.combined_by_kind[static_cast<int>(r.kind)].real_ns += r.b - r.a;
+  }
+  ForEachOverlap(all.data(), all.size(), real.data(), real.size(),
+                 [&](size_t, size_t ri, int64_t len) {
+                   total.forecast_true_ns += len;
+                   total.real_covered_ns += len;
+                   report.combined_by_kind[static_cast<int>(real[ri].kind)].real_covered_ns += len;
+                 });
+  for (int k = 0; k < kNumIdleKinds; ++k) {
+    std::vector<Interval>& v = by_kind[k];
+    MergeInPlace(v);
+    EvaluationReport::Score& s = report.combined_by_kind[k];
+    for (const Interval& c : v) s.forecast_ns += c.b - c.a;
+    ForEachOverlap(v.data(), v.size(), real.data(), real.size(),
+                   [&](size_t, size_t, int64_t len) { s.forecast_true_ns += len; });
   }
 }
 
@@ -194,6 +262,8 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
   std::array<BoundTally, kNumStepKinds> kind_bounds;
   int64_t ready = 0;
   std::vector<Interval> wins, clipped, real;
+  std::vector<Interval> forecast_claims;  // every forecast's, for the combined score
+  int64_t scored_from = -1;
   const size_t stride = static_cast<size_t>(options.stride_steps);
   for (size_t i = 0; i < log.steps.size(); ++i) {
     const StepRecord& rec = log.steps[i];
@@ -251,6 +321,8 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
                                         std::min(wins[wi].b, known[ki].b), wins[wi].kind});
                    });
     report.windows += static_cast<int64_t>(clipped.size());
+    if (scored_from < 0) scored_from = now;
+    forecast_claims.insert(forecast_claims.end(), clipped.begin(), clipped.end());
     // Truth intervals overlapping [now, end), clipped.
     auto first = std::lower_bound(truth.begin(), truth.end(), now,
                                   [](const Interval& iv, int64_t t) { return iv.b <= t; });
@@ -281,6 +353,10 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
   }
   report.regime_changes = forecaster->regime_changes();
   report.transients = forecaster->transients();
+  report.notice_options = options.notices;
+  std::vector<NoticeClaim> notice_claims;
+  report.notices = ReplayNotices(log, options.notices, &notice_claims);
+  ScoreCombined(forecast_claims, notice_claims, truth, known, scored_from, report);
   report.next_step = all_bounds.Score();
   for (int k = 0; k < kNumStepKinds; ++k) report.next_step_by_kind[k] = kind_bounds[k].Score();
   return report;
@@ -319,6 +395,27 @@ std::string EvaluationReport::ToJson() const {
     k[std::string(IdleKindName(static_cast<IdleKind>(i)))] = ScoreJson(s);
   }
   j["by_kind"] = std::move(k);
+  json nb = json::object();
+  for (int i = 1; i < kNumIdleKinds; ++i) {
+    const Score& s = notices.by_kind[i];
+    if (s.forecast_ns == 0 && s.real_ns == 0) continue;
+    nb[std::string(IdleKindName(static_cast<IdleKind>(i)))] = ScoreJson(s);
+  }
+  j["notices"] = {{"confidence", notice_options.confidence},
+                  {"min_samples", notice_options.min_samples},
+                  {"window", notice_options.window},
+                  {"poll_ms", static_cast<double>(notice_options.poll_ns) / 1e6},
+                  {"first_claims", notices.first_claims},
+                  {"first_claims_held", notices.first_claims_held},
+                  {"total", ScoreJson(notices.total)},
+                  {"by_kind", std::move(nb)}};
+  json cb = json::object();
+  for (int i = 1; i < kNumIdleKinds; ++i) {
+    const Score& s = combined_by_kind[i];
+    if (s.forecast_ns == 0 && s.real_ns == 0) continue;
+    cb[std::string(IdleKindName(static_cast<IdleKind>(i)))] = ScoreJson(s);
+  }
+  j["combined"] = {{"total", ScoreJson(combined_total)}, {"by_kind", std::move(cb)}};
   return j.dump();
 }
 
@@ -339,6 +436,26 @@ std::string EvaluationReport::ToTable() const {
     row(std::string(IdleKindName(static_cast<IdleKind>(i))), s);
   }
   row("all", total);
+  absl::StrAppend(&out,
+                  absl::StrFormat("live notices (remaining duration at %.2f, read every %.1f ms "
+                                  "while a window is open):\n",
+                                  notice_options.confidence,
+                                  static_cast<double>(notice_options.poll_ns) / 1e6));
+  for (int i = 1; i < kNumIdleKinds; ++i) {
+    const Score& s = notices.by_kind[i];
+    if (s.forecast_ns == 0) continue;
+    row(std::string(IdleKindName(static_cast<IdleKind>(i))), s);
+  }
+  absl::StrAppend(&out, absl::StrFormat("  the claim at the open held in %d of %d windows\n",
+                                        notices.first_claims_held, notices.first_claims));
+  absl::StrAppend(&out,
+                  "a guest acting on both (the union of the windows' and the notices' claims):\n");
+  for (int i = 1; i < kNumIdleKinds; ++i) {
+    const Score& s = combined_by_kind[i];
+    if (s.forecast_ns == 0 && s.real_ns == 0) continue;
+    row(std::string(IdleKindName(static_cast<IdleKind>(i))), s);
+  }
+  row("all", combined_total);
   absl::StrAppend(&out,
                   absl::StrFormat("claimed confidence %.4f; next-step bounds: coverage %.4f, "
                                   "median slack %.3f over %d steps; %d regime changes, "

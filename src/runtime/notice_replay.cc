@@ -1,0 +1,98 @@
+#include "notice_replay.h"
+
+#include <algorithm>
+#include <deque>
+#include <vector>
+
+#include "omni/window_channel.h"
+
+namespace omni {
+
+namespace {
+
+// One window's claims: a read at elapsed 0, then every `poll` (and at the
+// last poll before each claim's end, where a later read would only extend
+// it: the claimed end never falls as the elapsed time grows) until the
+// window closed. Adds the claimed time and the part of it inside the window.
+// The claimed stretches go to `claims` (if any) from `origin` (the open).
+void ScoreWindow(const DurationQuantiles& q, int64_t origin, int64_t duration, IdleKind kind,
+                 const NoticeReplayOptions& o, EvaluationReport::Score& s,
+                 EvaluationReport::NoticeScore& out, std::vector<NoticeClaim>* claims) {
+  int64_t e = 0, covered_to = 0;
+  bool first = true;
+  while (e < duration) {
+    const int64_t r = RemainingGivenElapsed(q, e, o.confidence);
+    if (first && r > 0) {
+      ++out.first_claims;
+      if (duration >= r) ++out.first_claims_held;
+    }
+    first = false;
+    int64_t next = e + o.poll_ns;
+    if (r > 0) {
+      const int64_t end = e + r;
+      const int64_t from = std::max(e, covered_to);
+      if (end > from) {
+        s.forecast_ns += end - from;
+        s.forecast_true_ns += std::max<int64_t>(std::min(end, duration) - from, 0);
+        s.real_covered_ns += std::max<int64_t>(std::min(end, duration) - from, 0);
+        if (claims != nullptr) {
+          if (!claims->empty() && claims->back().end_ns == origin + from) {
+            claims->back().end_ns = origin + end;
+          } else {
+            claims->push_back({origin + from, origin + end, kind});
+          }
+        }
+        covered_to = end;
+      }
+      next = std::max(next, end - (end - e) % o.poll_ns);
+    }
+    e = next;
+  }
+}
+
+}  // namespace
+
+EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeReplayOptions& o,
+                                            std::vector<NoticeClaim>* claims) {
+  EvaluationReport::NoticeScore out;
+  const PhaseCatalog& catalog = log.header.phases;
+  std::vector<std::deque<double>> seen(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals);
+  const auto slot = [&](const PhaseWindow& w) -> std::deque<double>& {
+    return seen[static_cast<size_t>(w.phase) * kMaxWindowOrdinals + static_cast<size_t>(w.ordinal)];
+  };
+  std::vector<PhaseWindow> windows;
+  for (const StepRecord& rec : log.steps) {
+    windows.clear();
+    ForEachPhaseWindow(rec, catalog, [&](const PhaseWindow& w) { windows.push_back(w); });
+    for (const PhaseWindow& w : windows) {
+      const IdleKind kind = catalog.idle_kind(w.phase);
+      if (kind == IdleKind::kNone) continue;
+      const int64_t d = w.end_ns - w.start_ns;
+      EvaluationReport::Score& s = out.by_kind[static_cast<int>(kind)];
+      s.real_ns += d;
+      if (w.ordinal >= kMaxWindowOrdinals) continue;  // no claim past the fourth
+      const std::deque<double>& past = slot(w);
+      if (static_cast<int>(past.size()) < o.min_samples) continue;
+      ScoreWindow(QuantilesOf(std::vector<double>(past.begin(), past.end())), w.start_ns, d, kind,
+                  o, s, out, claims);
+    }
+    if (rec.spans_truncated) continue;  // not all its windows are there
+    for (const PhaseWindow& w : windows) {
+      if (w.ordinal >= kMaxWindowOrdinals || catalog.idle_kind(w.phase) == IdleKind::kNone) {
+        continue;
+      }
+      std::deque<double>& past = slot(w);
+      past.push_back(static_cast<double>(w.end_ns - w.start_ns));
+      if (static_cast<int>(past.size()) > o.window) past.pop_front();
+    }
+  }
+  for (const EvaluationReport::Score& s : out.by_kind) {
+    out.total.forecast_ns += s.forecast_ns;
+    out.total.forecast_true_ns += s.forecast_true_ns;
+    out.total.real_ns += s.real_ns;
+    out.total.real_covered_ns += s.real_covered_ns;
+  }
+  return out;
+}
+
+}  // namespace omni

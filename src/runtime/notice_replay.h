@@ -1,0 +1,29 @@
+// Replays the live window notices a guest on the same host would have read
+// from a step log, and scores the remaining durations they stated. Private
+// to omni_core (Evaluate calls it).
+//
+// Thread safety: a pure function.
+#pragma once
+
+#include <vector>
+
+#include "omni/evaluator.h"
+
+namespace omni {
+
+// The window durations a (phase, ordinal) had before each step (the
+// telemetry worker's tables: the last `window` windows, none below
+// `min_samples`), and at each window of the log a guest that reads the
+// remaining duration at the window's open and every `poll` after while it
+// is open, using each claim to its end. Scores the union of the claims
+// against the window, per idle kind.
+// `claims` (may be null): the claimed stretches in the log's time, per
+// window in time order (a stretch may run past its window's close).
+struct NoticeClaim {
+  int64_t start_ns = 0, end_ns = 0;
+  IdleKind kind = IdleKind::kNone;
+};
+EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeReplayOptions& o,
+                                            std::vector<NoticeClaim>* claims);
+
+}  // namespace omni
