@@ -441,7 +441,31 @@ absl::StatusOr<BoundaryDecision> RuntimeImpl::AgreeOnStop(int64_t step,
     stop_ = std::make_unique<StopCoordinator>(*stop_store_);
     stop_generation_ = gen.number;
   }
-  return stop_->AtBoundary(step, local);
+  // The agreement is read from the store like the membership is: a
+  // transient error is retried for store_retry (an answer is idempotent:
+  // the stop key is created once), and a store that stays unreachable is a
+  // store failure, so that this replica saves alone (OnGroupError) instead
+  // of failing: the store's server may have died with its replica, and this
+  // read can come before the membership's heartbeat notices.
+  const absl::Duration retry = o_.elastic.membership.store_retry;
+  const int64_t until = NowNs() + absl::ToInt64Nanoseconds(retry);
+  absl::Duration backoff = absl::Milliseconds(10);
+  for (;;) {
+    absl::StatusOr<BoundaryDecision> d = stop_->AtBoundary(step, local);
+    const absl::Status& st = d.status();
+    if (st.ok() || !(absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) ||
+                     absl::IsAborted(st) || absl::IsNotFound(st))) {
+      return d;
+    }
+    if (absl::Status latched = group_->membership().StoreFailure(); !latched.ok()) return latched;
+    if (NowNs() >= until) {
+      return MarkStoreFailure(absl::UnavailableError(
+          absl::StrCat("store unreachable for ", absl::FormatDuration(retry),
+                       " (the stop agreement of generation ", gen.number, "): ", st.message())));
+    }
+    o_.clock->SleepUntil(NowNs() + absl::ToInt64Nanoseconds(backoff));
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  }
 }
 
 absl::StatusOr<Decision> RuntimeImpl::EndStep() {

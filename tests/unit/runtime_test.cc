@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +24,7 @@
 #include "auto_advance.h"
 #include "omni/config.h"
 #include "omni/state.h"
+#include "omni/store.h"
 #include "temp_dir.h"
 
 namespace omni {
@@ -562,6 +564,96 @@ TEST(RuntimeElastic, ANoticeToOneReplicaStopsAllAtOneAgreedBoundaryWithASave) {
   }
   EXPECT_LT(out[0].final_step, 10);
   EXPECT_TRUE(log.Has("agreed stop after step"));
+}
+
+// A store whose reads and writes of the stop agreement (keys under
+// "/stop/") fail with Unavailable while `failing` is set, as a TCP store
+// whose server died answers ("Connection reset by peer"): the fault is
+// injected on the one path the membership does not cover; the rest goes to
+// a real FileStore.
+class StopKeysFail final : public Store {
+ public:
+  explicit StopKeysFail(std::unique_ptr<Store> inner) : inner_(std::move(inner)) {}
+  std::atomic<int> failing{0};  // > 0: fail that many more calls; -1: for ever
+  std::atomic<int> failed{0};
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    if (auto st = Fault(key); !st.ok()) return st;
+    return inner_->Set(key, value);
+  }
+  absl::StatusOr<std::optional<std::string>> TryGet(const std::string& key) override {
+    if (auto st = Fault(key); !st.ok()) return st;
+    return inner_->TryGet(key);
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    if (auto st = Fault(key); !st.ok()) return st;
+    return inner_->Add(key, delta);
+  }
+  absl::StatusOr<std::string> CompareAndSet(const std::string& key, const std::string& expected,
+                                            const std::string& desired) override {
+    if (auto st = Fault(key); !st.ok()) return st;
+    return inner_->CompareAndSet(key, expected, desired);
+  }
+  absl::StatusOr<bool> Delete(const std::string& key) override {
+    if (auto st = Fault(key); !st.ok()) return st;
+    return inner_->Delete(key);
+  }
+
+ private:
+  absl::Status Fault(const std::string& key) {
+    if (!absl::StrContains(key, "/stop/")) return absl::OkStatus();
+    int f = failing.load();
+    while (f != 0) {
+      if (f < 0 || failing.compare_exchange_weak(f, f - 1)) {
+        ++failed;
+        return absl::UnavailableError("TcpStore: read of key '" + key +
+                                      "': Connection reset by peer");
+      }
+    }
+    return absl::OkStatus();
+  }
+  std::unique_ptr<Store> inner_;
+};
+
+TEST(RuntimeElastic, TheStopAgreementRetriesABlipAndSavesWhenTheStoreStaysUnreachable) {
+  // Before (2026-12-03): the stop key's read error was returned as it was,
+  // and a replica whose store server died exited 1 without a save whenever
+  // that read came before the membership's heartbeat noticed
+  // (test_store_failure.py, once in a loaded run).
+  TempDir dir;
+  FakeClock clock;
+  AutoAdvance advance(clock);
+  Log log;
+  absl::StatusOr<std::unique_ptr<Store>> file = OpenStore("file://" + (dir / "store"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  StopKeysFail store(*std::move(file));
+  RuntimeOptions o = Replica(dir, &clock, &log, 0, 1, 1, false);
+  o.store = &store;
+  o.elastic.membership.store_retry = absl::Seconds(2);
+  Model m;
+  absl::StatusOr<std::unique_ptr<Runtime>> created = Runtime::Create(std::move(o));
+  ASSERT_TRUE(created.ok()) << created.status();
+  Runtime& rt = **created;
+  ASSERT_TRUE(rt.Register("model", &m.state).ok());
+  ASSERT_TRUE(rt.Start().ok());
+  Decision last;
+  while (rt.step() < 40) {
+    if (rt.step() == 5) store.failing = 3;    // a blip: retried, training goes on
+    if (rt.step() == 20) store.failing = -1;  // for good
+    ASSERT_TRUE(rt.BeginStep().ok());
+    float g = static_cast<float>(rt.step());
+    if (rt.AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok()) m.Train(g);
+    absl::StatusOr<Decision> d = rt.EndStep();
+    ASSERT_TRUE(d.ok()) << "step " << rt.step() << ": " << d.status();
+    last = *d;
+    if (d->kind == Decision::kSaveAndExit) break;
+  }
+  EXPECT_EQ(last.kind, Decision::kSaveAndExit);
+  EXPECT_EQ(last.exit_code, kExitPreempted);
+  EXPECT_EQ(last.saved_step, 21);
+  EXPECT_GE(store.failed.load(), 4);
+  EXPECT_TRUE(log.Has("store unreachable for 2s (the stop agreement"));
+  EXPECT_TRUE(rt.Finish().ok());
 }
 
 TEST(RuntimeElastic, AGracefulLeaveLetsTheOthersGoOnReconfigured) {
