@@ -103,6 +103,11 @@ def test_evaluate_scores_the_forecasts_of_a_step_log(make_telemetry, clock, tmp_
     assert report["windows"] > 0
     assert report["total"]["precision"] == 1.0  # perfectly regular steps
     assert "data_stall" in report["by_kind"]
+    # The live notices a guest would have read, and the union with the windows.
+    assert report["notices"]["confidence"] == 0.95
+    assert report["notices"]["first_claims"] > 0
+    assert report["notices"]["total"]["precision"] == 1.0
+    assert report["combined"]["total"]["precision"] == 1.0
     with pytest.raises(ValueError, match="stride"):
         omni.evaluate(log_path, stride=0)
     with pytest.raises(ValueError, match="horizon_s"):
