@@ -302,17 +302,7 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
     }
     // In time order, overlaps merged (a window's guaranteed part may reach
     // into the next window's sure part).
-    std::sort(wins.begin(), wins.end(),
-              [](const Interval& x, const Interval& y) { return x.a < y.a; });
-    size_t merged = 0;
-    for (size_t k = 0; k < wins.size(); ++k) {
-      if (merged > 0 && wins[k].a <= wins[merged - 1].b) {
-        wins[merged - 1].b = std::max(wins[merged - 1].b, wins[k].b);
-      } else {
-        wins[merged++] = wins[k];
-      }
-    }
-    wins.resize(merged);
+    MergeInPlace(wins);
     // Only known time is scored.
     clipped.clear();
     ForEachOverlap(wins.data(), wins.size(), known.data(), known.size(),

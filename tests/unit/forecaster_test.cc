@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -137,16 +138,16 @@ TEST(Forecaster, NoiseDoesNotBuyASpuriousPeriod) {
   }
 }
 
-TEST(Forecaster, ACertainEvalFarAheadKeepsItsFullLength) {
-  ForecastOptions o = Opts(30'000);
-  o.eval = PeriodicEvent{50, 49, 0};
-  Forecaster fc = Make(o);
+// Feeds `n` steps; every `every`-th (offset every − 1) runs an eval of
+// eval_ms(step, jitter) after its training work. Returns the end (ms).
+int64_t FeedWithEvals(Forecaster& fc, int n, int every,
+                      const std::function<int64_t(int, Jitter&)>& eval_ms) {
   Jitter j;
   int64_t t = 0;
-  for (int i = 0; i < 105; ++i) {
+  for (int i = 0; i < n; ++i) {
     const int64_t dw = j(20, 0.3), c = j(50, 0.05);
-    if (i % 50 == 49) {
-      const int64_t ev = j(500, 0.02);
+    if (i % every == every - 1) {
+      const int64_t ev = eval_ms(i, j);
       Feed(fc, MakeStep(i, t, dw + c + ev,
                         {{phase::kDataWait, 0, dw},
                          {phase::kCompute, dw, dw + c},
@@ -157,12 +158,24 @@ TEST(Forecaster, ACertainEvalFarAheadKeepsItsFullLength) {
       t += dw + 60;
     }
   }
+  return t;
+}
+
+const IdleWindow* FirstOfKind(const Forecast& f, IdleKind kind) {
+  for (const IdleWindow& w : f.windows) {
+    if (w.kind == kind) return &w;
+  }
+  return nullptr;
+}
+
+TEST(Forecaster, ACertainEvalFarAheadKeepsItsFullLength) {
+  ForecastOptions o = Opts(30'000);
+  o.eval = PeriodicEvent{50, 49, 0};
+  Forecaster fc = Make(o);
+  const int64_t t = FeedWithEvals(fc, 105, 50, [](int, Jitter& j) { return j(500, 0.02); });
   auto f = fc.Predict(t * kMs);
   ASSERT_TRUE(f.ok());
-  const IdleWindow* ev = nullptr;
-  for (const IdleWindow& w : f->windows) {
-    if (w.kind == IdleKind::kEval && ev == nullptr) ev = &w;
-  }
+  const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
   ASSERT_NE(ev, nullptr);
   EXPECT_EQ(ev->step, 149);  // 44 steps ahead
   EXPECT_EQ(ev->phase, "eval");
@@ -442,32 +455,15 @@ TEST(Forecaster, ASlowdownThatStaysIsNotTakenBack) {
 TEST(Forecaster, ALongEvalDoesNotShortenTheNextEvalsGuaranteedLength) {
   // Ten evals of ~500 ms; the fifth ran 1 s (a slow metrics upload). Before
   // the guaranteed length of a few events came from the lower half of their
-  // sample, that one long eval cut the next one's to 238 ms.
+  // sample, that one long eval cut the next one's to 242 ms.
   ForecastOptions o = Opts(30'000);
   o.eval = PeriodicEvent{20, 19, 0};
   Forecaster fc = Make(o);
-  Jitter j;
-  int64_t t = 0;
-  for (int i = 0; i < 218; ++i) {
-    const int64_t dw = j(20, 0.3);
-    if (i % 20 == 19) {
-      const int64_t c = j(50, 0.05), ev = i == 99 ? 1000 : j(500, 0.02);
-      Feed(fc, MakeStep(i, t, dw + c + ev,
-                        {{phase::kDataWait, 0, dw},
-                         {phase::kCompute, dw, dw + c},
-                         {phase::kEval, dw + c, dw + c + ev}}));
-      t += dw + c + ev;
-    } else {
-      Feed(fc, Step(i, t, dw));
-      t += dw + 60;
-    }
-  }
+  const int64_t t = FeedWithEvals(
+      fc, 218, 20, [](int i, Jitter& j) { return i == 99 ? int64_t{1000} : j(500, 0.02); });
   auto f = fc.Predict(t * kMs);
   ASSERT_TRUE(f.ok());
-  const IdleWindow* ev = nullptr;
-  for (const IdleWindow& w : f->windows) {
-    if (w.kind == IdleKind::kEval && ev == nullptr) ev = &w;
-  }
+  const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
   ASSERT_NE(ev, nullptr);
   EXPECT_EQ(ev->step, 219);
   EXPECT_GT(ev->guaranteed_ns, 400 * kMs);
