@@ -122,9 +122,11 @@ struct OMNI_EXPORT EvaluationReport {
   std::string ToTable() const;
 };
 
-// InvalidArgument for bad options, an empty log, or a step that starts before
-// the previous one started (the clock went back); FailedPrecondition when no
-// forecast could be made (too few steps in any regime).
+// InvalidArgument for bad options (stride_steps, the notices' confidence
+// outside (0, 1), a non-positive min_samples, window or poll_ns), an empty
+// log, or a step that starts before the previous one started (the clock went
+// back); FailedPrecondition when no forecast could be made (too few steps in
+// any regime).
 OMNI_EXPORT absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log,
                                                       const EvaluateOptions& options);
 

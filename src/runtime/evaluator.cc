@@ -205,6 +205,16 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
     return absl::InvalidArgumentError(
         absl::StrCat("stride_steps must be positive, got ", options.stride_steps));
   }
+  const NoticeReplayOptions& n = options.notices;
+  if (!(n.confidence > 0 && n.confidence < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("notices.confidence must be in (0, 1), got ", n.confidence));
+  }
+  if (n.min_samples < 1 || n.window < 1 || n.poll_ns <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "notices.min_samples, notices.window and notices.poll_ns must be positive, got ",
+        n.min_samples, ", ", n.window, " and ", n.poll_ns));
+  }
   if (log.steps.empty()) return absl::InvalidArgumentError("step log has no steps");
   for (size_t i = 1; i < log.steps.size(); ++i) {
     if (log.steps[i].start_ns < log.steps[i - 1].start_ns) {  // (ReadStepLog refuses it too)

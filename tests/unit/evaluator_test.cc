@@ -149,6 +149,18 @@ TEST(Evaluator, RejectsBadOptionsAndEmptyLogs) {
   // Too few steps for any forecast.
   EXPECT_EQ(Evaluate(Deterministic(4), Opts()).status().code(),
             absl::StatusCode::kFailedPrecondition);
+  // The notices' replay: a guest that never re-reads would loop for ever.
+  EvaluateOptions no_poll = Opts();
+  no_poll.notices.poll_ns = 0;
+  absl::StatusOr<EvaluationReport> r = Evaluate(Deterministic(50), no_poll);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("notices.poll_ns"), std::string::npos) << r.status();
+  EvaluateOptions sure = Opts();
+  sure.notices.confidence = 1.0;
+  r = Evaluate(Deterministic(50), sure);
+  EXPECT_NE(r.status().message().find("notices.confidence must be in (0, 1), got 1"),
+            std::string::npos)
+      << r.status();
 }
 
 }  // namespace
