@@ -69,24 +69,26 @@ void ScoreCombined(const std::vector<Interval>& forecast_claims,
                    const std::vector<NoticeClaim>& notice_claims,
                    const std::vector<Interval>& truth, const std::vector<Interval>& known,
                    int64_t from, EvaluationReport& report) {
-  std::vector<Interval> claims = forecast_claims;
-  for (const NoticeClaim& c : notice_claims) {
-    if (c.end_ns > from) claims.push_back({std::max(c.start_ns, from), c.end_ns, c.kind});
-  }
-  // Only known time is scored.
-  std::vector<Interval> merged_known = known;
-  MergeInPlace(merged_known);
+  // Each kind's claims merged, then cut to known time (`known` is sorted
+  // and disjoint); `all`: every kind's together.
   std::array<std::vector<Interval>, kNumIdleKinds> by_kind;
+  for (const Interval& c : forecast_claims) by_kind[static_cast<int>(c.kind)].push_back(c);
+  for (const NoticeClaim& c : notice_claims) {
+    if (c.end_ns > from) {
+      by_kind[static_cast<int>(c.kind)].push_back({std::max(c.start_ns, from), c.end_ns, c.kind});
+    }
+  }
   std::vector<Interval> all;
-  for (const Interval& c : claims) {
-    std::vector<Interval> one{c};
-    ForEachOverlap(one.data(), 1, merged_known.data(), merged_known.size(),
-                   [&](size_t, size_t ki, int64_t) {
-                     const Interval x{std::max(c.a, merged_known[ki].a),
-                                      std::min(c.b, merged_known[ki].b), c.kind};
-                     by_kind[static_cast<int>(c.kind)].push_back(x);
-                     all.push_back(x);
-                   });
+  for (std::vector<Interval>& v : by_kind) {
+    MergeInPlace(v);
+    std::vector<Interval> cut;
+    ForEachOverlap(
+        v.data(), v.size(), known.data(), known.size(), [&](size_t vi, size_t ki, int64_t) {
+          cut.push_back(
+              {std::max(v[vi].a, known[ki].a), std::min(v[vi].b, known[ki].b), v[vi].kind});
+        });
+    v = std::move(cut);
+    all.insert(all.end(), v.begin(), v.end());
   }
   std::vector<Interval> real;
   for (const Interval& t : truth) {
@@ -106,8 +108,7 @@ void ScoreCombined(const std::vector<Interval>& forecast_claims,
                    report.combined_by_kind[static_cast<int>(real[ri].kind)].real_covered_ns += len;
                  });
   for (int k = 0; k < kNumIdleKinds; ++k) {
-    std::vector<Interval>& v = by_kind[k];
-    MergeInPlace(v);
+    const std::vector<Interval>& v = by_kind[k];
     EvaluationReport::Score& s = report.combined_by_kind[k];
     for (const Interval& c : v) s.forecast_ns += c.b - c.a;
     ForEachOverlap(v.data(), v.size(), real.data(), real.size(),
@@ -125,6 +126,17 @@ json ScoreJson(const EvaluationReport::Score& s) {
           {"real_covered_ms", static_cast<double>(s.real_covered_ns) / 1e6},
           {"precision", num(s.precision())},
           {"recall", num(s.recall())}};
+}
+
+// The kinds (not kNone) that were claimed or idle, each scored.
+json KindsJson(const std::array<EvaluationReport::Score, kNumIdleKinds>& by_kind) {
+  json k = json::object();
+  for (int i = 1; i < kNumIdleKinds; ++i) {
+    const EvaluationReport::Score& s = by_kind[i];
+    if (s.forecast_ns == 0 && s.real_ns == 0) continue;
+    k[std::string(IdleKindName(static_cast<IdleKind>(i)))] = ScoreJson(s);
+  }
+  return k;
 }
 
 }  // namespace
@@ -388,19 +400,7 @@ std::string EvaluationReport::ToJson() const {
                                                   {"next_step_slack_median", num(b.slack_median)}};
   }
   j["next_step_by_kind"] = std::move(nk);
-  json k = json::object();
-  for (int i = 1; i < kNumIdleKinds; ++i) {
-    const Score& s = by_kind[i];
-    if (s.forecast_ns == 0 && s.real_ns == 0) continue;
-    k[std::string(IdleKindName(static_cast<IdleKind>(i)))] = ScoreJson(s);
-  }
-  j["by_kind"] = std::move(k);
-  json nb = json::object();
-  for (int i = 1; i < kNumIdleKinds; ++i) {
-    const Score& s = notices.by_kind[i];
-    if (s.forecast_ns == 0 && s.real_ns == 0) continue;
-    nb[std::string(IdleKindName(static_cast<IdleKind>(i)))] = ScoreJson(s);
-  }
+  j["by_kind"] = KindsJson(by_kind);
   j["notices"] = {{"confidence", notice_options.confidence},
                   {"min_samples", notice_options.min_samples},
                   {"window", notice_options.window},
@@ -408,14 +408,8 @@ std::string EvaluationReport::ToJson() const {
                   {"first_claims", notices.first_claims},
                   {"first_claims_held", notices.first_claims_held},
                   {"total", ScoreJson(notices.total)},
-                  {"by_kind", std::move(nb)}};
-  json cb = json::object();
-  for (int i = 1; i < kNumIdleKinds; ++i) {
-    const Score& s = combined_by_kind[i];
-    if (s.forecast_ns == 0 && s.real_ns == 0) continue;
-    cb[std::string(IdleKindName(static_cast<IdleKind>(i)))] = ScoreJson(s);
-  }
-  j["combined"] = {{"total", ScoreJson(combined_total)}, {"by_kind", std::move(cb)}};
+                  {"by_kind", KindsJson(notices.by_kind)}};
+  j["combined"] = {{"total", ScoreJson(combined_total)}, {"by_kind", KindsJson(combined_by_kind)}};
   return j.dump();
 }
 
@@ -430,31 +424,27 @@ std::string EvaluationReport::ToTable() const {
                               static_cast<double>(s.forecast_ns) / 1e6,
                               static_cast<double>(s.real_ns) / 1e6, s.precision(), s.recall()));
   };
-  for (int i = 1; i < kNumIdleKinds; ++i) {
-    const Score& s = by_kind[i];
-    if (s.forecast_ns == 0 && s.real_ns == 0) continue;
-    row(std::string(IdleKindName(static_cast<IdleKind>(i))), s);
-  }
+  // The kinds claimed or idle (`claimed_only`: claimed).
+  const auto kinds = [&](const std::array<Score, kNumIdleKinds>& by, bool claimed_only) {
+    for (int i = 1; i < kNumIdleKinds; ++i) {
+      const Score& s = by[i];
+      if (s.forecast_ns == 0 && (claimed_only || s.real_ns == 0)) continue;
+      row(std::string(IdleKindName(static_cast<IdleKind>(i))), s);
+    }
+  };
+  kinds(by_kind, false);
   row("all", total);
   absl::StrAppend(&out,
                   absl::StrFormat("live notices (remaining duration at %.2f, read every %.1f ms "
                                   "while a window is open):\n",
                                   notice_options.confidence,
                                   static_cast<double>(notice_options.poll_ns) / 1e6));
-  for (int i = 1; i < kNumIdleKinds; ++i) {
-    const Score& s = notices.by_kind[i];
-    if (s.forecast_ns == 0) continue;
-    row(std::string(IdleKindName(static_cast<IdleKind>(i))), s);
-  }
+  kinds(notices.by_kind, true);
   absl::StrAppend(&out, absl::StrFormat("  the claim at the open held in %d of %d windows\n",
                                         notices.first_claims_held, notices.first_claims));
   absl::StrAppend(&out,
                   "a guest acting on both (the union of the windows' and the notices' claims):\n");
-  for (int i = 1; i < kNumIdleKinds; ++i) {
-    const Score& s = combined_by_kind[i];
-    if (s.forecast_ns == 0 && s.real_ns == 0) continue;
-    row(std::string(IdleKindName(static_cast<IdleKind>(i))), s);
-  }
+  kinds(combined_by_kind, false);
   row("all", combined_total);
   absl::StrAppend(&out,
                   absl::StrFormat("claimed confidence %.4f; next-step bounds: coverage %.4f, "

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -516,8 +517,10 @@ struct Outcome {
 };
 
 // Trains until `total` steps or a kSaveAndExit; replica `noticed` (the
-// monitored one) gets a notice after step `notice_at`.
-void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at, Outcome* out) {
+// monitored one) gets a notice after step `notice_at`; `before` (if set) is
+// called with the step about to run.
+void TrainWith(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at, Outcome* out,
+               const std::function<void(int64_t)>& before) {
   Model m;
   absl::StatusOr<std::unique_ptr<Runtime>> created = Runtime::Create(std::move(o));
   ASSERT_TRUE(created.ok()) << created.status();
@@ -525,6 +528,7 @@ void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at,
   ASSERT_TRUE(rt.Register("model", &m.state).ok());
   ASSERT_TRUE(rt.Start().ok());
   while (rt.step() < total) {
+    if (before) before(rt.step());
     if (rt.preemption() != nullptr && rt.step() == notice_at) {
       rt.preemption()->Notice(clock->NowNanos() + 60'000'000);  // a save fits, a step + save not
     }
@@ -539,6 +543,10 @@ void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at,
   out->final_step = rt.step();
   out->w = m.w;
   EXPECT_TRUE(rt.Finish().ok());
+}
+
+void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at, Outcome* out) {
+  TrainWith(std::move(o), total, clock, notice_at, out, {});
 }
 
 TEST(RuntimeElastic, ANoticeToOneReplicaStopsAllAtOneAgreedBoundaryWithASave) {
@@ -630,30 +638,18 @@ TEST(RuntimeElastic, TheStopAgreementRetriesABlipAndSavesWhenTheStoreStaysUnreac
   RuntimeOptions o = Replica(dir, &clock, &log, 0, 1, 1, false);
   o.store = &store;
   o.elastic.membership.store_retry = absl::Seconds(2);
-  Model m;
-  absl::StatusOr<std::unique_ptr<Runtime>> created = Runtime::Create(std::move(o));
-  ASSERT_TRUE(created.ok()) << created.status();
-  Runtime& rt = **created;
-  ASSERT_TRUE(rt.Register("model", &m.state).ok());
-  ASSERT_TRUE(rt.Start().ok());
-  Decision last;
-  while (rt.step() < 40) {
-    if (rt.step() == 5) store.failing = 3;    // a blip: retried, training goes on
-    if (rt.step() == 20) store.failing = -1;  // for good
-    ASSERT_TRUE(rt.BeginStep().ok());
-    float g = static_cast<float>(rt.step());
-    if (rt.AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok()) m.Train(g);
-    absl::StatusOr<Decision> d = rt.EndStep();
-    ASSERT_TRUE(d.ok()) << "step " << rt.step() << ": " << d.status();
-    last = *d;
-    if (d->kind == Decision::kSaveAndExit) break;
-  }
+  Outcome out;
+  TrainWith(std::move(o), 40, &clock, -1, &out, [&](int64_t step) {
+    if (step == 5) store.failing = 3;    // a blip: retried, training goes on
+    if (step == 20) store.failing = -1;  // for good
+  });
+  ASSERT_EQ(out.decisions.size(), 1U);
+  const Decision& last = out.decisions.back();
   EXPECT_EQ(last.kind, Decision::kSaveAndExit);
   EXPECT_EQ(last.exit_code, kExitPreempted);
   EXPECT_EQ(last.saved_step, 21);
   EXPECT_GE(store.failed.load(), 4);
   EXPECT_TRUE(log.Has("store unreachable for 2s (the stop agreement"));
-  EXPECT_TRUE(rt.Finish().ok());
 }
 
 TEST(RuntimeElastic, AGracefulLeaveLetsTheOthersGoOnReconfigured) {
