@@ -1,9 +1,9 @@
 #include "notice_replay.h"
 
 #include <algorithm>
-#include <deque>
 #include <vector>
 
+#include "omni/stats.h"
 #include "omni/window_channel.h"
 
 namespace omni {
@@ -56,8 +56,11 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeRepl
                                             std::vector<NoticeClaim>* claims) {
   EvaluationReport::NoticeScore out;
   const PhaseCatalog& catalog = log.header.phases;
-  std::vector<std::deque<double>> seen(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals);
-  const auto slot = [&](const PhaseWindow& w) -> std::deque<double>& {
+  // The durations of each (phase, ordinal)'s last `window` windows, as the
+  // telemetry worker keeps them (LearnWindows in telemetry.cc).
+  std::vector<RollingWindow> seen(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals,
+                                  RollingWindow(o.window));
+  const auto slot = [&](const PhaseWindow& w) -> RollingWindow& {
     return seen[static_cast<size_t>(w.phase) * kMaxWindowOrdinals + static_cast<size_t>(w.ordinal)];
   };
   std::vector<PhaseWindow> windows;
@@ -71,19 +74,16 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeRepl
       EvaluationReport::Score& s = out.by_kind[static_cast<int>(kind)];
       s.real_ns += d;
       if (w.ordinal >= kMaxWindowOrdinals) continue;  // no claim past the fourth
-      const std::deque<double>& past = slot(w);
-      if (static_cast<int>(past.size()) < o.min_samples) continue;
-      ScoreWindow(QuantilesOf(std::vector<double>(past.begin(), past.end())), w.start_ns, d, kind,
-                  o, s, out, claims);
+      const RollingWindow& past = slot(w);
+      if (past.size() < o.min_samples) continue;
+      ScoreWindow(QuantilesOf(past.Values()), w.start_ns, d, kind, o, s, out, claims);
     }
     if (rec.spans_truncated) continue;  // not all its windows are there
     for (const PhaseWindow& w : windows) {
       if (w.ordinal >= kMaxWindowOrdinals || catalog.idle_kind(w.phase) == IdleKind::kNone) {
         continue;
       }
-      std::deque<double>& past = slot(w);
-      past.push_back(static_cast<double>(w.end_ns - w.start_ns));
-      if (static_cast<int>(past.size()) > o.window) past.pop_front();
+      slot(w).Add(static_cast<double>(w.end_ns - w.start_ns));
     }
   }
   for (const EvaluationReport::Score& s : out.by_kind) {
