@@ -11,8 +11,9 @@
 // by Add is stored as its decimal text (Get returns e.g. "3").
 //
 // Backends: "file:///abs/dir" is a FileStore, one file per key in a directory
-// on a local or shared file system (atomic replace for every write; Add,
-// CompareAndSet, Set and Delete serialised by an flock on <dir>/.lock), which
+// on a local or shared file system (atomic replace for every write; the
+// writes of one key (Add, CompareAndSet, Set, Delete) serialised by a per-key
+// flock, so a writer frozen mid-write holds up only that key), which
 // works between threads and between processes on one host or over a shared
 // file system. "tcp://host:port" and "env://" are the c10d TCPStore adapter
 // for multi-host jobs (torchrun's MASTER_ADDR / MASTER_PORT); it needs

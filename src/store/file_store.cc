@@ -4,18 +4,31 @@
 //
 // Layout in its directory:
 //
-//   <dir>/.lock          flock'ed around every write (Set, Add, CompareAndSet,
-//                        Delete), so read-modify-write is atomic across
-//                        processes; the kernel drops it when a holder dies.
+//   <dir>/.lock          flock'ed shared by every write, exclusive by whoever
+//                        must hold every writer off (a backup of the
+//                        directory; the soak test's store stalls).
+//   <dir>/.lock.k-<encoded>
+//                        flock'ed exclusive around every write of its key
+//                        (Set, Add, CompareAndSet, Delete), so read-modify-
+//                        write is atomic across processes; the kernel drops
+//                        it when a holder dies. Kept when the key is deleted.
 //   <dir>/k-<encoded>    one file per key, its contents the value. The key is
 //                        encoded with '/' -> '%' and '.' -> '+' (neither is a
 //                        key character, so the encoding is injective): a name
 //                        never contains '/' or '.', so it is never ".", "..",
-//                        a path, the lock file or a temporary.
+//                        a path, a lock file or a temporary.
 //   <dir>/k-<encoded>.tmp.<pid>
 //                        the next value of a key while it is written; only
-//                        under the lock, so one found while holding the lock
-//                        is a dead writer's and is removed at open.
+//                        under the key's lock, so one found while holding
+//                        that lock is a dead writer's and is removed at open.
+//
+// The lock is per key, not one for the directory, because a writer can be
+// frozen while it holds it (SIGSTOP, a debugger, a VM paused, a process
+// swapped out): with one lock every replica's heartbeat then waited for the
+// frozen one, and the group could not evict it. A frozen writer now holds
+// up only the key it was writing (its own heartbeat, most of the time);
+// reads never wait. Opening the store skips a temporary whose key's lock is
+// held rather than waiting for it.
 //
 // A write is: temporary (created, written, fsynced when durable), renamed
 // over the key's file, the directory fsynced when durable. A reader needs no
@@ -30,10 +43,11 @@
 // other process does; nothing inside it is followed when it is a symbolic
 // link (the seam opens with O_NOFOLLOW and reads only regular files).
 //
-// Besides the flock, writers of one process serialise on a process-wide
-// mutex: on NFS, Linux emulates flock with POSIX record locks, which are
-// owned by the process and so do not exclude threads of one process (and
-// the temporary name is per process).
+// Besides the flock, writers of one key in one process serialise on a
+// mutex of that key: on NFS, Linux emulates flock with POSIX record locks,
+// which are owned by the process and so do not exclude threads of one
+// process (and the temporary name is per process). For the same reason the
+// shared <dir>/.lock only holds writers off reliably on a local file system.
 #include "store/file_store.h"
 
 #include <fcntl.h>
@@ -44,6 +58,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,8 +66,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/base/attributes.h"
-#include "absl/base/const_init.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
@@ -67,59 +81,121 @@
 namespace omni::internal {
 namespace {
 
-// How long a writer waits for the directory lock. Holders only do a few
-// small file operations, and a dead holder's lock is dropped by the kernel,
-// so this only trips on a hung file system.
+// How long a writer waits for a lock. Holders only do a few small file
+// operations, and a dead holder's lock is dropped by the kernel, so this
+// only trips on a hung file system or a holder frozen mid-write.
 constexpr absl::Duration kLockTimeout = absl::Seconds(60);
 
 // Longest value the store keeps (a store holds small records; this bounds
 // what a reader allocates for a file planted in the directory).
 constexpr size_t kMaxValueBytes = size_t{64} << 20;
 
-// Writers of this process, around the flock (see the file comment).
-ABSL_CONST_INIT absl::Mutex g_writer_mu(absl::kConstInit);
+constexpr char kStoreLock[] = ".lock";
 
-// Holds g_writer_mu and an exclusive flock on the lock file; both are
-// released on destruction (closing the fd drops the flock).
-class DirLock {
+// One mutex per lock file path, for the writers of this process (see the
+// file comment); an entry lives while a thread holds or waits for it.
+class PathMutexes {
  public:
-  // Takes the lock on `name` under the directory `dir` (created if
-  // missing), retrying for at most kLockTimeout.
-  static absl::StatusOr<std::unique_ptr<DirLock>> Acquire(FileSystem& fs, int dir,
-                                                          const std::string& name,
-                                                          const std::string& path) {
-    auto lock = std::make_unique<DirLock>();
+  struct Entry {
+    absl::Mutex mu;
+    int users = 0;  // guarded by the registry's mutex
+  };
+
+  static PathMutexes& Get() {
+    static PathMutexes registry;  // threads are joined before exit
+    return registry;
+  }
+
+  Entry* Use(const std::string& path) {
+    absl::MutexLock l(&mu_);
+    std::unique_ptr<Entry>& e = entries_[path];
+    if (e == nullptr) e = std::make_unique<Entry>();
+    ++e->users;
+    return e.get();
+  }
+
+  void Release(const std::string& path) {
+    absl::MutexLock l(&mu_);
+    auto it = entries_.find(path);
+    if (it != entries_.end() && --it->second->users == 0) entries_.erase(it);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+// An flock on one lock file (shared or exclusive), with the mutex of its
+// path for the exclusive ones; both are released on destruction (closing the
+// fd drops the flock).
+class FileLock {
+ public:
+  enum class Wait { kUpTo60s, kNo };
+
+  // Takes the lock file `name` under the directory `dir` (created if
+  // missing). With Wait::kNo, nullptr when another holder has it.
+  static absl::StatusOr<std::unique_ptr<FileLock>> Acquire(FileSystem& fs, int dir,
+                                                           const std::string& name,
+                                                           const std::string& path, bool exclusive,
+                                                           Wait wait) {
+    auto lock = std::make_unique<FileLock>(path, exclusive);
+    if (exclusive) {
+      if (wait == Wait::kNo) {
+        if (!lock->entry_->mu.TryLock()) return nullptr;
+      } else {
+        lock->entry_->mu.Lock();
+      }
+      lock->mu_held_ = true;
+    }
     absl::StatusOr<Fd> fd = fs.OpenWrite(dir, name, /*truncate=*/false, /*exclusive=*/false, path);
     if (!fd.ok()) return fd.status();
     lock->fd_ = *std::move(fd);
-    absl::StatusOr<bool> locked = PollUntil(kLockTimeout, [&]() -> absl::StatusOr<bool> {
+    auto try_lock = [&]() -> absl::StatusOr<bool> {
       for (;;) {
-        if (::flock(lock->fd_.get(), LOCK_EX | LOCK_NB) == 0) return true;
+        if (::flock(lock->fd_.get(), (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0) return true;
         if (errno == EINTR) continue;
         if (errno == EWOULDBLOCK) return false;
         return ErrnoStatus(errno, absl::StrCat("flock ", path));
       }
-    });
+    };
+    absl::StatusOr<bool> locked =
+        wait == Wait::kNo ? try_lock() : PollUntil(kLockTimeout, try_lock);
     if (!locked.ok()) return locked.status();
     if (!*locked) {
+      if (wait == Wait::kNo) return nullptr;
       return absl::DeadlineExceededError(absl::StrCat("lock file ", path, " still held after ",
                                                       absl::FormatDuration(kLockTimeout)));
     }
     return lock;
   }
 
-  // Takes g_writer_mu; use Acquire.
-  DirLock() : hold_(&g_writer_mu) {}
+  // Use Acquire.
+  FileLock(std::string path, bool exclusive)
+      : path_(std::move(path)), entry_(exclusive ? PathMutexes::Get().Use(path_) : nullptr) {}
+
+  ~FileLock() {
+    fd_.Reset();  // drops the flock before the mutex
+    if (entry_ == nullptr) return;
+    if (mu_held_) entry_->mu.Unlock();
+    PathMutexes::Get().Release(path_);
+  }
+
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
 
  private:
-  absl::MutexLock hold_;  // declared first: released last
+  const std::string path_;
+  PathMutexes::Entry* const entry_;  // exclusive locks only
+  bool mu_held_ = false;
   Fd fd_;
 };
 
-// The directory and its lock, held for one write.
+// The directory and the locks of one write: the store's, shared, then the
+// key's, exclusive (always in this order).
 struct Locked {
   Fd dir;
-  std::unique_ptr<DirLock> lock;
+  std::unique_ptr<FileLock> store;
+  std::unique_ptr<FileLock> key;
 };
 
 class FileStore final : public Store {
@@ -127,13 +203,12 @@ class FileStore final : public Store {
   FileStore(std::string dir, bool durable, FileSystem& fs)
       : fs_(fs),
         dir_(std::move(dir)),
-        lock_path_(dir_ + "/.lock"),
         durable_(durable),
         label_(absl::StrCat("FileStore ", dir_)) {}
 
   absl::Status Set(const std::string& key, const std::string& value) override {
     if (absl::Status st = Check(key, value); !st.ok()) return st;
-    absl::StatusOr<Locked> locked = Lock();
+    absl::StatusOr<Locked> locked = Lock(key);
     if (!locked.ok()) return Annotate(locked.status(), key);
     return Write(locked->dir.get(), key, value);
   }
@@ -147,7 +222,7 @@ class FileStore final : public Store {
 
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
     if (absl::Status st = ValidateStoreKey(key); !st.ok()) return st;
-    absl::StatusOr<Locked> locked = Lock();
+    absl::StatusOr<Locked> locked = Lock(key);
     if (!locked.ok()) return Annotate(locked.status(), key);
     absl::StatusOr<std::optional<std::string>> current = Read(locked->dir.get(), key);
     if (!current.ok()) return current.status();
@@ -169,7 +244,7 @@ class FileStore final : public Store {
   absl::StatusOr<std::string> CompareAndSet(const std::string& key, const std::string& expected,
                                             const std::string& desired) override {
     if (absl::Status st = Check(key, desired); !st.ok()) return st;
-    absl::StatusOr<Locked> locked = Lock();
+    absl::StatusOr<Locked> locked = Lock(key);
     if (!locked.ok()) return Annotate(locked.status(), key);
     absl::StatusOr<std::optional<std::string>> current = Read(locked->dir.get(), key);
     if (!current.ok()) return current.status();
@@ -186,7 +261,7 @@ class FileStore final : public Store {
 
   absl::StatusOr<bool> Delete(const std::string& key) override {
     if (absl::Status st = ValidateStoreKey(key); !st.ok()) return st;
-    absl::StatusOr<Locked> locked = Lock();
+    absl::StatusOr<Locked> locked = Lock(key);
     if (!locked.ok()) return Annotate(locked.status(), key);
     const std::string name = NameOf(key);
     absl::Status st = fs_.Remove(locked->dir.get(), name, /*directory=*/false, PathOf(name));
@@ -204,45 +279,57 @@ class FileStore final : public Store {
     return PollWait(*this, keys, timeout, label_);
   }
 
-  // Under the lock: removes the temporaries of writers that died mid-write
-  // (every live writer's are gone once it releases the lock) and checks that
-  // a file can be created here, so that an unusable directory fails at open
-  // rather than at the first Set.
+  // Removes the temporaries of writers that died mid-write (a live writer
+  // holds its key's lock until its temporary is gone, so one whose key's
+  // lock is free is a dead writer's; one whose lock is held is skipped, not
+  // waited for: its writer may be frozen) and checks that a file can be
+  // created here, so that an unusable directory fails at open rather than at
+  // the first Set.
   absl::Status Prepare() {
-    absl::StatusOr<Locked> locked = Lock();
-    if (!locked.ok()) return locked.status();
-    absl::StatusOr<std::vector<DirEntry>> entries = fs_.List(locked->dir.get(), dir_);
+    absl::StatusOr<Fd> dir = OpenDir();
+    if (!dir.ok()) return dir.status();
+    absl::StatusOr<std::unique_ptr<FileLock>> shared = LockStore(dir->get());
+    if (!shared.ok()) return shared.status();
+    absl::StatusOr<std::vector<DirEntry>> entries = fs_.List(dir->get(), dir_);
     if (!entries.ok()) return entries.status();
     for (const DirEntry& e : *entries) {
-      if (e.type != FileType::kRegular || !IsTemporary(e.name)) continue;
-      if (absl::Status st = fs_.Remove(locked->dir.get(), e.name, false, PathOf(e.name));
+      const size_t tmp = e.name.find(".tmp.");
+      if (e.type != FileType::kRegular || tmp == std::string::npos) continue;
+      const std::string lock_name = LockNameOf(e.name.substr(0, tmp));
+      absl::StatusOr<std::unique_ptr<FileLock>> key = FileLock::Acquire(
+          fs_, dir->get(), lock_name, PathOf(lock_name), /*exclusive=*/true, FileLock::Wait::kNo);
+      if (!key.ok()) return key.status();
+      if (*key == nullptr) continue;  // its writer is alive
+      if (absl::Status st = fs_.Remove(dir->get(), e.name, false, PathOf(e.name));
           !st.ok() && !absl::IsNotFound(st)) {
         return st;
       }
     }
     const std::string probe = absl::StrCat(".probe.tmp.", ::getpid());
-    absl::StatusOr<Fd> fd = fs_.OpenWrite(locked->dir.get(), probe, /*truncate=*/true,
+    absl::StatusOr<Fd> fd = fs_.OpenWrite(dir->get(), probe, /*truncate=*/true,
                                           /*exclusive=*/false, PathOf(probe));
     if (!fd.ok()) {
       return absl::Status(fd.status().code(),
                           absl::StrCat("directory is not writable: ", fd.status().message()));
     }
     fd->Reset();
-    return fs_.Remove(locked->dir.get(), probe, false, PathOf(probe));
+    return fs_.Remove(dir->get(), probe, false, PathOf(probe));
   }
 
   const std::string& label() const { return label_; }
 
  private:
-  static bool IsTemporary(const std::string& name) {
-    return name.find(".tmp.") != std::string::npos;
-  }
-
   static std::string NameOf(const std::string& key) {
     std::string name = "k-" + key;
     std::replace(name.begin(), name.end(), '/', '%');
     std::replace(name.begin(), name.end(), '.', '+');
     return name;
+  }
+
+  // The lock file of the key file `name` (a name never contains '.', so
+  // this is never a key's file or a temporary).
+  static std::string LockNameOf(const std::string& name) {
+    return absl::StrCat(kStoreLock, ".", name);
   }
 
   std::string PathOf(const std::string& name) const { return absl::StrCat(dir_, "/", name); }
@@ -264,15 +351,25 @@ class FileStore final : public Store {
 
   absl::StatusOr<Fd> OpenDir() { return fs_.OpenDir(AT_FDCWD, dir_, dir_); }
 
-  absl::StatusOr<Locked> Lock() {
+  absl::StatusOr<std::unique_ptr<FileLock>> LockStore(int dir) {
+    return FileLock::Acquire(fs_, dir, kStoreLock, PathOf(kStoreLock), /*exclusive=*/false,
+                             FileLock::Wait::kUpTo60s);
+  }
+
+  // The locks of a write of `key` (see Locked).
+  absl::StatusOr<Locked> Lock(const std::string& key) {
     Locked locked;
     absl::StatusOr<Fd> dir = OpenDir();
     if (!dir.ok()) return dir.status();
     locked.dir = *std::move(dir);
-    absl::StatusOr<std::unique_ptr<DirLock>> lock =
-        DirLock::Acquire(fs_, locked.dir.get(), ".lock", lock_path_);
-    if (!lock.ok()) return lock.status();
-    locked.lock = *std::move(lock);
+    absl::StatusOr<std::unique_ptr<FileLock>> shared = LockStore(locked.dir.get());
+    if (!shared.ok()) return shared.status();
+    locked.store = *std::move(shared);
+    const std::string name = LockNameOf(NameOf(key));
+    absl::StatusOr<std::unique_ptr<FileLock>> own = FileLock::Acquire(
+        fs_, locked.dir.get(), name, PathOf(name), /*exclusive=*/true, FileLock::Wait::kUpTo60s);
+    if (!own.ok()) return own.status();
+    locked.key = *std::move(own);
     return locked;
   }
 
@@ -313,7 +410,6 @@ class FileStore final : public Store {
 
   FileSystem& fs_;
   const std::string dir_;
-  const std::string lock_path_;
   const bool durable_;
   const std::string label_;  // "FileStore <dir>", the prefix of every error
 };

@@ -4,13 +4,17 @@
 // new; other keys are untouched; a failure is a Status naming the key; a
 // durable write that returned OK survives the crash; and the store goes on.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -192,8 +196,9 @@ TEST(FileStoreFaults, ACrashAtEveryOperationOfAWriteKeepsTheOldValueOrTheNewAndD
 TEST(FileStoreFaults, AFullDiskFailsTheSetNamingTheStoreAndTheKey) {
   TempDir root;
   const Case c{"Set", "previous", "new", [](Store& s) { return s.Set(kKey, "new"); }};
-  // Operation 2 creates the temporary (0 opens the directory, 1 the lock).
-  const Outcome o = RunUnderFault(root.path(), c, false, FaultFileSystem::Mode::kFail, 2, ENOSPC);
+  // Operation 3 creates the temporary (0 opens the directory, 1 the store's
+  // lock, 2 the key's).
+  const Outcome o = RunUnderFault(root.path(), c, false, FaultFileSystem::Mode::kFail, 3, ENOSPC);
   ASSERT_TRUE(o.fired);
   EXPECT_TRUE(absl::IsResourceExhausted(o.status)) << o.status;
   EXPECT_TRUE(absl::StartsWith(o.status.message(),
@@ -218,6 +223,116 @@ TEST(FileStoreFaults, ASymlinkedKeyFileIsRefusedNamingItAndItsTargetIsNotRead) {
   ASSERT_FALSE(v.ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(v.status())) << v.status();
   EXPECT_TRUE(absl::StrContains(v.status().message(), "key 'gen/7'")) << v.status();
+}
+
+// The real file system, except that the process stops itself (SIGSTOP) when
+// it is about to rename a temporary of the key file `frozen` into place: a
+// writer frozen mid-write, holding that key's lock (as a replica stopped by
+// a debugger, a paused VM or the integration test's SIGSTOP).
+class FreezeBeforeRename final : public internal::FileSystem {
+ public:
+  explicit FreezeBeforeRename(std::string frozen) : frozen_(std::move(frozen)) {}
+
+  absl::StatusOr<internal::Fd> OpenDir(int dir, const std::string& name,
+                                       const std::string& path) override {
+    return real_.OpenDir(dir, name, path);
+  }
+  absl::StatusOr<internal::Fd> OpenWrite(int dir, const std::string& name, bool truncate,
+                                         bool exclusive, const std::string& path) override {
+    return real_.OpenWrite(dir, name, truncate, exclusive, path);
+  }
+  absl::StatusOr<internal::Fd> OpenRead(int dir, const std::string& name,
+                                        const std::string& path) override {
+    return real_.OpenRead(dir, name, path);
+  }
+  absl::StatusOr<internal::FileStat> Stat(int dir, const std::string& name,
+                                          const std::string& path) override {
+    return real_.Stat(dir, name, path);
+  }
+  absl::Status Write(int fd, const void* data, size_t n, uint64_t offset,
+                     const std::string& path) override {
+    return real_.Write(fd, data, n, offset, path);
+  }
+  absl::Status Sync(int fd, const std::string& path) override { return real_.Sync(fd, path); }
+  absl::Status Rename(int from_dir, const std::string& from, int to_dir, const std::string& to,
+                      bool exchange, const std::string& path) override {
+    if (absl::StartsWith(from, frozen_ + ".tmp.")) ::raise(SIGSTOP);
+    return real_.Rename(from_dir, from, to_dir, to, exchange, path);
+  }
+  absl::Status Remove(int dir, const std::string& name, bool directory,
+                      const std::string& path) override {
+    return real_.Remove(dir, name, directory, path);
+  }
+  absl::Status Mkdir(int dir, const std::string& name, const std::string& path) override {
+    return real_.Mkdir(dir, name, path);
+  }
+  absl::StatusOr<std::vector<internal::DirEntry>> List(int dir, const std::string& path) override {
+    return real_.List(dir, path);
+  }
+
+ private:
+  internal::FileSystem& real_ = internal::RealFileSystem();
+  const std::string frozen_;
+};
+
+// A replica frozen in the middle of writing its heartbeat held the store's
+// one lock, so every other replica's writes (their heartbeats, the
+// generation records) waited for it for 60 s and the group could not evict
+// it (the integration test test_a_frozen_replica_is_evicted_and_rejoins_
+// cleanly hung so). Now it holds up only the key it was writing: other keys
+// are written, a new process opens the store without removing its
+// temporary, and once it runs again its write lands.
+TEST(FileStoreFaults, AWriterFrozenMidWriteHoldsUpOnlyTheKeyItWasWriting) {
+  TempDir root;
+  const std::string dir = root.path() + "/store";
+  auto store = OpenStore("file://" + dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Set("hb/r2", "beat 1").ok());
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    FreezeBeforeRename freeze("k-hb%r2");
+    auto own = internal::OpenFileStoreOn(dir, /*durable=*/false, freeze);
+    ::_exit(own.ok() && (*own)->Set("hb/r2", "beat 2").ok() ? 0 : 1);
+  }
+  // A failed assertion must not leave the child stopped (holding the
+  // test's output open): it is killed unless it was reaped.
+  bool reaped = false;
+  struct KillUnlessReaped {
+    pid_t pid;
+    const bool& reaped;
+    ~KillUnlessReaped() {
+      if (reaped) return;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } guard{child, reaped};
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status)) << "the writer did not freeze mid-write";
+
+  // Opening the store (which removes dead writers' temporaries) does not
+  // wait for the frozen writer, and keeps its temporary.
+  auto other = OpenStore("file://" + dir);
+  ASSERT_TRUE(other.ok()) << other.status();
+  bool temporary_kept = false;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    temporary_kept |= absl::StartsWith(e.path().filename().string(), "k-hb%r2.tmp.");
+  }
+  EXPECT_TRUE(temporary_kept);
+  // Every other key is written, by every kind of write.
+  EXPECT_TRUE((*other)->Set("hb/r0", "beat 7").ok());
+  EXPECT_EQ(*(*other)->CompareAndSet("gen/2", "", "r0 r1 r3"), "r0 r1 r3");
+  EXPECT_EQ(*(*other)->Add("join/seq", 1), 1);
+  EXPECT_EQ(*(*other)->Delete("hb/r0"), true);
+  // The frozen key still reads its last value.
+  EXPECT_EQ(*(*other)->TryGet("hb/r2"), std::optional<std::string>("beat 1"));
+
+  ASSERT_EQ(::kill(child, SIGCONT), 0);
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  reaped = true;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(*(*other)->TryGet("hb/r2"), std::optional<std::string>("beat 2"));
 }
 
 }  // namespace
