@@ -55,6 +55,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <filesystem>
@@ -70,6 +71,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -91,6 +93,8 @@ constexpr absl::Duration kLockTimeout = absl::Seconds(60);
 constexpr size_t kMaxValueBytes = size_t{64} << 20;
 
 constexpr char kStoreLock[] = ".lock";
+// The file Prepare creates to check that the directory is writable.
+constexpr char kProbe[] = ".probe";
 
 // One mutex per lock file path, for the writers of this process (see the
 // file comment); an entry lives while a thread holds or waits for it.
@@ -295,17 +299,26 @@ class FileStore final : public Store {
     for (const DirEntry& e : *entries) {
       const size_t tmp = e.name.find(".tmp.");
       if (e.type != FileType::kRegular || tmp == std::string::npos) continue;
-      const std::string lock_name = LockNameOf(e.name.substr(0, tmp));
-      absl::StatusOr<std::unique_ptr<FileLock>> key = FileLock::Acquire(
-          fs_, dir->get(), lock_name, PathOf(lock_name), /*exclusive=*/true, FileLock::Wait::kNo);
-      if (!key.ok()) return key.status();
-      if (*key == nullptr) continue;  // its writer is alive
+      // A probe (below) has no lock: its opener tolerates its removal.
+      std::unique_ptr<FileLock> key;
+      if (!absl::StartsWith(e.name, kProbe)) {
+        const std::string lock_name = LockNameOf(e.name.substr(0, tmp));
+        absl::StatusOr<std::unique_ptr<FileLock>> held = FileLock::Acquire(
+            fs_, dir->get(), lock_name, PathOf(lock_name), /*exclusive=*/true, FileLock::Wait::kNo);
+        if (!held.ok()) return held.status();
+        if (*held == nullptr) continue;  // its writer is alive
+        key = *std::move(held);
+      }
       if (absl::Status st = fs_.Remove(dir->get(), e.name, false, PathOf(e.name));
           !st.ok() && !absl::IsNotFound(st)) {
         return st;
       }
     }
-    const std::string probe = absl::StrCat(".probe.tmp.", ::getpid());
+    // One name per opening: other threads of this process may open the
+    // store at the same time (nothing here is exclusive). A probe has no
+    // key's lock, so whoever opens the store beside us may remove it first.
+    static std::atomic<uint64_t> openings{0};
+    const std::string probe = absl::StrCat(kProbe, ".tmp.", ::getpid(), ".", openings.fetch_add(1));
     absl::StatusOr<Fd> fd = fs_.OpenWrite(dir->get(), probe, /*truncate=*/true,
                                           /*exclusive=*/false, PathOf(probe));
     if (!fd.ok()) {
@@ -313,7 +326,8 @@ class FileStore final : public Store {
                           absl::StrCat("directory is not writable: ", fd.status().message()));
     }
     fd->Reset();
-    return fs_.Remove(dir->get(), probe, false, PathOf(probe));
+    absl::Status removed = fs_.Remove(dir->get(), probe, false, PathOf(probe));
+    return absl::IsNotFound(removed) ? absl::OkStatus() : removed;
   }
 
   const std::string& label() const { return label_; }

@@ -229,6 +229,37 @@ TEST(FileStore, AddIsAtomicAcrossThreeProcesses) {
   EXPECT_EQ(*store->Add("counter", 0), kProcs * kIncrements);
 }
 
+// Opening needs no exclusive lock (a frozen writer must not block it), so
+// openings run side by side; each checks the directory with its own probe
+// file. They once shared one name per process, and one opening removed the
+// probe of another thread's (NotFound).
+TEST(FileStore, ThreadsAndProcessesOpeningOneStoreAtOnceAllSucceed) {
+  TempDir dir(FastTempBase());
+  constexpr int kProcs = 2;
+  constexpr int kThreads = 4;
+  constexpr int kOpens = 50;
+  const auto open_many = [&] {
+    std::atomic<int> failures{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&] {
+        for (int i = 0; i < kOpens; ++i) {
+          if (!OpenStore(dir.Uri()).ok()) failures.fetch_add(1);
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return failures.load();
+  };
+  std::vector<pid_t> pids;
+  for (int p = 0; p < kProcs; ++p) pids.push_back(Fork([&] { return open_many() == 0 ? 0 : 1; }));
+  EXPECT_EQ(open_many(), 0);
+  for (pid_t pid : pids) {
+    ASSERT_GT(pid, 0);
+    EXPECT_TRUE(ExitedZero(pid));
+  }
+}
+
 // ---------------------------------------------------------------- CompareAndSet
 
 TEST(FileStore, CompareAndSetSwapsOnlyOnAMatch) {
