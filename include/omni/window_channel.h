@@ -9,9 +9,11 @@
 // notice. So an idle phase that nests busy work (eval around a forward pass)
 // has several windows per step: window 0 before the busy work, window 1
 // after it, and so on. The worker thread writes, in a second record, each
-// phase's name and, for each window ordinal, the empirical quantiles of the
-// window's duration (learned from the step records, ForEachPhaseWindow in
-// omni/phase.h). A reader combines the two: the remaining duration of an open
+// phase's name and, for each window ordinal, the quantiles of the window's
+// duration (learned from the step records, ForEachPhaseWindow in
+// omni/phase.h): empirical above the median, below it what a new window can
+// be claimed at (order statistics, and a small-sample bound where too few
+// windows were measured; docs/telemetry.md). A reader combines the two: the remaining duration of an open
 // window given the time already elapsed, at a stated confidence, is the
 // conditional quantile of that (phase, ordinal)'s window duration (see
 // RemainingGivenElapsed); no claim (-1) while fewer than
@@ -77,9 +79,10 @@ OMNI_EXPORT DurationQuantiles QuantilesOf(std::vector<double> values);
 // i.e. elapsed + r = Q(1 − confidence·(1 − F(elapsed))) with F and Q the
 // distribution and quantile functions, both rounded to the grid in the
 // conservative direction (r is never longer than the grid can vouch for; the
-// claim holds on the measured durations themselves). 0 when the
-// window already lasted longer than anything measured; -1 when nothing was
-// measured (q.samples == 0). REQUIRES: 0 ≤ confidence ≤ 1.
+// claim holds on the measured durations themselves). A grid point at 0 is
+// a lower tail nothing vouches for, not time the window outlived: it makes
+// no claim at the open (0). 0 when the window already lasted longer than
+// anything measured; -1 when nothing was measured (q.samples == 0). REQUIRES: 0 ≤ confidence ≤ 1.
 OMNI_EXPORT int64_t RemainingGivenElapsed(const DurationQuantiles& q, int64_t elapsed_ns,
                                           double confidence);
 

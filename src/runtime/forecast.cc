@@ -32,16 +32,6 @@ absl::Status CheckEvent(const PeriodicEvent& e, const char* name) {
   return absl::OkStatus();
 }
 
-// z with erf(z/√2) = c (two-sided normal quantile), by bisection.
-double TwoSidedZ(double c) {
-  double lo = 0, hi = 10;
-  for (int i = 0; i < 60; ++i) {
-    const double mid = (lo + hi) / 2;
-    (std::erf(mid / std::sqrt(2.0)) < c ? lo : hi) = mid;
-  }
-  return (lo + hi) / 2;
-}
-
 constexpr int kMaxGaps = 64;
 constexpr size_t kMaxOccurrences = 8;
 constexpr size_t kMaxLengths = 32;

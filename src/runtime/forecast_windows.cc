@@ -23,24 +23,6 @@ constexpr int64_t kMaxCycle = 4096;
 // (as a fraction of their distance).
 constexpr double kMaxPull = 0.5;
 
-// The Student-t quantile with `nu` degrees of freedom matching the normal
-// quantile z: exact for nu = 2, else the Cornish-Fisher expansion to third
-// order (within 1% for nu ≥ 3 and z ≤ 2.5).
-double StudentT(double z, double nu) {
-  if (nu < 2.5) {
-    const double p = 0.5 * (1 + std::erf(z / std::sqrt(2.0)));
-    return (2 * p - 1) / std::sqrt(2 * p * (1 - p));
-  }
-  const double z3 = z * z * z, z5 = z3 * z * z, z7 = z5 * z * z;
-  return z + (z3 + z) / (4 * nu) + (5 * z5 + 16 * z3 + 3 * z) / (96 * nu * nu) +
-         (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * nu * nu * nu);
-}
-
-// The multiplier of the standard deviation in a small sample's prediction
-// interval: Student-t with n − 1 degrees of freedom from n = 3 on; 1.5·z
-// below, where the standard deviation comes mostly from the prior.
-double SmallSampleFactor(double z, double n) { return n >= 3 ? StudentT(z, n - 1) : 1.5 * z; }
-
 absl::Status NotReady(int64_t have, int need) {
   return absl::FailedPreconditionError(absl::StrCat("no forecast yet: the current regime has ",
                                                     have, " of the ", need, " steps it needs"));

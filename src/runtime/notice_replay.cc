@@ -5,6 +5,7 @@
 
 #include "omni/stats.h"
 #include "omni/window_channel.h"
+#include "quantile.h"
 
 namespace omni {
 
@@ -76,7 +77,7 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeRepl
       if (w.ordinal >= kMaxWindowOrdinals) continue;  // no claim past the fourth
       const RollingWindow& past = slot(w);
       if (past.size() < o.min_samples) continue;
-      ScoreWindow(QuantilesOf(past.Values()), w.start_ns, d, kind, o, s, out, claims);
+      ScoreWindow(ClaimableQuantilesOf(past.Values()), w.start_ns, d, kind, o, s, out, claims);
     }
     if (rec.spans_truncated) continue;  // not all its windows are there
     for (const PhaseWindow& w : windows) {

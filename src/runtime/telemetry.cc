@@ -15,6 +15,7 @@
 #include "common/thread_name.h"
 #include "omni/step_log.h"
 #include "omni/window_channel.h"
+#include "runtime/quantile.h"
 #include "runtime/trace_writer.h"
 #include "runtime/worker_pacing.h"
 
@@ -608,7 +609,7 @@ class TelemetryImpl final : public Telemetry {
         quantiles_[id][static_cast<size_t>(k)] =
             catalog_.idle_kind(id) == IdleKind::kNone || d.size() < min_samples
                 ? DurationQuantiles{}
-                : QuantilesOf(d.Values());
+                : ClaimableQuantilesOf(d.Values());
       }
     }
     window_->PublishWindowQuantiles(catalog_, quantiles_);

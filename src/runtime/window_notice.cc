@@ -41,7 +41,10 @@ int64_t RemainingGivenElapsed(const DurationQuantiles& q, int64_t elapsed_ns, do
   // hence S(e) ≤ s_up = 1 − i/kLast; the answer is the last grid point ns[j]
   // with S(ns[j]) ≥ c·s_up, i.e. j = floor((1 − c·s_up)·kLast).
   const auto it = std::upper_bound(q.ns.begin(), q.ns.end(), e);
-  const int i = static_cast<int>(it - q.ns.begin()) - 1;  // -1 when e < ns[0]
+  int i = static_cast<int>(it - q.ns.begin()) - 1;  // -1 when e < ns[0]
+  // A grid point at 0 is a lower tail no measured window vouches for
+  // (ClaimableQuantilesOf), not mass the window has outlived.
+  if (i >= 0 && q.ns[static_cast<size_t>(i)] <= 0) i = -1;
   const double s_up = i < 0 ? 1.0 : 1.0 - static_cast<double>(i) / kLast;
   const double c = std::clamp(confidence, 0.0, 1.0);
   const auto j = static_cast<int>(std::floor((1.0 - c * s_up) * kLast + 1e-9));

@@ -10,11 +10,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +26,7 @@
 #include "omni/sinks.h"
 #include "omni/store.h"
 #include "omni/telemetry.h"
+#include "runtime/quantile.h"
 #include "runtime/window_doorbell.h"
 
 namespace omni {
@@ -94,6 +98,59 @@ TEST(RemainingGivenElapsed, IsZeroPastEverythingMeasuredAndUnknownWithoutSamples
   const DurationQuantiles q = QuantilesOf({1e6, 2e6, 3e6});
   EXPECT_EQ(RemainingGivenElapsed(q, 5'000'000, 0.95), 0);
   EXPECT_EQ(RemainingGivenElapsed(QuantilesOf({}), 0, 0.95), -1);
+}
+
+// The claim a notice makes at a window's open, from the n windows measured
+// before it, holds for that window at the stated 0.95, from n = 3 (the
+// default window_min_samples) on, for durations spread normally, uniformly,
+// skewed, or bimodal as data stalls are. QuantilesOf's shortest measured
+// window held 3 times in 4 at n = 3 (the live notices' first claims held
+// 0.90-0.95 on the corpus).
+TEST(ClaimableQuantilesOf, TheClaimAtTheOpenHoldsForTheNextWindowAtTheStatedConfidence) {
+  constexpr int kTrials = 4000;
+  constexpr double kConfidence = 0.95;
+  std::mt19937 rng(11);
+  std::normal_distribution<double> normal(200e6, 30e6);
+  std::uniform_real_distribution<double> uniform(100e6, 300e6);
+  std::lognormal_distribution<double> skewed(std::log(200e6), 0.3);
+  std::lognormal_distribution<double> fast(std::log(2e6), 0.3);
+  std::lognormal_distribution<double> slow(std::log(40e6), 0.6);
+  std::bernoulli_distribution pick_slow(0.3);
+  const std::vector<std::pair<std::string, std::function<double()>>> kinds = {
+      {"normal", [&] { return std::max(0.0, normal(rng)); }},
+      {"uniform", [&] { return uniform(rng); }},
+      {"lognormal", [&] { return skewed(rng); }},
+      {"bimodal", [&] { return pick_slow(rng) ? slow(rng) : fast(rng); }},
+  };
+  for (const auto& [name, draw] : kinds) {
+    for (const int n : {3, 4, 5, 8, 12, 19, 30, 60}) {
+      int held = 0, held_plain = 0, claimed = 0;
+      for (int t = 0; t < kTrials; ++t) {
+        std::vector<double> past(static_cast<size_t>(n));
+        for (double& x : past) x = draw();
+        const double next = draw();
+        const int64_t r = RemainingGivenElapsed(ClaimableQuantilesOf(past), 0, kConfidence);
+        const int64_t plain = RemainingGivenElapsed(QuantilesOf(past), 0, kConfidence);
+        EXPECT_LE(r, plain);
+        claimed += r > 0 ? 1 : 0;
+        held += next >= static_cast<double>(r) ? 1 : 0;
+        held_plain += next >= static_cast<double>(plain) ? 1 : 0;
+      }
+      const double rate = static_cast<double>(held) / kTrials;
+      // 4000 trials: a rate of 0.95 reads above 0.943 with probability 0.98.
+      EXPECT_GE(rate, kConfidence - 0.007) << name << ", n = " << n;
+      // It still claims where the spread allows (a bound at 0 would hold
+      // trivially): durations within about 15% of their mean, from 3
+      // values on, and any from 30 on but the bimodal ones, whose short
+      // mode is 30% of the windows.
+      if (name == "normal" || (n >= 30 && name != "bimodal")) {
+        EXPECT_GE(claimed, kTrials * 9 / 10) << name << ", n = " << n;
+      }
+      if (n == 3) {
+        EXPECT_LT(static_cast<double>(held_plain) / kTrials, 0.8) << name;
+      }
+    }
+  }
 }
 
 // ------------------------------------------------------------ JSON
@@ -314,7 +371,7 @@ TEST(WindowChannel, ReaderSeesOpenAndCloseWithTheRemainingDurationGivenElapsed) 
   EXPECT_EQ(n->elapsed_ns, 15'000'000);
   EXPECT_EQ(n->phase_samples, 20);
   EXPECT_DOUBLE_EQ(n->confidence, 0.95);
-  EXPECT_EQ(n->remaining_ns, RemainingGivenElapsed(QuantilesOf(waits), 15'000'000, 0.95));
+  EXPECT_EQ(n->remaining_ns, RemainingGivenElapsed(ClaimableQuantilesOf(waits), 15'000'000, 0.95));
   EXPECT_GT(n->remaining_ns, 0);
   EXPECT_LE(n->elapsed_ns + n->remaining_ns, 48'000'000);  // the longest wait seen
   EXPECT_GE(n->remaining_median_ns, n->remaining_ns);
