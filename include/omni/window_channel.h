@@ -13,11 +13,12 @@
 // duration (learned from the step records, ForEachPhaseWindow in
 // omni/phase.h): empirical above the median, below it what a new window can
 // be claimed at (order statistics, and a small-sample bound where too few
-// windows were measured; docs/telemetry.md). A reader combines the two: the remaining duration of an open
-// window given the time already elapsed, at a stated confidence, is the
-// conditional quantile of that (phase, ordinal)'s window duration (see
-// RemainingGivenElapsed); no claim (-1) while fewer than
-// TelemetryOptions::window_min_samples windows of it were measured.
+// windows were measured; docs/telemetry.md). A reader combines the two:
+// the remaining duration of an open window given the time already elapsed,
+// at a stated confidence, is the conditional quantile of that (phase,
+// ordinal)'s window duration (see RemainingGivenElapsed); no claim (-1)
+// while fewer than TelemetryOptions::window_min_samples windows of it were
+// measured.
 //
 //   // In the training process (Telemetry owns the writer):
 //   TelemetryOptions o;  o.window_channel_name = "job-42";
