@@ -40,37 +40,6 @@ double StudentT(double z, double nu) {
 
 double SmallSampleFactor(double z, double n) { return n >= 3 ? StudentT(z, n - 1) : 1.5 * z; }
 
-DurationQuantiles ClaimableQuantilesOf(std::vector<double> values) {
-  DurationQuantiles q = QuantilesOf(values);
-  if (q.samples == 0) return q;
-  values.erase(std::remove_if(values.begin(), values.end(),
-                              [](double v) { return !std::isfinite(v) || v < 0; }),
-               values.end());
-  std::sort(values.begin(), values.end());
-  const auto n = static_cast<double>(values.size());
-  double sum = 0;
-  for (const double x : values) sum += x;
-  const double mean = sum / n;
-  const double median = QuantileSorted(values, 0.5);
-  double sq = 0;
-  for (const double x : values) sq += (x - mean) * (x - mean);
-  const double sd = std::max(n > 1 ? std::sqrt(sq / (n - 1)) : 0.0, n < 5 ? 0.05 * mean : 0.0);
-  const double centre = std::min(mean, median);
-  constexpr int kLast = kDurationQuantiles - 1;
-  for (int i = kLast / 2; i >= 0; --i) {
-    // Level 0 stands for half a grid step (the support's end is not a level).
-    const double p = i == 0 ? 0.5 / kLast : static_cast<double>(i) / kLast;
-    const auto k = static_cast<size_t>(std::floor(p * (n + 1) + 1e-9));
-    const double bound = k >= 1
-                             ? values[k - 1]
-                             : std::max(0.0, centre - SmallSampleFactor(TwoSidedZ(1 - 2 * p), n) *
-                                                          sd * std::sqrt(1 + 1 / n));
-    auto& at = q.ns[static_cast<size_t>(i)];
-    at = std::min({at, bound, q.ns[static_cast<size_t>(i) + 1]});
-  }
-  return q;
-}
-
 // Hits can narrow claims below the plain quantiles by at most
 // kMaxNarrowing spreads, so that one good spell cannot bank unbounded credit
 // for a later shift.

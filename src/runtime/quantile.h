@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "omni/export.h"
 #include "omni/window_channel.h"
 
 namespace omni {
@@ -44,8 +45,9 @@ double SmallSampleFactor(double z, double n);
 // length, which a 4th window undercuts one time in four. The whole sample's
 // s, not the lower half's as the forecaster's windows use: with the lower
 // half's, the claims held 0.89-0.93 on normal durations from 5 and 8
-// values (tests/unit/window_channel_test.cc).
-DurationQuantiles ClaimableQuantilesOf(std::vector<double> values);
+// values (tests/unit/window_channel_test.cc). Defined beside QuantilesOf
+// (window_notice.cc); exported for that test.
+OMNI_EXPORT DurationQuantiles ClaimableQuantilesOf(std::vector<double> values);
 
 // Adaptive conformal calibration of one family of claims. Each claim made
 // with margin m·spread (spread: the claim's own scale) is checked once its

@@ -3,22 +3,32 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "json_read.h"
 #include "omni/window_channel.h"
+#include "quantile.h"
 
 namespace omni {
 
 using nlohmann::json;
 
-DurationQuantiles QuantilesOf(std::vector<double> values) {
-  DurationQuantiles q;
+namespace {
+
+// The finite, non-negative durations of `values`, sorted.
+std::vector<double> SortedDurations(std::vector<double> values) {
   values.erase(std::remove_if(values.begin(), values.end(),
                               [](double v) { return !std::isfinite(v) || v < 0; }),
                values.end());
-  if (values.empty()) return q;
   std::sort(values.begin(), values.end());
+  return values;
+}
+
+DurationQuantiles QuantilesOfSorted(const std::vector<double>& values) {
+  DurationQuantiles q;
+  if (values.empty()) return q;
   q.samples = static_cast<int64_t>(values.size());
   const double last = static_cast<double>(values.size() - 1);
   for (int i = 0; i < kDurationQuantiles; ++i) {
@@ -27,6 +37,40 @@ DurationQuantiles QuantilesOf(std::vector<double> values) {
     const size_t hi = std::min(lo + 1, values.size() - 1);
     const double frac = pos - static_cast<double>(lo);
     q.ns[static_cast<size_t>(i)] = values[lo] + frac * (values[hi] - values[lo]);
+  }
+  return q;
+}
+
+}  // namespace
+
+DurationQuantiles QuantilesOf(std::vector<double> values) {
+  return QuantilesOfSorted(SortedDurations(std::move(values)));
+}
+
+DurationQuantiles ClaimableQuantilesOf(std::vector<double> values) {
+  values = SortedDurations(std::move(values));
+  DurationQuantiles q = QuantilesOfSorted(values);
+  if (q.samples == 0) return q;
+  const auto n = static_cast<double>(values.size());
+  double sum = 0;
+  for (const double x : values) sum += x;
+  const double mean = sum / n;
+  const double median = QuantileSorted(values, 0.5);
+  double sq = 0;
+  for (const double x : values) sq += (x - mean) * (x - mean);
+  const double sd = std::max(n > 1 ? std::sqrt(sq / (n - 1)) : 0.0, n < 5 ? 0.05 * mean : 0.0);
+  const double centre = std::min(mean, median);
+  constexpr int kLast = kDurationQuantiles - 1;
+  for (int i = kLast / 2; i >= 0; --i) {
+    // Level 0 stands for half a grid step (the support's end is not a level).
+    const double p = i == 0 ? 0.5 / kLast : static_cast<double>(i) / kLast;
+    const auto k = static_cast<size_t>(std::floor(p * (n + 1) + 1e-9));
+    const double bound = k >= 1
+                             ? values[k - 1]
+                             : std::max(0.0, centre - SmallSampleFactor(TwoSidedZ(1 - 2 * p), n) *
+                                                          sd * std::sqrt(1 + 1 / n));
+    auto& at = q.ns[static_cast<size_t>(i)];
+    at = std::min({at, bound, q.ns[static_cast<size_t>(i) + 1]});
   }
   return q;
 }
