@@ -43,6 +43,10 @@ struct NoticeReplayOptions {
   int min_samples = 3;
   int window = 200;
   int64_t poll_ns = 500'000;
+  // Whether a notice is matched to the forecast's windows (the channel
+  // reader's WindowNotice::forecast_guaranteed_ns); false: the quantile
+  // table alone.
+  bool match_forecast = true;
 };
 
 struct EvaluateOptions {
@@ -98,16 +102,22 @@ struct OMNI_EXPORT EvaluationReport {
   std::array<BoundScore, kNumStepKinds> next_step_by_kind;  // indexed by StepKind
   // The live notices replayed: at each window of an idle phase in the log,
   // the remaining durations a guest reading every NoticeReplayOptions::poll_ns
-  // was told (from the windows measured before that step), each used to its
-  // end. forecast_ns is the claimed time, forecast_true_ns the part of it
-  // inside the window; real_ns the windows' time (the gaps between steps
-  // have no notices). first_claims: windows whose notice at the open
-  // claimed a remaining duration; first_claims_held: ... that lasted it.
+  // was told (from the windows measured before that step, and the guaranteed
+  // length of the forecast window it was matched to, from the forecast made
+  // after the step before, scaled as the telemetry worker scales it: as the
+  // channel reader states them), each used to its end. forecast_ns is the claimed time,
+  // forecast_true_ns the part of it inside the window; real_ns the windows' time (the gaps between
+  // steps have no notices). first_claims: windows whose notice at the open claimed a remaining
+  // duration; first_claims_held: ... that lasted it.
   struct NoticeScore {
     Score total;
     std::array<Score, kNumIdleKinds> by_kind;
     int64_t first_claims = 0;
     int64_t first_claims_held = 0;
+    // Windows whose notice carried a forecast window's guaranteed length
+    // (matched, and scaled to more than 0 by how such claims fared:
+    // WindowNotice::forecast_guaranteed_ns).
+    int64_t forecast_matched = 0;
   };
   NoticeReplayOptions notice_options;
   NoticeScore notices;

@@ -36,7 +36,11 @@
 //
 // The worker also writes, with each forecast, the host's outlook: per idle
 // kind the next window its forecast lists (earliest start) or none within
-// the horizon, and a busy period the host announced (WindowOutlook, below).
+// the horizon, a busy period the host announced, and the forecast's windows
+// by (step, phase, ordinal) (WindowOutlook, below). A window's notice
+// matched to one of those states, while the forecast's guaranteed length
+// has not elapsed, a remaining duration of at least what is left of it
+// (WindowNotice::forecast_guaranteed_ns).
 //
 // Thread safety: a WindowChannelWriter's notice methods (Open/CloseWindow)
 // must be called from one thread at a time (the training thread) and never
@@ -121,7 +125,13 @@ struct WindowNotice {
   int64_t remaining_ns = -1;         // at `confidence` (RemainingGivenElapsed)
   int64_t remaining_median_ns = -1;  // at confidence 0.5
   int64_t phase_samples = 0;         // window durations the quantiles come from
-  bool writer_closed = false;        // the writer has shut down; no more notices
+  // The guaranteed length the host's latest outlook claims for this window
+  // (WindowOutlook::GuaranteedFor; 0: none): the forecast's, scaled by how
+  // such claims fared, so that the longer of it and the table's claim holds
+  // at `confidence` (docs/telemetry.md). While it has not elapsed,
+  // remaining_ns is at least what is left of it.
+  int64_t forecast_guaranteed_ns = 0;
+  bool writer_closed = false;  // the writer has shut down; no more notices
 };
 
 // ---- the host's outlook: when can its next window of a kind start?
@@ -163,6 +173,23 @@ struct NextIdleWindow {
   int64_t last_seen_step = -1;
 };
 
+// A window of the host's forecast as a live notice finds it: the window
+// of `kind` that opens as window `ordinal` of `phase` in `step` lasts at
+// least guaranteed_ns from its open (IdleWindow::guaranteed_ns; in the
+// channel scaled so that a notice's claim holds at the stated confidence).
+struct ForecastClaim {
+  int64_t step = -1;
+  int64_t guaranteed_ns = 0;
+  PhaseId phase = 0;
+  IdleKind kind = IdleKind::kNone;
+  int ordinal = 0;
+};
+// The forecast windows an outlook carries for the notices: the first ones
+// the forecast lists, in its order (covering the steps until the next
+// forecast is published, TelemetryOptions::publish_interval_ns, unless the
+// steps are very short or have many windows).
+inline constexpr int kMaxForecastClaims = 64;
+
 enum class OutlookState : uint8_t {
   kNone = 0,      // no forecast yet (or forecasting is off)
   kForecast = 1,  // from the forecast made at made_at_ns
@@ -189,6 +216,9 @@ struct OMNI_EXPORT WindowOutlook {
   int64_t busy_until_ns = 0;
   int64_t busy_announced_ns = 0;
   std::array<NextIdleWindow, kNumIdleKinds> next{};  // index: IdleKind (kNone unused)
+  // The forecast's windows a notice can be matched to (kForecast only).
+  std::array<ForecastClaim, kMaxForecastClaims> claims{};
+  int num_claims = 0;
   bool writer_closed = false;
   // When the worker published this copy to its sinks (the writer's clock):
   // a reader on another host maps the writer's times to its own clock from
@@ -204,6 +234,11 @@ struct OMNI_EXPORT WindowOutlook {
   // announced. May be in the past (a window may be due now).
   int64_t NoWindowBeforeNs(uint32_t kinds) const;
 
+  // The guaranteed length of the forecast's window that opens as window
+  // `ordinal` of `phase` (an idle phase of `kind`) in `step`: 0 when the
+  // outlook is not a forecast or lists no such window.
+  int64_t GuaranteedFor(int64_t step, PhaseId phase, IdleKind kind, int ordinal) const;
+
   // The same outlook with every time on the clock (made_at, covered_until,
   // busy_until, busy_announced, published, the next windows' starts) moved
   // by `delta_ns`: from the writer's clock to a reader's (0 stays 0).
@@ -217,8 +252,15 @@ struct OMNI_EXPORT WindowOutlook {
 // a kind is kUnknown unless that step is one the forecast's model learned
 // from (after last_step - steps_observed). A forecast without any window is
 // kWithdrawn (see OutlookState).
+// `catalog` (may be null: no claims): the phases the windows' names refer
+// to. The claims are the forecast's first kMaxForecastClaims windows with a
+// guaranteed length whose phase the catalog names with the window's kind,
+// except where a step lists windows of one kind in several phases (the
+// forecast counts a step's windows per kind, the notices per phase: their
+// ordinals could then name different windows).
 OMNI_EXPORT WindowOutlook OutlookOf(const Forecast& forecast, int max_windows,
-                                    const std::array<int64_t, kNumIdleKinds>& last_seen_step);
+                                    const std::array<int64_t, kNumIdleKinds>& last_seen_step,
+                                    const PhaseCatalog* catalog = nullptr);
 
 // Versioned JSON (schema "omni.outlook", version 1; docs/telemetry.md): what
 // a store sink writes under <prefix>/outlook for guests on other hosts.

@@ -10,6 +10,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -124,6 +125,18 @@ py::dict OutlookDict(const omni::WindowOutlook& o) {
     kinds[omni::IdleKindName(static_cast<omni::IdleKind>(k))] = w;
   }
   d["kinds"] = kinds;
+  py::list claims;
+  for (int i = 0; i < std::min(o.num_claims, omni::kMaxForecastClaims); ++i) {
+    const omni::ForecastClaim& c = o.claims[static_cast<size_t>(i)];
+    py::dict w;
+    w["step"] = c.step;
+    w["phase"] = static_cast<int>(c.phase);
+    w["kind"] = omni::IdleKindName(c.kind);
+    w["ordinal"] = c.ordinal;
+    w["guaranteed_ns"] = c.guaranteed_ns;
+    claims.append(w);
+  }
+  d["claims"] = claims;
   return d;
 }
 

@@ -167,6 +167,24 @@ def test_a_guest_reads_a_python_hosts_outlook_and_leaves_when_it_announces_a_bus
     assert stall["earliest_start_ns"] == min(
         w["earliest_start_ns"] for w in forecast["windows"] if w["kind"] == "data_stall")
     assert source.no_window_before_ns() == stall["earliest_start_ns"]
+    # The forecast's windows a live notice is matched to, by step, phase and
+    # ordinal, scaled by how such claims fared: none before a few of them
+    # were measured (the worker sees each step after a forecast here).
+    assert out["claims"] == []
+    for _ in range(5):
+        run_steps(tel, clock, 1)
+        tel.flush()
+    out = source.outlook()
+    stall = out["kinds"]["data_stall"]
+    forecast = tel.latest_forecast()
+    guaranteed = {w["step"]: w["guaranteed_ns"] for w in forecast["windows"]
+                  if w["kind"] == "data_stall"}
+    claims = out["claims"]
+    assert claims and {c["kind"] for c in claims} == {"data_stall"}
+    for c in claims:
+        assert c["phase"] == 0 and c["ordinal"] == 0
+        assert 0 < c["guaranteed_ns"] <= guaranteed[c["step"]]
+    assert min(c["step"] for c in claims) == out["last_step"] + 1
 
     until = clock.now_ns() + 600 * 10**9
     tel.announce_busy(until)

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "notice_replay.h"
+#include "omni/window_channel.h"
 #include "step_slots.h"
 
 namespace omni {
@@ -285,6 +286,8 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
   int64_t ready = 0;
   std::vector<Interval> wins, clipped, real;
   std::vector<Interval> forecast_claims;  // every forecast's, for the combined score
+  // Per step, the forecast windows its notices are matched to.
+  std::vector<std::vector<ForecastClaim>> outlook_claims(log.steps.size());
   int64_t scored_from = -1;
   const size_t stride = static_cast<size_t>(options.stride_steps);
   for (size_t i = 0; i < log.steps.size(); ++i) {
@@ -306,6 +309,15 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
     }
     auto f = forecaster->Predict(now);
     if (!f.ok()) continue;  // too few steps in the current regime
+    if (i + 1 < log.steps.size()) {
+      // The next step's windows as the channel reader matches them to its
+      // notices (the outlook the worker publishes with this forecast).
+      const WindowOutlook o = OutlookOf(*f, fo.max_windows, {}, &log.header.phases);
+      for (int c = 0; c < o.num_claims; ++c) {
+        const ForecastClaim& claim = o.claims[static_cast<size_t>(c)];
+        if (claim.step == log.steps[i + 1].step) outlook_claims[i + 1].push_back(claim);
+      }
+    }
     if (ready++ % options.stride_steps != 0) continue;
     if (end <= now) continue;
     ++report.forecasts;
@@ -367,7 +379,9 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
   report.transients = forecaster->transients();
   report.notice_options = options.notices;
   std::vector<NoticeClaim> notice_claims;
-  report.notices = ReplayNotices(log, options.notices, &notice_claims);
+  report.notices =
+      ReplayNotices(log, options.notices,
+                    options.notices.match_forecast ? &outlook_claims : nullptr, &notice_claims);
   ScoreCombined(forecast_claims, notice_claims, truth, known, scored_from, report);
   report.next_step = all_bounds.Score();
   for (int k = 0; k < kNumStepKinds; ++k) report.next_step_by_kind[k] = kind_bounds[k].Score();
@@ -407,6 +421,8 @@ std::string EvaluationReport::ToJson() const {
                   {"poll_ms", static_cast<double>(notice_options.poll_ns) / 1e6},
                   {"first_claims", notices.first_claims},
                   {"first_claims_held", notices.first_claims_held},
+                  {"forecast_matched", notices.forecast_matched},
+                  {"match_forecast", notice_options.match_forecast},
                   {"total", ScoreJson(notices.total)},
                   {"by_kind", KindsJson(notices.by_kind)}};
   j["combined"] = {{"total", ScoreJson(combined_total)}, {"by_kind", KindsJson(combined_by_kind)}};
@@ -440,8 +456,10 @@ std::string EvaluationReport::ToTable() const {
                                   notice_options.confidence,
                                   static_cast<double>(notice_options.poll_ns) / 1e6));
   kinds(notices.by_kind, true);
-  absl::StrAppend(&out, absl::StrFormat("  the claim at the open held in %d of %d windows\n",
-                                        notices.first_claims_held, notices.first_claims));
+  absl::StrAppend(&out, absl::StrFormat("  the claim at the open held in %d of %d windows; %d "
+                                        "windows matched to a forecast window\n",
+                                        notices.first_claims_held, notices.first_claims,
+                                        notices.forecast_matched));
   absl::StrAppend(&out,
                   "a guest acting on both (the union of the windows' and the notices' claims):\n");
   kinds(combined_by_kind, false);

@@ -16,13 +16,14 @@ namespace {
 // it: the claimed end never falls as the elapsed time grows) until the
 // window closed. Adds the claimed time and the part of it inside the window.
 // The claimed stretches go to `claims` (if any) from `origin` (the open).
-void ScoreWindow(const DurationQuantiles& q, int64_t origin, int64_t duration, IdleKind kind,
-                 const NoticeReplayOptions& o, EvaluationReport::Score& s,
+// `guaranteed`: the forecast's guaranteed length for the window (0: none).
+void ScoreWindow(const DurationQuantiles& q, int64_t guaranteed, int64_t origin, int64_t duration,
+                 IdleKind kind, const NoticeReplayOptions& o, EvaluationReport::Score& s,
                  EvaluationReport::NoticeScore& out, std::vector<NoticeClaim>* claims) {
   int64_t e = 0, covered_to = 0;
   bool first = true;
   while (e < duration) {
-    const int64_t r = RemainingGivenElapsed(q, e, o.confidence);
+    const int64_t r = WithForecastClaim(RemainingGivenElapsed(q, e, o.confidence), guaranteed, e);
     if (first && r > 0) {
       ++out.first_claims;
       if (duration >= r) ++out.first_claims_held;
@@ -54,6 +55,7 @@ void ScoreWindow(const DurationQuantiles& q, int64_t origin, int64_t duration, I
 }  // namespace
 
 EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeReplayOptions& o,
+                                            const std::vector<std::vector<ForecastClaim>>* forecast,
                                             std::vector<NoticeClaim>* claims) {
   EvaluationReport::NoticeScore out;
   const PhaseCatalog& catalog = log.header.phases;
@@ -64,27 +66,52 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeRepl
   const auto slot = [&](const PhaseWindow& w) -> RollingWindow& {
     return seen[static_cast<size_t>(w.phase) * kMaxWindowOrdinals + static_cast<size_t>(w.ordinal)];
   };
+  // The forecast's claims scaled as the worker scales them.
+  ForecastClaimScale scale(o.window, o.min_samples, o.confidence);
+  struct Matched {
+    int64_t guaranteed = 0, table = -1;  // unscaled; the table's claim at the open
+  };
+  std::vector<Matched> matched;
   std::vector<PhaseWindow> windows;
-  for (const StepRecord& rec : log.steps) {
+  for (size_t i = 0; i < log.steps.size(); ++i) {
+    const StepRecord& rec = log.steps[i];
     windows.clear();
     ForEachPhaseWindow(rec, catalog, [&](const PhaseWindow& w) { windows.push_back(w); });
-    for (const PhaseWindow& w : windows) {
+    matched.assign(windows.size(), Matched{});
+    for (size_t wi = 0; wi < windows.size(); ++wi) {
+      const PhaseWindow& w = windows[wi];
       const IdleKind kind = catalog.idle_kind(w.phase);
       if (kind == IdleKind::kNone) continue;
       const int64_t d = w.end_ns - w.start_ns;
       EvaluationReport::Score& s = out.by_kind[static_cast<int>(kind)];
       s.real_ns += d;
-      if (w.ordinal >= kMaxWindowOrdinals) continue;  // no claim past the fourth
-      const RollingWindow& past = slot(w);
-      if (past.size() < o.min_samples) continue;
-      ScoreWindow(ClaimableQuantilesOf(past.Values()), w.start_ns, d, kind, o, s, out, claims);
+      int64_t guaranteed = 0;
+      if (forecast != nullptr && i < forecast->size()) {
+        const std::vector<ForecastClaim>& c = (*forecast)[i];
+        guaranteed = ClaimFor(c.data(), c.data() + c.size(), rec.step, w.phase, kind, w.ordinal);
+      }
+      // The table: none past the fourth window, none below min_samples.
+      DurationQuantiles table;
+      if (w.ordinal < kMaxWindowOrdinals && slot(w).size() >= o.min_samples) {
+        table = ClaimableQuantilesOf(slot(w).Values());
+      }
+      matched[wi] = {guaranteed, RemainingGivenElapsed(table, 0, o.confidence)};
+      const int64_t scaled = scale.Scaled(w.phase, w.ordinal, guaranteed);
+      if (scaled > 0) ++out.forecast_matched;
+      if (table.samples == 0 && scaled <= 0) continue;
+      ScoreWindow(table, scaled, w.start_ns, d, kind, o, s, out, claims);
     }
     if (rec.spans_truncated) continue;  // not all its windows are there
-    for (const PhaseWindow& w : windows) {
+    for (size_t wi = 0; wi < windows.size(); ++wi) {
+      const PhaseWindow& w = windows[wi];
       if (w.ordinal >= kMaxWindowOrdinals || catalog.idle_kind(w.phase) == IdleKind::kNone) {
         continue;
       }
-      slot(w).Add(static_cast<double>(w.end_ns - w.start_ns));
+      const int64_t d = w.end_ns - w.start_ns;
+      if (matched[wi].guaranteed > 0) {
+        scale.Record(w.phase, w.ordinal, d, matched[wi].table, matched[wi].guaranteed);
+      }
+      slot(w).Add(static_cast<double>(d));
     }
   }
   for (const EvaluationReport::Score& s : out.by_kind) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "omni/evaluator.h"
+#include "omni/window_channel.h"
 
 namespace omni {
 
@@ -23,7 +24,13 @@ struct NoticeClaim {
   int64_t start_ns = 0, end_ns = 0;
   IdleKind kind = IdleKind::kNone;
 };
+// `forecast` (may be null): per step of the log, the claims of the outlook
+// a reader found when that step ran (WindowOutlook::claims of the forecast
+// made after the step before, none when it could not be made); a window
+// matched to one is claimed as the channel reader claims it
+// (WithForecastClaim).
 EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeReplayOptions& o,
+                                            const std::vector<std::vector<ForecastClaim>>* forecast,
                                             std::vector<NoticeClaim>* claims);
 
 }  // namespace omni

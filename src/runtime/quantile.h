@@ -4,9 +4,13 @@
 // Thread safety: plain values; not thread-safe.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "omni/export.h"
+#include "omni/phase.h"
+#include "omni/stats.h"
 #include "omni/window_channel.h"
 
 namespace omni {
@@ -48,6 +52,66 @@ double SmallSampleFactor(double z, double n);
 // values (tests/unit/window_channel_test.cc). Defined beside QuantilesOf
 // (window_notice.cc); exported for that test.
 OMNI_EXPORT DurationQuantiles ClaimableQuantilesOf(std::vector<double> values);
+
+// The remaining duration an open window's reader states: the quantile
+// table's (`table_ns`, RemainingGivenElapsed; -1 when nothing was measured)
+// or, while the forecast's guaranteed length for the window has not
+// elapsed, what is left of it when that is longer. One rule for the channel
+// reader and omni eval's notice replay.
+inline int64_t WithForecastClaim(int64_t table_ns, int64_t guaranteed_ns, int64_t elapsed_ns) {
+  return guaranteed_ns > elapsed_ns ? std::max(table_ns, guaranteed_ns - elapsed_ns) : table_ns;
+}
+
+// The guaranteed length of the claim in [begin, end) for the window of
+// (step, phase, kind, ordinal): 0 when there is none.
+inline int64_t ClaimFor(const ForecastClaim* begin, const ForecastClaim* end, int64_t step,
+                        PhaseId phase, IdleKind kind, int ordinal) {
+  for (const ForecastClaim* c = begin; c != end; ++c) {
+    if (c->step == step && c->phase == phase && c->kind == kind && c->ordinal == ordinal) {
+      return c->guaranteed_ns;
+    }
+  }
+  return 0;
+}
+
+// The factor the forecast's guaranteed lengths are scaled by before a
+// notice may claim them, per (phase, window ordinal), so that the claim at
+// a window's open, the longer of the table's and the forecast's, holds at
+// `confidence` for a new window. The forecast's windows are calibrated on
+// the share of their claimed time that was idle (time-weighted), not on how
+// many windows outlasted their guarantee, and the longer of two claims that
+// each hold at c holds only at 2c − 1 at worst; so each matched window's
+// outcome is recorded as the largest factor f at which the longer claim
+// would have held, max(t, f·g) ≤ D: D / g, or 0 when the table's claim t
+// alone failed. The factor is the claimable quantile of the last `window`
+// of them at `confidence` (ClaimableQuantilesOf, RemainingGivenElapsed at
+// elapsed 0), at most 1: a new window's outcome undercuts it with
+// probability at most 1 − confidence, so the longer claim holds at
+// `confidence`. 0 (no forecast claim) below `min_samples` recorded windows.
+// One rule for the telemetry worker, which scales the claims it publishes,
+// and omni eval's notice replay.
+//
+// Thread safety: not thread-safe.
+class OMNI_EXPORT ForecastClaimScale {
+ public:
+  ForecastClaimScale(int window, int min_samples, double confidence);
+  // A window of (phase, ordinal) the forecast guaranteed `guaranteed_ns`
+  // (unscaled; > 0) lasted `duration_ns`; the table claimed `table_ns` at
+  // its open (≤ 0: nothing).
+  void Record(PhaseId phase, int ordinal, int64_t duration_ns, int64_t table_ns,
+              int64_t guaranteed_ns);
+  // In [0, 1]: a forecast claim is never lengthened.
+  double Factor(PhaseId phase, int ordinal) const;
+  // guaranteed_ns scaled (0: no claim).
+  int64_t Scaled(PhaseId phase, int ordinal, int64_t guaranteed_ns) const;
+
+ private:
+  size_t Slot(PhaseId phase, int ordinal) const;
+  int min_samples_;
+  double confidence_;
+  std::vector<RollingWindow> outcomes_;  // per (phase, ordinal)
+  std::vector<double> factor_;
+};
 
 // Adaptive conformal calibration of one family of claims. Each claim made
 // with margin m·spread (spread: the claim's own scale) is checked once its

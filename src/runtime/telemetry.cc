@@ -38,7 +38,8 @@ class TelemetryImpl final : public Telemetry {
         stats_(std::move(stats)),
         forecaster_(std::move(forecaster)),
         window_durations_(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals,
-                          RollingWindow(options.stats.window)) {
+                          RollingWindow(options.stats.window)),
+        claim_scale_(options.stats.window, options.window_min_samples, options.window_confidence) {
     window_count_step_.fill(-1);
     last_seen_step_.fill(-1);
     const PhaseCatalog builtin;
@@ -540,6 +541,7 @@ class TelemetryImpl final : public Telemetry {
           withdrawn.next[k].last_seen_step = last_seen_step_[k];
         }
         outlook = withdrawn;
+        raw_claims_.clear();
       } else {
         unpublished_steps_ = 0;
         has_published_ = true;
@@ -547,7 +549,8 @@ class TelemetryImpl final : public Telemetry {
         latest_ = *std::move(f);
         ++published_;
         forecast = latest_;
-        outlook = OutlookOf(*latest_, options_.forecast.max_windows, last_seen_step_);
+        outlook = OutlookOf(*latest_, options_.forecast.max_windows, last_seen_step_, &catalog_);
+        ScaleClaims(*outlook);
       }
     }
     // The channel's outlook first: a guest deciding whether to wait reads it.
@@ -583,12 +586,36 @@ class TelemetryImpl final : public Telemetry {
   // the step), so the remainder of a window reopened after nested busy work
   // comes from windows like it, not from the whole phase. A record whose
   // spans were truncated is not learned from (its windows are not all there).
+  // A window matched to one of the published forecast claims also records
+  // how that claim and the table's fared (ForecastClaimScale).
   void LearnWindows(const StepRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (rec.spans_truncated) return;
     ForEachPhaseWindow(rec, catalog_, [&](const PhaseWindow& w) {
       if (w.ordinal >= kMaxWindowOrdinals) return;
-      WindowDurations(w.phase, w.ordinal).Add(static_cast<double>(w.end_ns - w.start_ns));
+      const int64_t d = w.end_ns - w.start_ns;
+      const int64_t g = ClaimFor(raw_claims_.data(), raw_claims_.data() + raw_claims_.size(),
+                                 rec.step, w.phase, catalog_.idle_kind(w.phase), w.ordinal);
+      if (g > 0) {
+        const int64_t table = RemainingGivenElapsed(
+            quantiles_[w.phase][static_cast<size_t>(w.ordinal)], 0, options_.window_confidence);
+        claim_scale_.Record(w.phase, w.ordinal, d, table, g);
+      }
+      WindowDurations(w.phase, w.ordinal).Add(static_cast<double>(d));
     });
+  }
+
+  // The outlook's claims as the forecast states them are kept (to score
+  // them once their windows are measured); the channel gets them scaled,
+  // those scaled to nothing left out.
+  void ScaleClaims(WindowOutlook& o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    raw_claims_.assign(o.claims.begin(), o.claims.begin() + o.num_claims);
+    int n = 0;
+    for (const ForecastClaim& c : raw_claims_) {
+      ForecastClaim scaled = c;
+      scaled.guaranteed_ns = claim_scale_.Scaled(c.phase, c.ordinal, c.guaranteed_ns);
+      if (scaled.guaranteed_ns > 0) o.claims[static_cast<size_t>(n++)] = scaled;
+    }
+    o.num_claims = n;
   }
 
   RollingWindow& WindowDurations(PhaseId phase, int ordinal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -704,6 +731,10 @@ class TelemetryImpl final : public Telemetry {
   Forecaster forecaster_ ABSL_GUARDED_BY(mu_);  // learns on the worker
   // Window durations per (phase, ordinal): WindowDurations.
   std::vector<RollingWindow> window_durations_ ABSL_GUARDED_BY(mu_);
+  // The forecast claims of the last outlook, unscaled, and how such claims
+  // fared (LearnWindows, ScaleClaims).
+  std::vector<ForecastClaim> raw_claims_ ABSL_GUARDED_BY(mu_);
+  ForecastClaimScale claim_scale_ ABSL_GUARDED_BY(mu_);
   // Lock order: sinks_mu_ before mu_.
   absl::Mutex sinks_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::vector<std::unique_ptr<ForecastSink>> sinks_ ABSL_GUARDED_BY(sinks_mu_);

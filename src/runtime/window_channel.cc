@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/fs.h"
+#include "runtime/quantile.h"
 #include "runtime/window_doorbell.h"
 #include "runtime/window_layout.h"
 
@@ -124,10 +125,50 @@ bool TryReadOutlook(const internal::OutlookRecord& r, WindowOutlook& o) {
     n.step = in.step.load(std::memory_order_relaxed);
     n.last_seen_step = in.last_seen_step.load(std::memory_order_relaxed);
   }
+  o.num_claims = static_cast<int>(
+      std::min<uint32_t>(r.num_claims.load(std::memory_order_relaxed), kMaxForecastClaims));
+  for (int i = 0; i < o.num_claims; ++i) {
+    const internal::ClaimRecord& in = r.claims[i];
+    ForecastClaim& c = o.claims[static_cast<size_t>(i)];
+    c.step = in.step.load(std::memory_order_relaxed);
+    c.guaranteed_ns = in.guaranteed_ns.load(std::memory_order_relaxed);
+    const uint32_t phase = in.phase.load(std::memory_order_relaxed);
+    const uint16_t kind = in.kind.load(std::memory_order_relaxed);
+    c.phase = static_cast<PhaseId>(phase < kMaxPhases ? phase : 0);
+    c.kind = kind < kNumIdleKinds ? static_cast<IdleKind>(kind) : IdleKind::kNone;
+    c.ordinal = in.ordinal.load(std::memory_order_relaxed);
+  }
   std::atomic_thread_fence(std::memory_order_acquire);
   if (r.seq.load(std::memory_order_relaxed) != s1) return false;
   o.state = state <= 2 ? static_cast<OutlookState>(state) : OutlookState::kNone;
   return true;
+}
+
+// The guaranteed length the outlook's forecast states for the window of
+// (step, phase, kind, ordinal) into `g` (0: none); false when a write
+// overlapped (retry). The claims alone: a reader of an open window does
+// this at every poll.
+bool TryReadGuarantee(const internal::OutlookRecord& r, const WindowNotice& n, int64_t& g) {
+  const uint64_t s1 = r.seq.load(std::memory_order_acquire);
+  if ((s1 & 1) != 0) return false;
+  g = 0;
+  if (r.state.load(std::memory_order_relaxed) == static_cast<uint32_t>(OutlookState::kForecast)) {
+    const uint32_t num =
+        std::min<uint32_t>(r.num_claims.load(std::memory_order_relaxed), kMaxForecastClaims);
+    for (uint32_t i = 0; i < num; ++i) {
+      const internal::ClaimRecord& c = r.claims[i];
+      if (c.step.load(std::memory_order_relaxed) != n.step ||
+          c.phase.load(std::memory_order_relaxed) != n.phase ||
+          c.kind.load(std::memory_order_relaxed) != static_cast<uint16_t>(n.kind) ||
+          c.ordinal.load(std::memory_order_relaxed) != n.ordinal) {
+        continue;
+      }
+      g = c.guaranteed_ns.load(std::memory_order_relaxed);
+      break;
+    }
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return r.seq.load(std::memory_order_relaxed) == s1;
 }
 
 // The notice record's seqlock word doubles as a doorbell: the writer wakes
@@ -188,6 +229,15 @@ absl::StatusOr<WindowNotice> ReadLayout(const WindowLayout& l, int64_t now_ns,
     n.elapsed_ns = std::max<int64_t>(0, now_ns - n.opened_ns);
     n.remaining_ns = RemainingGivenElapsed(p.q, n.elapsed_ns, p.confidence);
     n.remaining_median_ns = RemainingGivenElapsed(p.q, n.elapsed_ns, 0.5);
+    tries = 0;
+    while (!TryReadGuarantee(l.outlook, n, n.forecast_guaranteed_ns)) {
+      if (++tries >= kMaxRetries) {
+        return absl::UnavailableError(absl::StrCat(
+            what, ": the writer stayed in the middle of an outlook update (did it die?)"));
+      }
+      BackOff(tries);
+    }
+    n.remaining_ns = WithForecastClaim(n.remaining_ns, n.forecast_guaranteed_ns, n.elapsed_ns);
   } else if (n.state == WindowState::kClosed) {
     n.elapsed_ns = n.closed_ns - n.opened_ns;
   }
@@ -304,6 +354,18 @@ class WriterImpl final : public WindowChannelWriter {
     r.last_step.store(o.last_step, std::memory_order_relaxed);
     r.busy_until_ns.store(o.busy_until_ns, std::memory_order_relaxed);
     r.busy_announced_ns.store(o.busy_announced_ns, std::memory_order_relaxed);
+    const int num_claims = std::clamp(o.num_claims, 0, kMaxForecastClaims);
+    r.num_claims.store(static_cast<uint32_t>(num_claims), std::memory_order_relaxed);
+    for (int i = 0; i < num_claims; ++i) {
+      internal::ClaimRecord& out = r.claims[i];
+      const ForecastClaim& c = o.claims[static_cast<size_t>(i)];
+      out.step.store(c.step, std::memory_order_relaxed);
+      out.guaranteed_ns.store(c.guaranteed_ns, std::memory_order_relaxed);
+      out.phase.store(c.phase, std::memory_order_relaxed);
+      out.kind.store(static_cast<uint16_t>(c.kind), std::memory_order_relaxed);
+      out.ordinal.store(static_cast<uint16_t>(std::clamp(c.ordinal, 0, 0xffff)),
+                        std::memory_order_relaxed);
+    }
     for (size_t k = 0; k < o.next.size(); ++k) {
       internal::NextWindowRecord& out = r.kinds[k];
       const NextIdleWindow& n = o.next[k];

@@ -14,9 +14,10 @@
 namespace omni::internal {
 
 inline constexpr uint64_t kWindowMagic = 0x314e57494e4d4f00ULL;  // "\0OMNIWN1"
-// 3: the outlook record (the forecast's next window per idle kind, an
-// announced busy period) after the phase table; 2: window ordinals.
-inline constexpr uint32_t kWindowSchemaVersion = 3;
+// 4: the outlook's forecast claims; 3: the outlook record (the forecast's
+// next window per idle kind, an announced busy period) after the phase
+// table; 2: window ordinals.
+inline constexpr uint32_t kWindowSchemaVersion = 4;
 inline constexpr size_t kPhaseNameWords = 6;  // 47 characters + NUL
 
 // Seqlock: `seq` is odd while the record is being written.
@@ -61,6 +62,15 @@ struct NextWindowRecord {
   std::atomic<int64_t> last_seen_step;
 };
 
+// A forecast window a notice can be matched to (omni::ForecastClaim).
+struct ClaimRecord {
+  std::atomic<int64_t> step;
+  std::atomic<int64_t> guaranteed_ns;
+  std::atomic<uint32_t> phase;
+  std::atomic<uint16_t> kind;
+  std::atomic<uint16_t> ordinal;
+};
+
 struct alignas(64) OutlookRecord {
   std::atomic<uint64_t> seq;
   std::atomic<uint64_t> sequence;  // outlooks written
@@ -74,6 +84,10 @@ struct alignas(64) OutlookRecord {
   std::atomic<int64_t> busy_until_ns;  // 0: none announced
   std::atomic<int64_t> busy_announced_ns;
   NextWindowRecord kinds[kNumIdleKinds];  // index: IdleKind (kNone unused)
+  // Schema version 4.
+  std::atomic<uint32_t> num_claims;
+  std::atomic<uint32_t> reserved2;
+  ClaimRecord claims[kMaxForecastClaims];
 };
 
 struct WindowLayout {
@@ -84,7 +98,7 @@ struct WindowLayout {
   std::atomic<int64_t> writer_pid;
   NoticeRecord notice;
   PhasesRecord phases;
-  OutlookRecord outlook;  // schema version 3
+  OutlookRecord outlook;  // schema version 3 (claims: 4)
 };
 
 // The layout is a format (docs/telemetry.md): any change needs a new
@@ -96,7 +110,10 @@ static_assert(offsetof(WindowLayout, phases) == 128);
 static_assert(offsetof(PhasesRecord, phases) == 24 && sizeof(PhaseRecord) == 4216);
 static_assert(offsetof(WindowLayout, outlook) == 135104);
 static_assert(sizeof(NextWindowRecord) == 64 && offsetof(OutlookRecord, kinds) == 80);
-static_assert(sizeof(WindowLayout) == 135104 + 512);
+static_assert(offsetof(OutlookRecord, num_claims) == 464 && sizeof(ClaimRecord) == 24);
+static_assert(offsetof(OutlookRecord, claims) == 472);
+static_assert(sizeof(WindowLayout) == 135104 + 2048);
+static_assert(std::atomic<uint16_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<double>::is_always_lock_free);
 static_assert(std::atomic<int64_t>::is_always_lock_free);

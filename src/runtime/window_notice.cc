@@ -1,5 +1,6 @@
 // Duration quantiles, the conditional remaining duration of an open window,
-// and the notice's JSON form.
+// the scale of the forecast claims a notice is matched to, and the notice's
+// JSON form.
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -75,6 +76,47 @@ DurationQuantiles ClaimableQuantilesOf(std::vector<double> values) {
   return q;
 }
 
+// Outcomes are factors in [0, ∞); scaled by kFactorScale they go through
+// the duration quantiles' integer claim without losing precision.
+constexpr double kFactorScale = 1e6;
+
+ForecastClaimScale::ForecastClaimScale(int window, int min_samples, double confidence)
+    : min_samples_(std::max(min_samples, 1)),
+      confidence_(confidence),
+      outcomes_(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals,
+                RollingWindow(std::max(window, 1))),
+      factor_(outcomes_.size(), 0.0) {}
+
+size_t ForecastClaimScale::Slot(PhaseId phase, int ordinal) const {
+  if (phase >= kMaxPhases || ordinal < 0 || ordinal >= kMaxWindowOrdinals) return outcomes_.size();
+  return static_cast<size_t>(phase) * kMaxWindowOrdinals + static_cast<size_t>(ordinal);
+}
+
+void ForecastClaimScale::Record(PhaseId phase, int ordinal, int64_t duration_ns, int64_t table_ns,
+                                int64_t guaranteed_ns) {
+  const size_t slot = Slot(phase, ordinal);
+  if (slot >= outcomes_.size() || guaranteed_ns <= 0) return;
+  RollingWindow& w = outcomes_[slot];
+  const double outcome = table_ns > duration_ns ? 0.0
+                                                : static_cast<double>(duration_ns) /
+                                                      static_cast<double>(guaranteed_ns);
+  w.Add(outcome * kFactorScale);
+  factor_[slot] = 0;
+  if (w.size() < min_samples_) return;
+  const int64_t f = RemainingGivenElapsed(ClaimableQuantilesOf(w.Values()), 0, confidence_);
+  factor_[slot] = std::clamp(static_cast<double>(f) / kFactorScale, 0.0, 1.0);
+}
+
+double ForecastClaimScale::Factor(PhaseId phase, int ordinal) const {
+  const size_t slot = Slot(phase, ordinal);
+  return slot < factor_.size() ? factor_[slot] : 0.0;
+}
+
+int64_t ForecastClaimScale::Scaled(PhaseId phase, int ordinal, int64_t guaranteed_ns) const {
+  return static_cast<int64_t>(
+      std::floor(static_cast<double>(guaranteed_ns) * Factor(phase, ordinal)));
+}
+
 int64_t RemainingGivenElapsed(const DurationQuantiles& q, int64_t elapsed_ns, double confidence) {
   if (q.samples <= 0) return -1;
   constexpr int kLast = kDurationQuantiles - 1;
@@ -115,6 +157,7 @@ std::string WindowNoticeToJson(const WindowNotice& n) {
   j["remaining_ns"] = n.remaining_ns;
   j["remaining_median_ns"] = n.remaining_median_ns;
   j["phase_samples"] = n.phase_samples;
+  j["forecast_guaranteed_ns"] = n.forecast_guaranteed_ns;
   j["writer_closed"] = n.writer_closed;
   return j.dump();
 }
@@ -175,6 +218,13 @@ absl::StatusOr<WindowNotice> ParseWindowNotice(const std::string& text) {
           absl::StrCat("window notice: field 'ordinal' out of range: ", ordinal));
     }
     n.ordinal = static_cast<int>(ordinal);
+  }
+  if (j.contains("forecast_guaranteed_ns")) {  // added within version 1 too
+    if (auto st = integer("forecast_guaranteed_ns", n.forecast_guaranteed_ns); !st.ok()) return st;
+    if (n.forecast_guaranteed_ns < 0) {
+      return absl::InvalidArgumentError(
+          "window notice: field 'forecast_guaranteed_ns' is negative");
+    }
   }
   auto conf = need("confidence", json::value_t::number_float);
   if (!conf.ok()) return conf.status();

@@ -1,14 +1,17 @@
 // The host's outlook (omni/window_channel.h): from a forecast to the next
-// window of each idle kind, the time before which a guest of some kinds can
-// expect no window, and the outlook's JSON form (the store key).
+// window of each idle kind and the windows a live notice can be matched to,
+// the time before which a guest of some kinds can expect no window, and the
+// outlook's JSON form (the store key).
 #include <algorithm>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "json_read.h"
 #include "omni/window_channel.h"
+#include "quantile.h"
 
 namespace omni {
 
@@ -38,8 +41,33 @@ const char* OutlookStateName(OutlookState s) {
   return "none";
 }
 
+namespace {
+
+// The forecast's windows a live notice can be matched to (OutlookOf).
+void AddClaims(const Forecast& forecast, const PhaseCatalog& catalog, WindowOutlook& o) {
+  const std::vector<IdleWindow>& ws = forecast.windows;
+  // The forecast lists its windows step by step: each run [i, end) of one
+  // step is checked for kinds with windows in several phases.
+  for (size_t i = 0, end = 0; i < ws.size() && o.num_claims < kMaxForecastClaims; i = end) {
+    for (end = i + 1; end < ws.size() && ws[end].step == ws[i].step;) ++end;
+    for (size_t a = i; a < end && o.num_claims < kMaxForecastClaims; ++a) {
+      const IdleWindow& w = ws[a];
+      if (w.guaranteed_ns <= 0 || w.kind == IdleKind::kNone || w.phase.empty()) continue;
+      bool one_phase = true;
+      for (size_t b = i; b < end; ++b) one_phase &= ws[b].kind != w.kind || ws[b].phase == w.phase;
+      const absl::StatusOr<PhaseId> phase = catalog.Find(w.phase);
+      if (!one_phase || !phase.ok() || catalog.idle_kind(*phase) != w.kind) continue;
+      o.claims[static_cast<size_t>(o.num_claims++)] =
+          ForecastClaim{w.step, w.guaranteed_ns, *phase, w.kind, w.ordinal};
+    }
+  }
+}
+
+}  // namespace
+
 WindowOutlook OutlookOf(const Forecast& forecast, int max_windows,
-                        const std::array<int64_t, kNumIdleKinds>& last_seen_step) {
+                        const std::array<int64_t, kNumIdleKinds>& last_seen_step,
+                        const PhaseCatalog* catalog) {
   WindowOutlook o;
   o.made_at_ns = forecast.made_at_ns;
   o.horizon_ns = forecast.horizon_ns;
@@ -76,6 +104,7 @@ WindowOutlook OutlookOf(const Forecast& forecast, int max_windows,
     n.expected_ns = w.expected_ns;
     n.step = w.step;
   }
+  if (catalog != nullptr) AddClaims(forecast, *catalog, o);
   // The model learned from steps (last_step - steps_observed, last_step]: a
   // kind seen there and not listed is one it does not expect (or cannot
   // claim); one not seen there it knows nothing about.
@@ -111,6 +140,14 @@ int64_t WindowOutlook::NoWindowBeforeNs(uint32_t kinds) const {
   return std::max(from_forecast, busy_until_ns);
 }
 
+int64_t WindowOutlook::GuaranteedFor(int64_t step, PhaseId phase, IdleKind kind,
+                                     int ordinal) const {
+  if (state != OutlookState::kForecast) return 0;
+  const ForecastClaim* first = claims.data();
+  return ClaimFor(first, first + std::clamp(num_claims, 0, kMaxForecastClaims), step, phase, kind,
+                  ordinal);
+}
+
 WindowOutlook WindowOutlook::ShiftedBy(int64_t delta_ns) const {
   WindowOutlook o = *this;
   const auto shift = [delta_ns](int64_t& t) {
@@ -141,9 +178,18 @@ std::string WindowOutlookToJson(const WindowOutlook& o) {
                                                      {"step", n.step},
                                                      {"last_seen_step", n.last_seen_step}};
   }
+  json claims = json::array();
+  for (int i = 0; i < std::min(o.num_claims, kMaxForecastClaims); ++i) {
+    const ForecastClaim& c = o.claims[static_cast<size_t>(i)];
+    claims.push_back({{"step", c.step},
+                      {"phase", c.phase},
+                      {"kind", IdleKindName(c.kind)},
+                      {"ordinal", c.ordinal},
+                      {"guaranteed_ns", c.guaranteed_ns}});
+  }
   json j;
   j["schema"] = "omni.outlook";
-  j["version"] = 1;
+  j["version"] = 2;
   j["clock"] = "CLOCK_MONOTONIC";
   j["sequence"] = o.sequence;
   j["state"] = OutlookStateName(o.state);
@@ -157,6 +203,7 @@ std::string WindowOutlookToJson(const WindowOutlook& o) {
   j["busy_announced_ns"] = o.busy_announced_ns;
   j["writer_closed"] = o.writer_closed;
   j["kinds"] = std::move(kinds);
+  j["claims"] = std::move(claims);
   return j.dump();
 }
 
@@ -180,6 +227,48 @@ std::string StringOr(const json& j, const char* key) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
+// Version 2's "claims": the forecast windows a notice can be matched to
+// (at most kMaxForecastClaims; claims of a kind this version does not know
+// are skipped).
+absl::Status ReadClaims(const json& j, WindowOutlook& o) {
+  auto claims = j.find("claims");
+  if (claims == j.end() || !claims->is_array()) {
+    return absl::InvalidArgumentError("window outlook: field 'claims' missing or not an array");
+  }
+  if (claims->size() > static_cast<size_t>(kMaxForecastClaims)) {
+    return absl::InvalidArgumentError(absl::StrCat("window outlook: field 'claims' has ",
+                                                   claims->size(), " entries (at most ",
+                                                   kMaxForecastClaims, ")"));
+  }
+  for (size_t i = 0; i < claims->size(); ++i) {
+    const json& v = (*claims)[i];
+    const std::string where = absl::StrCat("claims[", i, "].");
+    if (!v.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("window outlook: field 'claims[", i, "]' is not an object"));
+    }
+    int64_t step = 0, phase = 0, ordinal = 0, guaranteed = 0;
+    for (auto [key, out] : {std::pair<const char*, int64_t*>{"step", &step},
+                            {"phase", &phase},
+                            {"ordinal", &ordinal},
+                            {"guaranteed_ns", &guaranteed}}) {
+      if (auto st = ReadInt(v, key, where, *out); !st.ok()) return st;
+    }
+    if (phase < 0 || phase >= kMaxPhases || ordinal < 0 || ordinal > 0xffff || guaranteed < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "window outlook: field '", where,
+          phase < 0 || phase >= kMaxPhases
+              ? "phase' is not a phase id"
+              : (guaranteed < 0 ? "guaranteed_ns' is negative" : "ordinal' is out of range")));
+    }
+    absl::StatusOr<IdleKind> kind = ParseIdleKind(StringOr(v, "kind"));
+    if (!kind.ok() || *kind == IdleKind::kNone) continue;  // a newer writer's kind
+    o.claims[static_cast<size_t>(o.num_claims++)] = ForecastClaim{
+        step, guaranteed, static_cast<PhaseId>(phase), *kind, static_cast<int>(ordinal)};
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<WindowOutlook> ParseWindowOutlook(const std::string& text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -190,9 +279,9 @@ absl::StatusOr<WindowOutlook> ParseWindowOutlook(const std::string& text) {
   }
   int64_t version = 0;
   if (auto st = ReadInt(j, "version", "", version); !st.ok()) return st;
-  if (version != 1) {
+  if (version != 1 && version != 2) {
     return absl::FailedPreconditionError(
-        absl::StrCat("window outlook: version ", version, "; this reader reads version 1"));
+        absl::StrCat("window outlook: version ", version, "; this reader reads versions 1 and 2"));
   }
   WindowOutlook o;
   int64_t seq = 0;
@@ -272,6 +361,9 @@ absl::StatusOr<WindowOutlook> ParseWindowOutlook(const std::string& text) {
       return absl::InvalidArgumentError(absl::StrCat(
           "window outlook: field '", where, "outlook' is '", outlook, "' (next, none or unknown)"));
     }
+  }
+  if (version >= 2) {
+    if (auto st = ReadClaims(j, o); !st.ok()) return st;
   }
   return o;
 }

@@ -126,6 +126,64 @@ TEST(OutlookOf, AListCutAtMaxWindowsIsCompleteOnlyUpToTheLastStepItReached) {
   EXPECT_EQ(o.NoWindowBeforeNs(Bit(IdleKind::kCheckpoint)), 1005 * kS);
 }
 
+TEST(OutlookOf, ClaimsTheWindowsALiveNoticeCanBeMatchedToInTheForecastsOrder) {
+  PhaseCatalog catalog;
+  const absl::StatusOr<PhaseId> prefetch = catalog.Register("prefetch_wait", IdleKind::kDataStall);
+  ASSERT_TRUE(prefetch.ok()) << prefetch.status();
+  Forecast f = MadeAt1000s();
+  f.windows[0].phase = "data_wait";
+  f.windows[1].phase = "data_wait";
+  f.windows[2].phase = "eval";
+  f.windows[2].ordinal = 1;
+  // Step 103 waits for data in two phases: the forecast numbers them 0 and
+  // 1 by kind, the notices 0 and 0 by phase; neither is claimed.
+  f.windows.insert(f.windows.begin() + 2,
+                   {Window(IdleKind::kDataStall, 103, 1000 * kS + 300 * kMs, 2 * kMs),
+                    Window(IdleKind::kDataStall, 103, 1000 * kS + 310 * kMs, 2 * kMs)});
+  f.windows[2].phase = "data_wait";
+  f.windows[3].phase = "prefetch_wait";
+  f.windows[3].ordinal = 1;
+  IdleWindow between = Window(IdleKind::kHostSide, 104, 1000 * kS + 400 * kMs, kMs);
+  IdleWindow unknown = Window(IdleKind::kEval, 105, 1000 * kS + 500 * kMs, kMs);
+  IdleWindow wrong_kind = Window(IdleKind::kEval, 106, 1000 * kS + 600 * kMs, kMs);
+  IdleWindow unclaimed = Window(IdleKind::kDataStall, 107, 1000 * kS + 700 * kMs, 0);
+  unknown.phase = "no_such_phase";
+  wrong_kind.phase = "data_wait";  // a data-stall phase, not an eval one
+  unclaimed.phase = "data_wait";
+  f.windows.insert(f.windows.begin() + 4, {between, unknown, wrong_kind, unclaimed});
+
+  const WindowOutlook none = OutlookOf(f, 4096, NeverSeen());
+  EXPECT_EQ(none.num_claims, 0) << "no catalog: no phase ids";
+  const WindowOutlook o = OutlookOf(f, 4096, NeverSeen(), &catalog);
+  ASSERT_EQ(o.num_claims, 3);
+  EXPECT_EQ(o.claims[0].step, 101);
+  EXPECT_EQ(o.claims[0].phase, phase::kDataWait);
+  EXPECT_EQ(o.claims[0].kind, IdleKind::kDataStall);
+  EXPECT_EQ(o.claims[0].guaranteed_ns, 3 * kMs);
+  EXPECT_EQ(o.claims[1].step, 102);
+  EXPECT_EQ(o.claims[2].step, 150);
+  EXPECT_EQ(o.claims[2].phase, phase::kEval);
+  EXPECT_EQ(o.claims[2].ordinal, 1);
+  EXPECT_EQ(o.GuaranteedFor(150, phase::kEval, IdleKind::kEval, 1), 500 * kMs);
+  EXPECT_EQ(o.GuaranteedFor(150, phase::kEval, IdleKind::kEval, 0), 0);
+  EXPECT_EQ(o.GuaranteedFor(103, phase::kDataWait, IdleKind::kDataStall, 0), 0);
+  EXPECT_EQ(o.GuaranteedFor(103, *prefetch, IdleKind::kDataStall, 0), 0);
+
+  // The list is cut at kMaxForecastClaims, keeping the first.
+  Forecast many = MadeAt1000s();
+  many.windows.clear();
+  for (int s = 0; s < kMaxForecastClaims + 10; ++s) {
+    many.windows.push_back(Window(IdleKind::kDataStall, 200 + s, 1001 * kS + s * kMs, kMs));
+    many.windows.back().phase = "data_wait";
+  }
+  const WindowOutlook cut = OutlookOf(many, 4096, NeverSeen(), &catalog);
+  EXPECT_EQ(cut.num_claims, kMaxForecastClaims);
+  EXPECT_EQ(cut.claims[kMaxForecastClaims - 1].step, 200 + kMaxForecastClaims - 1);
+  WindowOutlook withdrawn = cut;
+  withdrawn.state = OutlookState::kWithdrawn;
+  EXPECT_EQ(withdrawn.GuaranteedFor(200, phase::kDataWait, IdleKind::kDataStall, 0), 0);
+}
+
 TEST(OutlookOf, AForecastWithoutAnyWindowIsWithdrawnAndStatesNothing) {
   Forecast f = MadeAt1000s();
   f.windows.clear();  // e.g. suspended after a step far outside its bound
@@ -206,7 +264,11 @@ TEST(WindowOutlookJson, RoundTripsEveryFieldAndMovesToAnotherClock) {
   seen[static_cast<size_t>(IdleKind::kDataStall)] = 100;
   seen[static_cast<size_t>(IdleKind::kEval)] = 99;
   seen[static_cast<size_t>(IdleKind::kCheckpoint)] = 60;
-  WindowOutlook o = OutlookOf(MadeAt1000s(), 4096, seen);
+  Forecast f = MadeAt1000s();
+  for (IdleWindow& w : f.windows) w.phase = w.kind == IdleKind::kEval ? "eval" : "data_wait";
+  const PhaseCatalog catalog;
+  WindowOutlook o = OutlookOf(f, 4096, seen, &catalog);
+  ASSERT_EQ(o.num_claims, 3);
   o.sequence = 12;
   o.busy_until_ns = 1200 * kS;
   o.busy_announced_ns = 1001 * kS;
@@ -220,6 +282,17 @@ TEST(WindowOutlookJson, RoundTripsEveryFieldAndMovesToAnotherClock) {
   EXPECT_EQ(stall.outlook, KindOutlook::kNext);
   EXPECT_EQ(stall.windows, 2);
   EXPECT_EQ(back->next[static_cast<size_t>(IdleKind::kCheckpoint)].outlook, KindOutlook::kNone);
+  EXPECT_EQ(back->num_claims, 3);
+  EXPECT_EQ(back->GuaranteedFor(150, phase::kEval, IdleKind::kEval, 0), 500 * kMs);
+  // A version-1 copy (an older writer's: no claims) still reads.
+  std::string v1 = WindowOutlookToJson(o);
+  v1.replace(v1.find("\"version\":2"), 11, "\"version\":1");
+  v1.erase(v1.find(",\"claims\":"),
+           v1.find("]", v1.find(",\"claims\":")) + 1 - v1.find(",\"claims\":"));
+  auto old = WindowOutlookFromJson(v1);
+  ASSERT_TRUE(old.ok()) << old.status() << " " << v1;
+  EXPECT_EQ(old->num_claims, 0);
+  EXPECT_EQ(old->next[static_cast<size_t>(IdleKind::kDataStall)].windows, 2);
   // On a clock 1000 s behind: every time moves, the rest stays.
   const WindowOutlook moved = back->ShiftedBy(-1000 * kS);
   EXPECT_EQ(moved.made_at_ns, 0);
@@ -232,19 +305,28 @@ TEST(WindowOutlookJson, RoundTripsEveryFieldAndMovesToAnotherClock) {
 }
 
 TEST(WindowOutlookJson, MalformedInputGetsAnErrorNamingTheField) {
-  const std::string good = WindowOutlookToJson(OutlookOf(MadeAt1000s(), 4096, NeverSeen()));
+  Forecast f = MadeAt1000s();
+  for (IdleWindow& w : f.windows) w.phase = w.kind == IdleKind::kEval ? "eval" : "data_wait";
+  const PhaseCatalog catalog;
+  const std::string good = WindowOutlookToJson(OutlookOf(f, 4096, NeverSeen(), &catalog));
   EXPECT_EQ(WindowOutlookFromJson("[1]").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WindowOutlookFromJson("{\"schema\": \"omni.window\"}").status().code(),
             absl::StatusCode::kFailedPrecondition);
   std::string newer = good;
-  newer.replace(newer.find("\"version\":1"), 11, "\"version\":2");
+  newer.replace(newer.find("\"version\":2"), 11, "\"version\":3");
   EXPECT_EQ(WindowOutlookFromJson(newer).status().code(), absl::StatusCode::kFailedPrecondition);
   for (const auto& [from, to, field] :
        {std::tuple<std::string, std::string, std::string>{"\"state\":\"forecast\"",
                                                           "\"state\":\"maybe\"", "state"},
         {"\"horizon_ns\":", "\"horizon_ns\":-", "horizon_ns"},
         {"\"confidence\":0.95", "\"confidence\":\"high\"", "confidence"},
-        {"\"windows\":2", "\"windows\":\"two\"", "kinds.data_stall.windows"}}) {
+        {"\"windows\":2", "\"windows\":\"two\"", "kinds.data_stall.windows"},
+        {"\"claims\":[", "\"claims\":[7,", "claims[0]"},
+        {"\"ordinal\":0", "\"ordinal\":-1", "claims[0].ordinal"},
+        {"\"phase\":0", "\"phase\":99", "claims[0].phase"},
+        {"\"guaranteed_ns\":3000000,\"kind\":\"data_stall\"",
+         "\"guaranteed_ns\":-3,\"kind\":\"data_stall\"", "claims[0].guaranteed_ns"},
+        {"\"claims\":", "\"claimz\":", "claims"}}) {
     std::string bad = good;
     const size_t at = bad.find(from);
     ASSERT_NE(at, std::string::npos) << from << " in " << good;
