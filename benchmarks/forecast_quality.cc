@@ -153,7 +153,11 @@ int main(int argc, char** argv) {
         ",\"next_step_slack_floor\":", Num(floor), ",\"regime_changes\":", rep->regime_changes,
         ",\"transients\":", rep->transients,
         ",\"notice_precision\":", Num(rep->notices.total.precision()),
-        ",\"notice_recall\":", Num(rep->notices.total.recall()),
+        ",\"notice_recall\":", Num(rep->notices.total.recall()), ",\"notice_first_claims_held\":",
+        Num(rep->notices.first_claims > 0 ? static_cast<double>(rep->notices.first_claims_held) /
+                                                static_cast<double>(rep->notices.first_claims)
+                                          : std::nan("")),
+        ",\"notice_forecast_matched\":", rep->notices.forecast_matched,
         ",\"combined_precision\":", Num(rep->combined_total.precision()), ",\"combined_recall\":",
         Num(rep->combined_total.recall()), ",\"goals\":{\"precision\":", Bool(precision_ok),
         ",\"recall\":", has_recall_goal ? Bool(recall_ok) : "null",

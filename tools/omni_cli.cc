@@ -4,7 +4,7 @@
 //   omni stats LOG [--json]        step and phase statistics of a step log
 //   omni forecast LOG [--at-step N] [--k K] [--horizon-s S] [--json]
 //                                  the forecast the runtime would have published
-//   omni eval LOG [--stride N] [--k K] [--horizon-s S] [--json]
+//   omni eval LOG [--stride N] [--k K] [--horizon-s S] [--notices-table-only] [--json]
 //                                  precision / recall of forecasts replayed on LOG
 //   omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N]
 //                                  SVG timeline: real idle time against forecast windows
@@ -51,10 +51,13 @@ constexpr const char* kUsage =
     "usage: omni info\n"
     "       omni stats LOG [--window N] [--json]\n"
     "       omni forecast LOG [--at-step N] [--k K] [--horizon-s S] [--window N] [--json]\n"
-    "       omni eval LOG [--stride N] [--k K] [--horizon-s S] [--window N] [--horizon] [--json]\n"
+    "       omni eval LOG [--stride N] [--k K] [--horizon-s S] [--window N] [--horizon]\n"
+    "                [--notices-table-only] [--json]\n"
     "         (--horizon scores each forecast over its whole horizon instead of\n"
     "          while it is the current one; --window N: the forecaster learns from\n"
-    "          the last N steps of the current regime, default 512, at least 8)\n"
+    "          the last N steps of the current regime, default 512, at least 8;\n"
+    "          --notices-table-only: the live notices without the forecast's\n"
+    "          windows they are matched to)\n"
     "       omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N] [--k K] [--width PX]\n"
     "       omni ckpt ls DIR\n"
     "       omni ckpt verify DIR|STEPDIR   (exit 1 naming the first bad file / key)\n"
@@ -76,6 +79,7 @@ struct Parsed {
   std::map<std::string, std::string> flags;
   bool json = false;
   bool horizon = false;
+  bool notices_table_only = false;
 };
 
 // Flags take one value except --json. Unknown flags are reported by name.
@@ -87,6 +91,8 @@ bool Parse(int argc, char** argv, const std::vector<std::string>& allowed, Parse
       out.json = true;
     } else if (a == "--horizon") {
       out.horizon = true;
+    } else if (a == "--notices-table-only") {
+      out.notices_table_only = true;
     } else if (a.rfind("--", 0) == 0) {
       bool ok = false;
       for (const auto& f : allowed) ok = ok || f == a;
@@ -344,6 +350,7 @@ int main(int argc, char** argv) {
     eo.forecast = fo;
     eo.stride_steps = static_cast<int>(stride);
     eo.scoring = p.horizon ? omni::Scoring::kHorizon : omni::Scoring::kLive;
+    eo.notices.match_forecast = !p.notices_table_only;
     auto rep = omni::Evaluate(*log, eo);
     if (!rep.ok()) return Fail(rep.status());
     std::printf("%s\n", p.json ? rep->ToJson().c_str() : rep->ToTable().c_str());
