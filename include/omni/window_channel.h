@@ -340,7 +340,8 @@ class OMNI_EXPORT WindowChannelReader {
   // The current notice (a consistent copy; a read overlapping a write is
   // retried). Unavailable when the writer stayed mid-write for 10,000
   // retries (it died while writing). A few tens of nanoseconds when no write
-  // overlaps.
+  // overlaps, plus, while a window is open, a scan of the outlook's forecast
+  // claims (up to kMaxForecastClaims).
   virtual absl::StatusOr<WindowNotice> Read() = 0;
   // Polls every `poll` until the notice's sequence differs from the last one
   // this reader returned (from Read or WaitForChange), then returns it.
