@@ -110,7 +110,10 @@ class OMNI_EXPORT ForecastClaimScale {
   int min_samples_;
   double confidence_;
   std::vector<RollingWindow> outcomes_;  // per (phase, ordinal)
-  std::vector<double> factor_;
+  // Computed when asked for after a Record (the worker records every step
+  // and asks at most once per published forecast).
+  mutable std::vector<double> factor_;
+  mutable std::vector<char> stale_;
 };
 
 // Adaptive conformal calibration of one family of claims. Each claim made

@@ -85,7 +85,8 @@ ForecastClaimScale::ForecastClaimScale(int window, int min_samples, double confi
       confidence_(confidence),
       outcomes_(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals,
                 RollingWindow(std::max(window, 1))),
-      factor_(outcomes_.size(), 0.0) {}
+      factor_(outcomes_.size(), 0.0),
+      stale_(outcomes_.size(), 0) {}
 
 size_t ForecastClaimScale::Slot(PhaseId phase, int ordinal) const {
   if (phase >= kMaxPhases || ordinal < 0 || ordinal >= kMaxWindowOrdinals) return outcomes_.size();
@@ -101,15 +102,21 @@ void ForecastClaimScale::Record(PhaseId phase, int ordinal, int64_t duration_ns,
                                                 : static_cast<double>(duration_ns) /
                                                       static_cast<double>(guaranteed_ns);
   w.Add(outcome * kFactorScale);
-  factor_[slot] = 0;
-  if (w.size() < min_samples_) return;
-  const int64_t f = RemainingGivenElapsed(ClaimableQuantilesOf(w.Values()), 0, confidence_);
-  factor_[slot] = std::clamp(static_cast<double>(f) / kFactorScale, 0.0, 1.0);
+  stale_[slot] = 1;
 }
 
 double ForecastClaimScale::Factor(PhaseId phase, int ordinal) const {
   const size_t slot = Slot(phase, ordinal);
-  return slot < factor_.size() ? factor_[slot] : 0.0;
+  if (slot >= factor_.size()) return 0.0;
+  if (stale_[slot] != 0) {
+    stale_[slot] = 0;
+    const RollingWindow& w = outcomes_[slot];
+    const int64_t f = w.size() < min_samples_
+                          ? 0
+                          : RemainingGivenElapsed(ClaimableQuantilesOf(w.Values()), 0, confidence_);
+    factor_[slot] = std::clamp(static_cast<double>(f) / kFactorScale, 0.0, 1.0);
+  }
+  return factor_[slot];
 }
 
 int64_t ForecastClaimScale::Scaled(PhaseId phase, int ordinal, int64_t guaranteed_ns) const {
