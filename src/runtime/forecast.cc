@@ -365,10 +365,18 @@ void Forecaster::Impl::KeepPriorRegime(int64_t at, std::vector<int64_t> missed) 
   PriorRegime p;
   constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   p.bound.assign(static_cast<size_t>(cycle), {kNaN, kNaN});
+  p.caps.assign(static_cast<size_t>(cycle), {});
   for (int64_t s = last_step_ + 1; s <= last_step_ + cycle; ++s) {
     double lo = 0, hi = 0;
     if (KindAt(s) == StepKind::kNormal && MarginalBound(s, lo, hi)) {
       p.bound[static_cast<size_t>(s % cycle)] = {lo, hi};
+    }
+    const StepModel& m = ModelFor(s);
+    if (!m.ok) continue;
+    for (const StepModel::Slot& sl : m.slots) {
+      if (!Recurring(sl.key)) continue;
+      p.caps[static_cast<size_t>(s % cycle)].push_back(
+          {sl.key, std::max(sl.d.low_tail, 0.0), std::max(sl.b.lo, 0.0)});
     }
   }
   const int64_t first_missed = *std::min_element(missed.begin(), missed.end());
@@ -379,6 +387,22 @@ void Forecaster::Impl::KeepPriorRegime(int64_t at, std::vector<int64_t> missed) 
   p.since = at;
   p.missed = std::move(missed);
   prior_ = std::move(p);
+}
+
+void Forecaster::Impl::CapByPriorRegime(int64_t step, int key, int64_t& guaranteed_ns,
+                                        double& end_lo) const {
+  if (!prior_.has_value() || prior_->caps.empty() || !Recurring(key)) return;
+  const auto& caps =
+      prior_->caps[static_cast<size_t>(step % static_cast<int64_t>(prior_->caps.size()))];
+  double guaranteed = 0, end = 0;  // not claimed by the old regime
+  for (const PriorRegime::Cap& c : caps) {
+    if (c.key == key) {
+      guaranteed = c.guaranteed;
+      end = c.end_lo;
+    }
+  }
+  guaranteed_ns = std::min(guaranteed_ns, static_cast<int64_t>(guaranteed));
+  end_lo = std::min(end_lo, end);
 }
 
 bool Forecaster::Impl::Transient(const StepObs& obs) {

@@ -89,6 +89,15 @@ class Forecaster::Impl {
     bool rule_valid = false;
   };
 
+  // A window of every step (a data stall, a bubble, host-side time), not an
+  // event (eval, checkpoint, or a learned spacing rule).
+  bool Recurring(int key) const {
+    return !occ_[key].rule_valid && SlotKind(key) != IdleKind::kEval &&
+           SlotKind(key) != IdleKind::kCheckpoint;
+  }
+  // The window of slot `key` at `step` claimed for at most what the kept
+  // prior regime claimed (PriorRegime::caps); no change without one.
+  void CapByPriorRegime(int64_t step, int key, int64_t& guaranteed_ns, double& end_lo) const;
   bool Ready() const { return static_cast<int>(hist_.size()) >= opt_.min_steps; }
   StepKind KindAt(int64_t step) const;
   // Whether a declared or learned checkpoint / eval event occurs at `step`.
@@ -104,8 +113,18 @@ class Forecaster::Impl {
   // `combo`: a checkpoint and an eval are both predicted at `step`.
   StepModel BuildModel(int64_t step, StepKind kind, bool combo) const;
   // How a positive margin widens a summary: by the whole spread (q90 − q10)
-  // on both sides, or each side by the spread of its own half.
-  enum class Spread { kWhole, kPerSide };
+  // on both sides, or each side by the spread of its own half; kPerSideLog
+  // as kPerSide, but the lower end of a positive sample (a length that
+  // recurs every step: a data stall, a bubble) shrinks by a factor, the
+  // margin times its lower half's spread in log space, and a small sample's
+  // lower bounds are also taken in log space. A heavy-tailed length's low
+  // quantile is a small part of its lower half's spread, so a positive
+  // margin in spreads wiped its claims out for good, and with them the
+  // outcomes that would have narrowed the margin again (seen on lognormal
+  // stalls of σ 1: one early miss, then no claim in the remaining 190
+  // steps); a factor never reaches 0. About the same as kPerSide where the
+  // spread is small.
+  enum class Spread { kWhole, kPerSide, kPerSideLog };
   // `lo_share`: the part of α left below the lower quantile (0.5: a
   // symmetric interval).
   void Summarize(std::vector<double>& v, SampleSummary& s, double margin, Spread kind,
@@ -169,6 +188,18 @@ class Forecaster::Impl {
     std::deque<StepObs> hist;
     int64_t regime_steps = 0;
     std::vector<std::pair<double, double>> bound;
+    // What the old regime claimed of each recurring window (Recurring) of
+    // a step, by step modulo bound.size(): its guaranteed length and the
+    // lower end of where it ends. While the old regime may come back, a
+    // window is claimed for no more than both regimes claim (a burst of
+    // stalls learned as a regime of its own ends as it began: the next step
+    // stalls like the old regime's). A window the old regime did not claim
+    // at the step is not claimed.
+    struct Cap {
+      int key = 0;
+      double guaranteed = 0, end_lo = 0;
+    };
+    std::vector<std::vector<Cap>> caps;
     int64_t since = -1;
     int fits = 0;
     std::vector<int64_t> missed;

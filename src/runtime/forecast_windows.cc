@@ -22,6 +22,10 @@ constexpr int64_t kMaxCycle = 4096;
 // The furthest a fully negative margin pulls a quantile towards the median
 // (as a fraction of their distance).
 constexpr double kMaxPull = 0.5;
+// The least lower-half spread in log space a kPerSideLog summary shrinks by
+// (a factor of e^0.02 per unit of margin: the 2% of the median that is
+// the least spread in linear space).
+constexpr double kMinLogSpread = 0.02;
 
 absl::Status NotReady(int64_t have, int need) {
   return absl::FailedPreconditionError(absl::StrCat("no forecast yet: the current regime has ",
@@ -61,19 +65,28 @@ void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, doubl
   // lower claims on the scale of the short mode, not of the distance between
   // the modes (which would wipe them out at the first positive margin).
   // Durations widen by the whole spread on both sides.
-  s.spread_lo = kind == Spread::kPerSide ? std::max(2 * (s.median - q10), floor) : s.spread;
-  s.spread_hi = kind == Spread::kPerSide ? std::max(2 * (q90 - s.median), floor) : s.spread;
+  const bool per_side = kind != Spread::kWhole;
+  s.spread_lo = per_side ? std::max(2 * (s.median - q10), floor) : s.spread;
+  s.spread_hi = per_side ? std::max(2 * (q90 - s.median), floor) : s.spread;
   const double widen_lo = std::max(margin, 0.0) * s.spread_lo;
   const double widen_hi = std::max(margin, 0.0) * s.spread_hi;
+  // kPerSideLog: the lower ends shrink by a factor (v is sorted: v[0] is
+  // its least value).
+  const bool log_lo = kind == Spread::kPerSideLog && v.front() > 0;
+  const double shrink =
+      log_lo ? std::exp(-std::max(margin, 0.0) *
+                        std::max(2 * (std::log(s.median) - std::log(q10)), kMinLogSpread))
+             : 1.0;
+  const auto lower = [&](double x) { return log_lo ? x * shrink : x - widen_lo; };
   // A negative margin (claims held more often than needed) moves the
   // quantiles towards the median by at most half their distance.
   const double narrow = std::clamp(-margin, 0.0, kMaxNarrowing) / kMaxNarrowing * kMaxPull;
   const double qlo = QuantileSorted(v, alpha_ * lo_share);
   const double qhi = QuantileSorted(v, 1 - alpha_ * (1 - lo_share));
   const double qtail = QuantileSorted(v, alpha_);
-  s.lo = qlo + narrow * (s.median - qlo) - widen_lo;
+  s.lo = lower(qlo + narrow * (s.median - qlo));
   s.hi = qhi - narrow * (qhi - s.median) + widen_hi;
-  s.low_tail = qtail + narrow * (s.median - qtail) - widen_lo;
+  s.low_tail = lower(qtail + narrow * (s.median - qtail));
   if (n >= 2 / alpha_) return;
   const double prior = n < 5 ? 0.05 * std::abs(scale >= 0 ? scale : s.mean) : 0.0;
   const double sd = std::max(n > 1 ? std::sqrt(sq / (n - 1)) : 0.0, prior);
@@ -81,14 +94,27 @@ void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, doubl
   // sample and the lower of the mean and the median: a long occurrence
   // moves the mean up and widens the whole sample's spread, not the short
   // ones'. A duration's interval stays symmetric about the mean.
-  const bool per_side = kind == Spread::kPerSide;
   const double sd_lo = per_side ? std::max(s.sd_lo, prior) : sd;
   const double root = std::sqrt(1 + 1 / n);
   const double centre_lo = per_side ? std::min(s.mean, s.median) : s.mean;
-  s.lo = std::min(s.lo, centre_lo - SmallSampleFactor(z_, n) * sd_lo * root - widen_lo);
+  s.lo = std::min(s.lo, lower(centre_lo - SmallSampleFactor(z_, n) * sd_lo * root));
   s.hi = std::max(s.hi, s.mean + SmallSampleFactor(z_, n) * sd * root + widen_hi);
+  s.low_tail = std::min(s.low_tail, lower(centre_lo - SmallSampleFactor(z1_, n) * sd_lo * root));
+  if (!log_lo || n < 2) return;
+  if (v.front() == v.back() && n >= 5) return;  // no spread: the linear bounds are exact
+  // The Student-t prediction bounds of the logs (the whole sample's spread,
+  // at least 5% below 5 values): exact for lognormal lengths, about the
+  // linear ones for a small spread, and far below them for a heavy tail that
+  // 5 or 10 values do not show in linear space (the first 5 stalls of a
+  // lognormal of σ 1 all within 19-35 ms: claimed 14 ms, then came 6 ms).
+  double lsum = 0, lsq = 0;
+  for (const double x : v) lsum += std::log(x);
+  const double lmean = lsum / n;
+  for (const double x : v) lsq += (std::log(x) - lmean) * (std::log(x) - lmean);
+  const double lsd = std::max(std::sqrt(lsq / (n - 1)), n < 5 ? 0.05 : 0.0);
+  s.lo = std::min(s.lo, lower(std::exp(lmean - SmallSampleFactor(z_, n) * lsd * root)));
   s.low_tail =
-      std::min(s.low_tail, centre_lo - SmallSampleFactor(z1_, n) * sd_lo * root - widen_lo);
+      std::min(s.low_tail, lower(std::exp(lmean - SmallSampleFactor(z1_, n) * lsd * root)));
 }
 
 StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) const {
@@ -261,9 +287,16 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
     sl.key = key;
     sl.phase = slot_phase_[key];
     const double wm = window_cal_[static_cast<int>(SlotKind(key))].margin();
-    Summarize(d, sl.d, wm, Spread::kPerSide);
+    // A window of every step (a data stall, a bubble, host-side time), not
+    // an event, may have a heavy tail: its length and where it ends are
+    // summarised in log space at the lower end (Spread::kPerSideLog). An
+    // event's few lengths keep the lower half's linear spread: one that ran
+    // late does not shorten the next one's guarantee.
+    const bool recurring = Recurring(key);
+    const Spread lengths = recurring ? Spread::kPerSideLog : Spread::kPerSide;
+    Summarize(d, sl.d, wm, lengths);
     Summarize(a, sl.a, wm, Spread::kPerSide, sl.d.median);
-    Summarize(b, sl.b, wm, Spread::kPerSide, sl.d.median);
+    Summarize(b, sl.b, wm, lengths, sl.d.median);
     const auto np = static_cast<double>(d.size());
     if (np < 2 / alpha_ && sl.a.mean > 0.5 * normal.mean && normal.n >= 10) {
       // Few occurrences of a slot late in its step (an eval or checkpoint
@@ -286,9 +319,10 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       sl.a.hi = a_mean + std::max(normal.hi, own) + std::max(wm, 0.0) * sl.a.spread_hi;
       sl.a.mean = sl.a.median = a_mean;
       const double sd = std::max(sl.d.sd_lo, np < 5 ? 0.05 * sl.d.mean : 0.0);
-      const double low = std::min(sl.d.mean, sl.d.median) -
-                         SmallSampleFactor(z_, np) * sd * std::sqrt(1 + 1 / np) -
-                         std::max(wm, 0.0) * sl.d.spread_lo;
+      const double low = recurring ? sl.d.lo
+                                   : std::min(sl.d.mean, sl.d.median) -
+                                         SmallSampleFactor(z_, np) * sd * std::sqrt(1 + 1 / np) -
+                                         std::max(wm, 0.0) * sl.d.spread_lo;
       // The end offsets of occurrences in other residue classes are no
       // sample of this one's when the normal steps have a rhythm.
       sl.b.lo = np_period > 1 ? sl.a.lo + low : std::max(sl.b.lo, sl.a.lo + low);
@@ -537,8 +571,10 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
       w.latest_start_ns = static_cast<int64_t>(s_hi + std::max(sl.a.hi, 0.0));
       w.guaranteed_ns = static_cast<int64_t>(std::max(sl.d.low_tail, 0.0));
       w.expected_ns = static_cast<int64_t>(std::max(sl.d.median, 0.0));
+      double end_lo = sl.b.lo;
+      CapByPriorRegime(s, sl.key, w.guaranteed_ns, end_lo);
       const double start = std::max(s_hi + std::max(sl.a.hi, 0.0), now);
-      const double end = std::min(s_lo + sl.b.lo, horizon_end);
+      const double end = std::min(s_lo + end_lo, horizon_end);
       // After one step far outside its bound (the start times are in doubt)
       // and for the slots marked so, no time is claimed by the clock; the
       // length once open still is.

@@ -491,6 +491,81 @@ TEST(Forecaster, HeavyTailedStepsAreCoveredAtLeastAtTheStatedRate) {
   EXPECT_GE(static_cast<double>(covered) / static_cast<double>(scored), conf);
 }
 
+// Replays `dw` (data waits, ms) before 200 ms of compute, one step each,
+// and scores the guaranteed length of each step's data-stall window in the
+// forecast made after the step before: claimed and held (ms), per step.
+struct StallClaims {
+  std::vector<int64_t> claimed, held;
+  double Precision(size_t from = 0) const {
+    int64_t c = 0, h = 0;
+    for (size_t i = from; i < claimed.size(); ++i) c += claimed[i], h += held[i];
+    return c > 0 ? static_cast<double>(h) / static_cast<double>(c) : 1.0;
+  }
+  int64_t Claimed(size_t from, size_t to) const {
+    int64_t c = 0;
+    for (size_t i = from; i < std::min(to, claimed.size()); ++i) c += claimed[i];
+    return c;
+  }
+};
+StallClaims ReplayStallClaims(const std::vector<int64_t>& dw) {
+  Forecaster fc = Make(Opts(2000));
+  StallClaims out;
+  out.claimed.assign(dw.size(), 0);
+  out.held.assign(dw.size(), 0);
+  int64_t t = 0;
+  for (size_t i = 0; i < dw.size(); ++i) {
+    const auto step = static_cast<int64_t>(i);
+    Feed(fc, MakeStep(step, t, dw[i] + 200,
+                      {{phase::kDataWait, 0, dw[i]}, {phase::kCompute, dw[i], dw[i] + 200}}));
+    t += dw[i] + 200;
+    auto f = fc.Predict(t * kMs);
+    if (!f.ok() || i + 1 == dw.size()) continue;
+    for (const IdleWindow& w : f->windows) {
+      if (w.step != step + 1 || w.kind != IdleKind::kDataStall) continue;
+      out.claimed[i + 1] = w.guaranteed_ns / kMs;
+      out.held[i + 1] = std::min(w.guaranteed_ns / kMs, dw[i + 1]);
+    }
+  }
+  return out;
+}
+
+TEST(Forecaster, AHeavyTailedStallStaysClaimedAfterAnEarlyMissAndItsClaimsHold) {
+  // Lognormal stalls of σ 1 (median 15 ms; 5% last under 3 ms), the first
+  // ten of them all within 19-33 ms, so the first claims are ~14 ms and the
+  // first short stalls miss them. The margin, in spreads of ~20 ms, then
+  // outgrew the ~3 ms low quantile and nothing was claimed again: no
+  // outcome to narrow it, the few early claims' precision below the stated
+  // confidence, none in the last 250 steps.
+  std::vector<int64_t> dw = {21, 24, 29, 19, 27, 20, 23, 33, 26, 25};
+  std::mt19937_64 rng(5);
+  std::lognormal_distribution<double> stall(std::log(15.0), 1.0);
+  while (dw.size() < 400) dw.push_back(std::max<int64_t>(1, std::llround(stall(rng))));
+  const StallClaims c = ReplayStallClaims(dw);
+  EXPECT_GE(c.Precision(), 0.9545);
+  EXPECT_GT(c.Claimed(150, 400), 250);  // still claimed, about 2 ms a step
+}
+
+TEST(Forecaster, AStallBurstLearnedAsARegimeIsClaimedOnlyAsTheOldRegimeClaims) {
+  // A loader that falls behind for 9 steps (~120 ms stalls) among ~3 ms
+  // waits. The burst is a new regime after three steps; claiming its stalls
+  // for the next step failed whole at the burst's end (the next step is the
+  // old regime's). While the old regime may come back, a window is claimed
+  // only as both claim it; a stall length that stays is claimed once the
+  // old regime can no longer come back.
+  Jitter j;
+  std::vector<int64_t> dw;
+  for (int i = 0; i < 100; ++i) dw.push_back(j(3, 0.2));
+  for (int i = 0; i < 9; ++i) dw.push_back(j(120, 0.1));
+  for (int i = 0; i < 60; ++i) dw.push_back(j(3, 0.2));
+  for (int i = 0; i < 200; ++i) dw.push_back(j(120, 0.1));  // a slower loader, for good
+  const StallClaims c = ReplayStallClaims(dw);
+  for (size_t i = 100; i < 169; ++i) EXPECT_LE(c.claimed[i], 3) << "step " << i;
+  EXPECT_GE(c.Precision(), 0.9545);
+  // The change at 169 stays: claimed within 64 + 8 steps (the old regime can
+  // no longer come back), ~100 ms a step from then on.
+  EXPECT_GT(c.Claimed(250, 369), 100 * 90);
+}
+
 // Replays `dw` (data waits, ms) as steps; returns the coverage of the
 // next-step bounds and their median slack (upper end / duration).
 std::pair<double, double> ReplayBounds(const std::vector<int64_t>& dw) {
