@@ -12,9 +12,13 @@ draw (2026-12-03: window precision below the claim on 8 of 30 `heavy_stalls`
 draws and 15 of 30 `bursty_stalls` draws, none of them in the corpus's own).
 
 Prints a table, then one JSON line, `{"benchmark": "forecast_seeds", ...}`.
-A report, not a gate: exits 1 only when a log cannot be made or scored.
+Exits 1 when a log cannot be made or scored, and with --gate-precision (the
+ctest cli.forecast_seeds) when any log's window precision is below the
+claim. Next-step coverage is reported, not gated: on fresh draws of short
+heavy-tailed logs it falls short by less than one step now and then.
 
 Usage: /usr/bin/python3 benchmarks/forecast_seeds.py [BUILD] [--seeds N] [--first-seed S]
+           [--gate-precision]
 """
 import argparse
 import json
@@ -47,6 +51,8 @@ def main():
     ap.add_argument("--seeds", type=int, default=5, help="draws per scenario (default 5)")
     ap.add_argument("--first-seed", type=int, default=1001)
     ap.add_argument("--out", default=None, help="where the logs go (default BUILD/bench/seeds)")
+    ap.add_argument("--gate-precision", action="store_true",
+                    help="exit 1 when any log's window precision is below the claim")
     a = ap.parse_args()
     build = pathlib.Path(a.build)
     out = pathlib.Path(a.out) if a.out else build / "bench" / "seeds"
@@ -104,7 +110,7 @@ def main():
             "logs": logs, "precision_below_claim": below_p, "coverage_below_claim": below_c,
             "failed": failed, "wall_s": round(time.monotonic() - t0, 1), "by_scenario": by}
     print(json.dumps(line), flush=True)
-    return 1 if failed or logs == 0 else 0
+    return 1 if failed or logs == 0 or (a.gate_precision and below_p) else 0
 
 
 if __name__ == "__main__":
