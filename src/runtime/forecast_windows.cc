@@ -279,6 +279,15 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       const int need = base == StepKind::kNormal ? 3 : 1;
       if (n < need || static_cast<double>(a.size()) < (1 - alpha_ / 2) * n) continue;
     }
+    const bool recurring = Recurring(key);
+    if (!recurring) {
+      // An event's lengths from their latest level on (LevelShiftStart).
+      // Where it starts and ends keeps the whole sample: a level of length
+      // says nothing of the start's spread (steady_text's first eval ran
+      // long and started late; without it the start was claimed too
+      // early).
+      d.erase(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(LevelShiftStart(d)));
+    }
     // One occurrence of an event shows nothing of its spread: its start is
     // not claimed, its length only with the small-sample prior (at least 5%
     // noise, 1.5 z; Summarize) until a second one is measured.
@@ -292,7 +301,6 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
     // summarised in log space at the lower end (Spread::kPerSideLog). An
     // event's few lengths keep the lower half's linear spread: one that ran
     // late does not shorten the next one's guarantee.
-    const bool recurring = Recurring(key);
     const Spread lengths = recurring ? Spread::kPerSideLog : Spread::kPerSide;
     Summarize(d, sl.d, wm, lengths);
     Summarize(a, sl.a, wm, Spread::kPerSide, sl.d.median);

@@ -470,6 +470,38 @@ TEST(Forecaster, ALongEvalDoesNotShortenTheNextEvalsGuaranteedLength) {
   EXPECT_LT(ev->guaranteed_ns, 500 * kMs);
 }
 
+// The guaranteed length of the next eval (step 179, the 9th) after six
+// evals of ~`before_ms` and two of ~`after_ms` (2% noise each).
+int64_t NextEvalAfterALevelShift(int64_t before_ms, int64_t after_ms) {
+  ForecastOptions o = Opts(30'000);
+  o.eval = PeriodicEvent{20, 19, 0};
+  Forecaster fc = Make(o);
+  const int64_t t = FeedWithEvals(fc, 160, 20, [&](int i, Jitter& j) {
+    return j(static_cast<double>(i < 120 ? before_ms : after_ms), 0.02);
+  });
+  auto f = fc.Predict(t * kMs);
+  EXPECT_TRUE(f.ok());
+  const IdleWindow* ev = f.ok() ? FirstOfKind(*f, IdleKind::kEval) : nullptr;
+  EXPECT_NE(ev, nullptr);
+  EXPECT_EQ(ev == nullptr ? -1 : ev->step, 179);
+  return ev == nullptr ? -1 : ev->guaranteed_ns;
+}
+
+TEST(Forecaster, AnEvalWhoseLengthShiftsIsClaimedFromItsNewLevelAfterTwo) {
+  // The demo trainer's evals shift so (the answers it generates lengthen,
+  // then shorten as the model learns) while its training steps stay as they
+  // were. Before an event's own level shifts were found, the next eval after
+  // a rise from 300 to 500 ms was claimed 293 ms, from all eight lengths.
+  const int64_t rose = NextEvalAfterALevelShift(300, 500);
+  EXPECT_GT(rose, 380 * kMs);
+  EXPECT_LT(rose, 470 * kMs);  // below every length of the new level
+  // After a drop, the claim is below the new level (it was before too: the
+  // lower half of the eight lengths is the new level's).
+  const int64_t dropped = NextEvalAfterALevelShift(500, 300);
+  EXPECT_GT(dropped, 200 * kMs);
+  EXPECT_LT(dropped, 280 * kMs);
+}
+
 TEST(Forecaster, HeavyTailedStepsAreCoveredAtLeastAtTheStatedRate) {
   Forecaster fc = Make(Opts(1000));
   std::mt19937_64 rng(11);
