@@ -63,6 +63,20 @@ Scenarios (none of them is in tests/data):
                        `metric_upload` phase (user phase 8, idle host_side,
                        ~60 ms, registered by a `phase` line), forward pass B
                        (busy, 80 ms), then eval idle ~40 ms. 1000 steps.
+  13_stall_after_eval  a loader made again after each eval (a DataLoader
+                       without persistent workers): declared eval every 50
+                       (offset 49, ~800 ms with a 200 ms forward); the step
+                       after each eval opens with a ~450 ms data stall, the
+                       others with ~5 ms: a stall in 2% of the steps.
+                       1500 steps. (Added 2026-12-03: no period was found
+                       for it while the period learner clipped the top 2%.)
+  14_eval_length_shift  an undeclared eval every 40 steps (offset 39):
+                       150 ms forward, then ~200 ms of idle scoring for
+                       evals 1-6, ~350 ms for evals 7-14 (longer generated
+                       answers), ~150 ms from then on; training steps
+                       unchanged. 1200 steps. (Added 2026-12-03: the
+                       lengths of an ended level stayed in the eval's
+                       sample.)
 """
 import argparse
 import json
@@ -315,6 +329,31 @@ def s12_nested_eval(w, rng):
         w.step(s, segs, kind=kind)
 
 
+def s13_stall_after_eval(w, rng):
+    for s in range(1500):
+        segs = std_train(rng, 5 * MS, 0.3, 150 * MS)
+        if s > 0 and s % 50 == 0:
+            segs[0] = ("data_wait", ln(rng, 450 * MS, 0.05))
+        kind = "normal"
+        if s % 50 == 49:
+            segs.append(eval_seg(rng, 800 * MS, 200 * MS))
+            kind = "eval"
+        w.step(s, segs, kind=kind)
+
+
+def s14_eval_length_shift(w, rng):
+    for s in range(1200):
+        segs = std_train(rng, 6 * MS, 0.25, 180 * MS)
+        kind = "normal"
+        if s % 40 == 39:
+            n = s // 40 + 1
+            fwd = ln(rng, 150 * MS, 0.03)
+            idle = ln(rng, (200 if n <= 6 else 350 if n <= 14 else 150) * MS, 0.04)
+            segs.append(("eval", fwd + idle, [("compute", fwd)]))
+            kind = "eval"
+        w.step(s, segs, kind=kind)
+
+
 SCENARIOS = [
     ("01_grad_accum", s01_grad_accum, {}),
     ("02_thermal", s02_thermal, {}),
@@ -328,6 +367,8 @@ SCENARIOS = [
     ("10_three_events", s10_three_events, {"ev": (64, 63, 800 * MS)}),
     ("11_mid_job_start", s11_mid_job_start, {"ev": (100, 99, 1 * S), "t0": 8_640_000 * S}),
     ("12_nested_eval", s12_nested_eval, {"ev": (25, 24, 400 * MS)}),
+    ("13_stall_after_eval", s13_stall_after_eval, {"ev": (50, 49, 0)}),
+    ("14_eval_length_shift", s14_eval_length_shift, {}),
 ]
 
 

@@ -15,7 +15,8 @@ int ChoosePeriod(const std::vector<int64_t>& steps, const std::vector<double>& v
   if (n < 6) return 1;
   std::vector<double> sorted = values;
   std::sort(sorted.begin(), sorted.end());
-  const double lo = QuantileSorted(sorted, 0.02), hi = QuantileSorted(sorted, 0.98);
+  const double clip = std::min(0.02, 0.5 / std::max(max_period, 1));
+  const double lo = QuantileSorted(sorted, clip), hi = QuantileSorted(sorted, 1 - clip);
   const double scale = std::max(std::abs(sorted.back()), std::abs(sorted.front())) + 1.0;
   const double floor = 1e-8 * scale * scale;
   std::vector<double> v(n);

@@ -12,7 +12,10 @@ namespace omni {
 
 // The period P in [1, max_period] whose residue classes (step mod P) explain
 // `values` best: least squares per class after winsorising the values at
-// their 2nd and 98th percentiles (so single outliers buy nothing), scored
+// their 1/(2·max_period) and 1 − 1/(2·max_period) quantiles, at most 2%
+// (so single outliers buy nothing, while a class of the longest period,
+// 1/max_period of the values, is not clipped: a stall in one step of 50),
+// scored
 //   n·ln(SSE_P/n + floor) + penalty·(non-empty classes)·ln(n)
 // (BIC with a doubled penalty, so that noise does not select a period).
 // Periods with fewer than 3 values per class on average are not considered.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -38,6 +39,37 @@ TEST(Rhythm, HeavyTailedNoiseDoesNotSelectAPeriod) {
       s.steps.push_back(i);
       s.values.push_back(noise(rng));
     }
+    EXPECT_EQ(ChoosePeriod(s.steps, s.values, 64), 1) << "seed " << seed;
+  }
+}
+
+// Data waits of ~5 ms, and in `long_steps` of them ~450 ms.
+Series StallsAt(const std::function<bool(int, std::mt19937_64&)>& long_step, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> wait(std::log(5.0), 0.3);
+  std::normal_distribution<double> stall(450, 20);
+  Series s;
+  for (int i = 0; i < 512; ++i) {
+    s.steps.push_back(i);
+    s.values.push_back(long_step(i, rng) ? stall(rng) : wait(rng));
+  }
+  return s;
+}
+
+TEST(Rhythm, FindsAStallInOneStepOfFiftyAfterEachEval) {
+  // A loader made again after each eval (every 50 steps) stalls the next
+  // step: 2% of the steps. Winsorising at the 2nd and 98th percentiles had
+  // clipped them to the short waits' length, and no period was found.
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    const Series s = StallsAt([](int i, std::mt19937_64&) { return i > 0 && i % 50 == 0; }, seed);
+    EXPECT_EQ(ChoosePeriod(s.steps, s.values, 64), 50) << "seed " << seed;
+  }
+}
+
+TEST(Rhythm, AsManyStallsAtRandomStepsSelectNoPeriod) {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    const Series s = StallsAt(
+        [](int, std::mt19937_64& rng) { return std::bernoulli_distribution(0.02)(rng); }, seed);
     EXPECT_EQ(ChoosePeriod(s.steps, s.values, 64), 1) << "seed " << seed;
   }
 }
