@@ -135,8 +135,9 @@ class OMNI_EXPORT JobCheckpointManager {
   // FailedPrecondition naming both job ids when another job holds it;
   // InvalidArgument for an empty dir or job_id. The first holder (no live
   // process holds the lock) removes what crashed saves left (temporary and
-  // trash directories). Nothing inside `dir` is followed out of it (as
-  // CheckpointManager::Open).
+  // trash directories) before any other replica can join, so a replica that
+  // joins and saves at once keeps its part. Nothing inside `dir` is
+  // followed out of it (as CheckpointManager::Open).
   static absl::StatusOr<std::unique_ptr<JobCheckpointManager>> Open(
       const JobCheckpointOptions& options);
   virtual ~JobCheckpointManager() = default;

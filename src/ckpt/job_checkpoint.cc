@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckpt/ckpt_util.h"
+#include "ckpt/job_checkpoint_fs.h"
 #include "ckpt/job_manifest.h"
 #include "ckpt/job_reader.h"
 #include "ckpt/safetensors.h"
@@ -53,7 +54,6 @@ using ckpt::JobTensor;
 using ckpt::PlanItem;
 using ckpt::TensorEntry;
 using internal::DirEntry;
-using internal::ErrnoStatus;
 using internal::FileStat;
 using internal::FileSystem;
 using internal::FileType;
@@ -192,22 +192,23 @@ class CountingWriter final : public StateWriter {
 
 // ---------------------------------------------------------------- the manager
 
+// What crashed saves left in `dir`, when no other replica is alive to be
+// writing (JoinJobLock's while_first: no replica can join meanwhile).
+void RemoveCrashedSaves(internal::FileSystem& fs, int dir, const std::string& dir_path) {
+  absl::StatusOr<std::vector<DirEntry>> names = fs.List(dir, dir_path);
+  if (!names.ok()) return;
+  for (const DirEntry& e : *names) {
+    if ((e.name.rfind(kTmpPrefix, 0) == 0 || e.name.rfind(kTrashPrefix, 0) == 0) &&
+        e.type == FileType::kDirectory) {
+      internal::RemoveTreeAt(fs, dir, e.name, Join(dir_path, e.name)).IgnoreError();
+    }
+  }
+}
+
 class JobCheckpointManagerImpl final : public JobCheckpointManager {
  public:
   JobCheckpointManagerImpl(JobCheckpointOptions o, FileSystem& fs, Fd dir, Fd lock)
       : opt_(std::move(o)), fs_(fs), dir_(std::move(dir)), lock_(std::move(lock)) {}
-
-  // What crashed saves left, when no other replica is alive to be writing.
-  void CleanUpAlone() {
-    absl::StatusOr<std::vector<DirEntry>> names = fs_.List(dir_.get(), opt_.dir);
-    if (!names.ok()) return;
-    for (const DirEntry& e : *names) {
-      if ((e.name.rfind(kTmpPrefix, 0) == 0 || e.name.rfind(kTrashPrefix, 0) == 0) &&
-          e.type == FileType::kDirectory) {
-        internal::RemoveTreeAt(fs_, dir_.get(), e.name, PathOf(e.name)).IgnoreError();
-      }
-    }
-  }
 
   absl::StatusOr<JobSaveStats> Save(int64_t step, const JobSaveGroup& group,
                                     const StateRegistry& replicated,
@@ -761,6 +762,11 @@ absl::Status JobCheckpointManagerImpl::RestorePerReplica(const StateRegistry& pe
 
 absl::StatusOr<std::unique_ptr<JobCheckpointManager>> JobCheckpointManager::Open(
     const JobCheckpointOptions& options) {
+  return internal::OpenJobCheckpointManagerOn(options, internal::RealFileSystem());
+}
+
+absl::StatusOr<std::unique_ptr<JobCheckpointManager>> internal::OpenJobCheckpointManagerOn(
+    const JobCheckpointOptions& options, FileSystem& fs) {
   if (options.dir.empty()) return absl::InvalidArgumentError("checkpoint directory is empty");
   if (options.job_id.empty()) {
     return absl::InvalidArgumentError(
@@ -776,16 +782,14 @@ absl::StatusOr<std::unique_ptr<JobCheckpointManager>> JobCheckpointManager::Open
   std::error_code ec;
   std::filesystem::create_directories(options.dir, ec);
   if (ec) return ErrnoStatus(ec.value(), absl::StrCat("create checkpoint directory ", options.dir));
-  FileSystem& fs = internal::RealFileSystem();
   absl::StatusOr<Fd> dir = fs.OpenDir(AT_FDCWD, options.dir, options.dir);
   if (!dir.ok()) return dir.status();
   bool first = false;
-  absl::StatusOr<Fd> lock = JoinJobLock(fs, dir->get(), options.dir, options.job_id, &first);
+  const int dir_fd = dir->get();
+  absl::StatusOr<Fd> lock = JoinJobLock(fs, dir_fd, options.dir, options.job_id, &first,
+                                        [&] { RemoveCrashedSaves(fs, dir_fd, options.dir); });
   if (!lock.ok()) return lock.status();
-  auto mgr =
-      std::make_unique<JobCheckpointManagerImpl>(options, fs, *std::move(dir), *std::move(lock));
-  if (first) mgr->CleanUpAlone();
-  return mgr;
+  return std::make_unique<JobCheckpointManagerImpl>(options, fs, *std::move(dir), *std::move(lock));
 }
 
 }  // namespace omni

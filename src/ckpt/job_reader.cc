@@ -121,7 +121,8 @@ std::vector<JobPartInfo> PartsOf(const JobManifest& m) {
 // Joins the job's shared lock on `dir` (see the header). `first` is set when
 // no other live process held it.
 absl::StatusOr<Fd> JoinJobLock(FileSystem& fs, int dir, const std::string& dir_path,
-                               const std::string& job_id, bool* first) {
+                               const std::string& job_id, bool* first,
+                               const std::function<void()>& while_first) {
   const std::string guard_path = Join(dir_path, kLockGuard);
   absl::StatusOr<Fd> guard = fs.OpenWrite(dir, kLockGuard, false, false, guard_path);
   if (!guard.ok()) {
@@ -151,6 +152,8 @@ absl::StatusOr<Fd> JoinJobLock(FileSystem& fs, int dir, const std::string& dir_p
     }
     if (::flock(lock.get(), LOCK_SH) != 0)
       return ErrnoStatus(errno, absl::StrCat("lock ", lock_path));
+    // Still under the guard: a replica that joins now waits for it.
+    if (while_first) while_first();
     return lock;
   }
   if (errno != EWOULDBLOCK) return ErrnoStatus(errno, absl::StrCat("lock ", lock_path));

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -147,8 +148,11 @@ std::vector<JobPartInfo> PartsOf(const JobManifest& m);
 
 // Joins the job's shared lock on `dir` (see omni/job_checkpoint.h); `first`
 // is set when no other live process held it. FailedPrecondition naming both
-// job ids when another job holds it.
+// job ids when another job holds it. `while_first` (when set) runs when this
+// process is the first, before any other can join: the removal of what
+// crashed saves left must not race a replica that joins and starts a save.
 absl::StatusOr<Fd> JoinJobLock(internal::FileSystem& fs, int dir, const std::string& dir_path,
-                               const std::string& job_id, bool* first);
+                               const std::string& job_id, bool* first,
+                               const std::function<void()>& while_first = nullptr);
 
 }  // namespace omni::ckpt

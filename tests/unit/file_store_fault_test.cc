@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "fault_fs.h"
 #include "omni/store.h"
+#include "pass_through_fs.h"
 #include "store/file_store.h"
 #include "temp_dir.h"
 
@@ -229,49 +230,17 @@ TEST(FileStoreFaults, ASymlinkedKeyFileIsRefusedNamingItAndItsTargetIsNotRead) {
 // it is about to rename a temporary of the key file `frozen` into place: a
 // writer frozen mid-write, holding that key's lock (as a replica stopped by
 // a debugger, a paused VM or the integration test's SIGSTOP).
-class FreezeBeforeRename final : public internal::FileSystem {
+class FreezeBeforeRename final : public testing::PassThroughFileSystem {
  public:
   explicit FreezeBeforeRename(std::string frozen) : frozen_(std::move(frozen)) {}
 
-  absl::StatusOr<internal::Fd> OpenDir(int dir, const std::string& name,
-                                       const std::string& path) override {
-    return real_.OpenDir(dir, name, path);
-  }
-  absl::StatusOr<internal::Fd> OpenWrite(int dir, const std::string& name, bool truncate,
-                                         bool exclusive, const std::string& path) override {
-    return real_.OpenWrite(dir, name, truncate, exclusive, path);
-  }
-  absl::StatusOr<internal::Fd> OpenRead(int dir, const std::string& name,
-                                        const std::string& path) override {
-    return real_.OpenRead(dir, name, path);
-  }
-  absl::StatusOr<internal::FileStat> Stat(int dir, const std::string& name,
-                                          const std::string& path) override {
-    return real_.Stat(dir, name, path);
-  }
-  absl::Status Write(int fd, const void* data, size_t n, uint64_t offset,
-                     const std::string& path) override {
-    return real_.Write(fd, data, n, offset, path);
-  }
-  absl::Status Sync(int fd, const std::string& path) override { return real_.Sync(fd, path); }
   absl::Status Rename(int from_dir, const std::string& from, int to_dir, const std::string& to,
                       bool exchange, const std::string& path) override {
     if (absl::StartsWith(from, frozen_ + ".tmp.")) ::raise(SIGSTOP);
-    return real_.Rename(from_dir, from, to_dir, to, exchange, path);
-  }
-  absl::Status Remove(int dir, const std::string& name, bool directory,
-                      const std::string& path) override {
-    return real_.Remove(dir, name, directory, path);
-  }
-  absl::Status Mkdir(int dir, const std::string& name, const std::string& path) override {
-    return real_.Mkdir(dir, name, path);
-  }
-  absl::StatusOr<std::vector<internal::DirEntry>> List(int dir, const std::string& path) override {
-    return real_.List(dir, path);
+    return PassThroughFileSystem::Rename(from_dir, from, to_dir, to, exchange, path);
   }
 
  private:
-  internal::FileSystem& real_ = internal::RealFileSystem();
   const std::string frozen_;
 };
 
