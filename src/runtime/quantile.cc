@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 namespace omni {
 
@@ -43,26 +42,40 @@ double SmallSampleFactor(double z, double n) { return n >= 3 ? StudentT(z, n - 1
 
 size_t LevelShiftStart(const std::vector<double>& seq) {
   size_t start = 0;
-  for (size_t i = 2; i < seq.size(); ++i) {
-    if (i - 1 <= start) continue;  // the level before has no value yet
-    const auto first = seq.begin() + static_cast<std::ptrdiff_t>(start);
-    const auto last = seq.begin() + static_cast<std::ptrdiff_t>(i - 1);
-    const auto [old_lo, old_hi] = std::minmax_element(first, last);
+  // The level before, seq[start, i - 1): its count, extremes, mean and sum
+  // of squared deviations (Welford), kept as i advances (one pass).
+  double k = 0, old_lo = 0, old_hi = 0, old_mean = 0, old_ss = 0;
+  for (size_t i = 1; i < seq.size(); ++i) {
     const double lo = std::min(seq[i - 1], seq[i]), hi = std::max(seq[i - 1], seq[i]);
-    const double gap = lo > *old_hi ? lo - *old_hi : (hi < *old_lo ? *old_lo - hi : 0.0);
-    if (gap <= 0) continue;
-    // The two groups' pooled standard deviation (k − 1 + 1 degrees of
-    // freedom), at least kLevelNoise of the new level.
-    const auto k = static_cast<double>(last - first);
-    const double old_mean = std::accumulate(first, last, 0.0) / k;
-    const double new_mean = (lo + hi) / 2;
-    double ss = (hi - lo) * (hi - lo) / 2;
-    for (auto it = first; it != last; ++it) ss += (*it - old_mean) * (*it - old_mean);
-    const double sd = std::max(std::sqrt(ss / k), kLevelNoise * std::abs(new_mean));
-    // Fewer values before: a larger gap (6, 5, then 4 sds; normal noise
-    // of 10%, twice the prior, shifts one series of 30 values in 200).
-    const double sds = k < 2 ? kLevelShiftSds + 2 : (k < 3 ? kLevelShiftSds + 1 : kLevelShiftSds);
-    if (gap > sds * sd) start = i - 1;
+    const double gap =
+        k == 0 ? 0.0 : (lo > old_hi ? lo - old_hi : (hi < old_lo ? old_lo - hi : 0.0));
+    if (gap > 0) {
+      // The two groups' pooled standard deviation (k − 1 + 1 degrees of
+      // freedom), at least kLevelNoise of the new level.
+      const double new_mean = (lo + hi) / 2;
+      const double ss = old_ss + (hi - lo) * (hi - lo) / 2;
+      const double sd = std::max(std::sqrt(ss / k), kLevelNoise * std::abs(new_mean));
+      // Fewer values before: a larger gap (6, 5, then 4 sds; normal noise
+      // of 10%, twice the prior, shifts one series of 30 values in 200).
+      const double sds = k < 2 ? kLevelShiftSds + 2 : (k < 3 ? kLevelShiftSds + 1 : kLevelShiftSds);
+      if (gap > sds * sd) {
+        start = i - 1;
+        k = 0;
+      }
+    }
+    // seq[i - 1] joins the level before the next pair (seq[i], seq[i + 1]).
+    const double x = seq[i - 1];
+    if (k == 0) {
+      old_lo = old_hi = old_mean = x;
+      old_ss = 0;
+    } else {
+      old_lo = std::min(old_lo, x);
+      old_hi = std::max(old_hi, x);
+      const double delta = x - old_mean;
+      old_mean += delta / (k + 1);
+      old_ss += delta * (x - old_mean);
+    }
+    ++k;
   }
   return start;
 }
