@@ -784,9 +784,8 @@ absl::StatusOr<std::unique_ptr<JobCheckpointManager>> internal::OpenJobCheckpoin
   if (ec) return ErrnoStatus(ec.value(), absl::StrCat("create checkpoint directory ", options.dir));
   absl::StatusOr<Fd> dir = fs.OpenDir(AT_FDCWD, options.dir, options.dir);
   if (!dir.ok()) return dir.status();
-  bool first = false;
   const int dir_fd = dir->get();
-  absl::StatusOr<Fd> lock = JoinJobLock(fs, dir_fd, options.dir, options.job_id, &first,
+  absl::StatusOr<Fd> lock = JoinJobLock(fs, dir_fd, options.dir, options.job_id,
                                         [&] { RemoveCrashedSaves(fs, dir_fd, options.dir); });
   if (!lock.ok()) return lock.status();
   return std::make_unique<JobCheckpointManagerImpl>(options, fs, *std::move(dir), *std::move(lock));

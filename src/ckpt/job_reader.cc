@@ -118,10 +118,9 @@ std::vector<JobPartInfo> PartsOf(const JobManifest& m) {
   return out;
 }
 
-// Joins the job's shared lock on `dir` (see the header). `first` is set when
-// no other live process held it.
+// Joins the job's shared lock on `dir` (see the header).
 absl::StatusOr<Fd> JoinJobLock(FileSystem& fs, int dir, const std::string& dir_path,
-                               const std::string& job_id, bool* first,
+                               const std::string& job_id,
                                const std::function<void()>& while_first) {
   const std::string guard_path = Join(dir_path, kLockGuard);
   absl::StatusOr<Fd> guard = fs.OpenWrite(dir, kLockGuard, false, false, guard_path);
@@ -145,7 +144,6 @@ absl::StatusOr<Fd> JoinJobLock(FileSystem& fs, int dir, const std::string& dir_p
   Fd lock = *std::move(opened);
   const std::string mine = absl::StrCat("job ", job_id, "\n");
   if (::flock(lock.get(), LOCK_EX | LOCK_NB) == 0) {
-    *first = true;
     if (::ftruncate(lock.get(), 0) != 0 ||
         ::pwrite(lock.get(), mine.data(), mine.size(), 0) != static_cast<ssize_t>(mine.size())) {
       return ErrnoStatus(errno, absl::StrCat("write ", lock_path));
@@ -157,7 +155,6 @@ absl::StatusOr<Fd> JoinJobLock(FileSystem& fs, int dir, const std::string& dir_p
     return lock;
   }
   if (errno != EWOULDBLOCK) return ErrnoStatus(errno, absl::StrCat("lock ", lock_path));
-  *first = false;
   std::string held(4096, '\0');
   const ssize_t n = ::pread(lock.get(), held.data(), held.size(), 0);
   held.resize(n > 0 ? static_cast<size_t>(n) : 0);

@@ -146,13 +146,13 @@ std::vector<CheckpointStatus> ScanAt(internal::FileSystem& fs, int dir,
                                      const std::vector<StepName>& dirs);
 std::vector<JobPartInfo> PartsOf(const JobManifest& m);
 
-// Joins the job's shared lock on `dir` (see omni/job_checkpoint.h); `first`
-// is set when no other live process held it. FailedPrecondition naming both
-// job ids when another job holds it. `while_first` (when set) runs when this
-// process is the first, before any other can join: the removal of what
-// crashed saves left must not race a replica that joins and starts a save.
+// Joins the job's shared lock on `dir` (see omni/job_checkpoint.h).
+// FailedPrecondition naming both job ids when another job holds it.
+// `while_first` (when set) runs when no other live process held the lock,
+// before any other can join: the removal of what crashed saves left must not
+// race a replica that joins and starts a save.
 absl::StatusOr<Fd> JoinJobLock(internal::FileSystem& fs, int dir, const std::string& dir_path,
-                               const std::string& job_id, bool* first,
+                               const std::string& job_id,
                                const std::function<void()>& while_first = nullptr);
 
 }  // namespace omni::ckpt
