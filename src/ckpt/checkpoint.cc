@@ -68,6 +68,9 @@ constexpr int kVersion = 1;
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kAborted = "ABORTED";
 constexpr const char* kTmpPrefix = ".tmp-step-";
+// Tries at making a step's temporary directory and this rank's shard in it
+// (CheckpointManagerImpl::Write).
+constexpr int kTmpDirAttempts = 4;
 constexpr const char* kTrashPrefix = ".trash-";
 constexpr int64_t kMaxStep = 999'999'999'999;  // 12 digits
 constexpr uint64_t kDefaultHeaderReserve = uint64_t{1} << 20;
@@ -828,17 +831,6 @@ absl::StatusOr<SaveStats> CheckpointManagerImpl::Write(int64_t step, const Metad
     return absl::Status(st.code(), absl::StrCat("checkpoint step ", step, " in ", opt_.dir,
                                                 " (rank ", opt_.rank, "): ", st.message()));
   };
-  bool existed = false;
-  if (absl::Status st = fs_.Mkdir(dir_.get(), tmp_name, tmp); !st.ok()) {
-    if (!absl::IsAlreadyExists(st)) return failed(st);
-    existed = true;
-  }
-  absl::StatusOr<Fd> tmp_fd = fs_.OpenDir(dir_.get(), tmp_name, tmp);
-  if (!tmp_fd.ok()) {  // e.g. a symbolic link planted under the temporary name: never followed
-    if (!existed) AbortTmp(-1, tmp_name);
-    return failed(tmp_fd.status());
-  }
-  if (existed) RemoveOwnFiles(tmp_fd->get(), tmp);  // a failed attempt at this step
   const Metadata shard_md = {{"format", kFormat},
                              {"step", std::to_string(step)},
                              {"rank", std::to_string(opt_.rank)},
@@ -849,9 +841,31 @@ absl::StatusOr<SaveStats> CheckpointManagerImpl::Write(int64_t step, const Metad
   if (plan != nullptr) reserve = ckpt::HeaderBytesFor(ckpt::HeaderJson(*plan, shard_md).size());
 
   const std::string shard_name = ShardFileName(opt_.rank);
+  // The temporary directory and this rank's shard in it. Another rank that
+  // opens its manager meanwhile (a replaced rank rejoining) removes the
+  // directory while it is still empty, taking it for a crashed save's: it
+  // is made again (a few times), and holds the shard once it is created.
+  absl::StatusOr<Fd> tmp_fd = absl::UnknownError("not opened");
+  absl::StatusOr<std::unique_ptr<ckpt::ShardWriter>> w = absl::UnknownError("not created");
+  for (int attempt = 0; attempt < kTmpDirAttempts; ++attempt) {
+    bool existed = false;
+    if (absl::Status st = fs_.Mkdir(dir_.get(), tmp_name, tmp); !st.ok()) {
+      if (!absl::IsAlreadyExists(st)) return failed(st);
+      existed = true;
+    }
+    tmp_fd = fs_.OpenDir(dir_.get(), tmp_name, tmp);
+    if (!tmp_fd.ok()) {  // e.g. a symbolic link planted under the temporary name: never followed
+      if (absl::IsNotFound(tmp_fd.status())) continue;
+      if (!existed) AbortTmp(-1, tmp_name);
+      return failed(tmp_fd.status());
+    }
+    if (existed) RemoveOwnFiles(tmp_fd->get(), tmp);  // a failed attempt at this step
+    w = ckpt::ShardWriter::Create(fs_, tmp_fd->get(), shard_name, Join(tmp, shard_name), reserve,
+                                  direct_);
+    if (!absl::IsNotFound(w.status())) break;
+  }
+  if (!tmp_fd.ok()) return failed(tmp_fd.status());
   absl::StatusOr<ShardSummary> summary = [&]() -> absl::StatusOr<ShardSummary> {
-    absl::StatusOr<std::unique_ptr<ckpt::ShardWriter>> w = ckpt::ShardWriter::Create(
-        fs_, tmp_fd->get(), shard_name, Join(tmp, shard_name), reserve, direct_);
     if (!w.ok()) return w.status();
     if (absl::Status st = Guard("saving", [&] { return fill(**w); }); !st.ok()) return st;
     return (*w)->Finish(shard_md);

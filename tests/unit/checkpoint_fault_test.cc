@@ -5,13 +5,19 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +25,7 @@
 #include "fault_fs.h"
 #include "omni/checkpoint.h"
 #include "omni/state.h"
+#include "pass_through_fs.h"
 #include "temp_dir.h"
 
 namespace omni {
@@ -269,6 +276,70 @@ TEST(CheckpointFaults, TheFaultFileSystemLosesWhatWasNotSynced) {
   EXPECT_EQ(std::fread(buf, 1, sizeof(buf), in), 3u);
   std::fclose(in);
   EXPECT_EQ(std::string(buf), "one");
+}
+
+// Rank 1 opens its step's temporary directory, still empty, and rank 0
+// opens its manager right then (a replaced rank rejoining while the others
+// save): rank 0's cleanup removes the empty directory of what it takes for
+// a crashed save. Rank 1's save goes on in a directory made again, and the
+// step commits with both shards (it failed with "No such file or
+// directory" creating rank 1's shard).
+class OpenRank0WhenTheTmpDirIsOpened : public testing::PassThroughFileSystem {
+ public:
+  explicit OpenRank0WhenTheTmpDirIsOpened(CheckpointOptions rank0) : rank0_(std::move(rank0)) {}
+  absl::StatusOr<internal::Fd> OpenDir(int dir, const std::string& name,
+                                       const std::string& path) override {
+    absl::StatusOr<internal::Fd> fd = PassThroughFileSystem::OpenDir(dir, name, path);
+    if (name.rfind(".tmp-step-", 0) == 0 && !opened_.exchange(true)) {
+      auto m = CheckpointManager::Open(rank0_);
+      EXPECT_TRUE(m.ok()) << m.status();
+      if (m.ok()) {
+        std::lock_guard<std::mutex> l(mu_);
+        rank0_mgr_ = *std::move(m);
+      }
+      ready_.notify_all();
+    }
+    return fd;
+  }
+  CheckpointManager* WaitForRank0() {
+    std::unique_lock<std::mutex> l(mu_);
+    ready_.wait_for(l, std::chrono::seconds(30), [&] { return rank0_mgr_ != nullptr; });
+    return rank0_mgr_.get();
+  }
+
+ private:
+  const CheckpointOptions rank0_;
+  std::atomic<bool> opened_{false};
+  std::mutex mu_;
+  std::condition_variable ready_;
+  std::unique_ptr<CheckpointManager> rank0_mgr_;
+};
+
+TEST(CheckpointFaults, ASaveGoesOnWhenAnotherRankOpeningRemovesItsEmptyTemporaryDirectory) {
+  TempDir root;
+  CheckpointOptions o = Options(root.path() + "/ckpt");
+  o.world_size = 2;
+  o.direct_io = false;
+  o.shard_timeout = absl::Seconds(10);
+  CheckpointOptions o0 = o;
+  o0.rank = 0;
+  o.rank = 1;
+  OpenRank0WhenTheTmpDirIsOpened ffs(o0);
+  auto rank1 = internal::OpenCheckpointManagerOn(o, ffs);
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  TestState s1;
+  s1.Set(11);
+  absl::Status saved1;
+  std::thread t([&] { saved1 = (*rank1)->Save(1, s1.registry, {}).status(); });
+  CheckpointManager* rank0 = ffs.WaitForRank0();
+  absl::Status saved0 = absl::UnknownError("rank 0 never opened");
+  TestState s0;
+  s0.Set(10);
+  if (rank0 != nullptr) saved0 = rank0->Save(1, s0.registry, {}).status();
+  t.join();
+  EXPECT_TRUE(saved1.ok()) << saved1;
+  EXPECT_TRUE(saved0.ok()) << saved0;
+  EXPECT_TRUE(VerifyCheckpoint(StepDir(o.dir, 1)).ok());
 }
 
 }  // namespace
