@@ -73,6 +73,11 @@ inline constexpr int kMaxWindowOrdinals = 4;
 struct DurationQuantiles {
   int64_t samples = 0;                          // 0 = nothing measured yet
   std::array<double, kDurationQuantiles> ns{};  // non-decreasing
+  // The confidence the claims are computed at when it is above the stated
+  // one (0: the stated one). The telemetry worker raises it per (phase,
+  // window ordinal) while that table's claims at the open held less often
+  // than stated (NoticeClaimLevel; docs/telemetry.md).
+  double claim_confidence = 0;
 };
 
 // The empirical quantiles of `values` (nanoseconds, any order; may be empty).
@@ -86,7 +91,8 @@ OMNI_EXPORT DurationQuantiles QuantilesOf(std::vector<double> values);
 // conservative direction (r is never longer than the grid can vouch for; the
 // claim holds on the measured durations themselves). A grid point at 0 is
 // a lower tail nothing vouches for, not time the window outlived: it makes
-// no claim at the open (0). The claim at the open stands however long the
+// no claim at the open (0). Computed at max(confidence, q.claim_confidence).
+// The claim at the open stands however long the
 // window lasted; beyond it, while fewer than c/(1 − c) measured windows
 // outlived `elapsed_ns`, at most (1 − c)/c · elapsed_ns more (a reader that
 // reads again is told of the rest as it comes; docs/telemetry.md). 0 when the window already lasted

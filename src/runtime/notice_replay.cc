@@ -68,8 +68,12 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeRepl
   };
   // The forecast's claims scaled as the worker scales them.
   ForecastClaimScale scale(o.window, o.min_samples, o.confidence);
+  // The confidence the tables' claims are computed at, as the worker
+  // calibrates it.
+  NoticeClaimLevel level(o.confidence);
   struct Matched {
     int64_t guaranteed = 0, table = -1;  // unscaled; the table's claim at the open
+    int64_t claimed = -1;                // the notice's claim at the open
   };
   std::vector<Matched> matched;
   std::vector<PhaseWindow> windows;
@@ -94,10 +98,13 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeRepl
       DurationQuantiles table;
       if (w.ordinal < kMaxWindowOrdinals && slot(w).size() >= o.min_samples) {
         table = ClaimableQuantilesOf(slot(w).Values());
+        table.claim_confidence = level.Confidence(w.phase, w.ordinal);
       }
       matched[wi] = {guaranteed, RemainingGivenElapsed(table, 0, o.confidence)};
-      const int64_t scaled = scale.Scaled(w.phase, w.ordinal, guaranteed);
+      const int64_t scaled =
+          scale.Scaled(w.phase, w.ordinal, guaranteed, level.Confidence(w.phase, w.ordinal));
       if (scaled > 0) ++out.forecast_matched;
+      matched[wi].claimed = WithForecastClaim(matched[wi].table, scaled, 0);
       if (table.samples == 0 && scaled <= 0) continue;
       ScoreWindow(table, scaled, w.start_ns, d, kind, o, s, out, claims);
     }
@@ -111,6 +118,7 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeRepl
       if (matched[wi].guaranteed > 0) {
         scale.Record(w.phase, w.ordinal, d, matched[wi].table, matched[wi].guaranteed);
       }
+      if (matched[wi].claimed > 0) level.Record(w.phase, w.ordinal, d >= matched[wi].claimed);
       slot(w).Add(static_cast<double>(d));
     }
   }

@@ -120,10 +120,11 @@ class OMNI_EXPORT ForecastClaimScale {
   // its open (≤ 0: nothing).
   void Record(PhaseId phase, int ordinal, int64_t duration_ns, int64_t table_ns,
               int64_t guaranteed_ns);
-  // In [0, 1]: a forecast claim is never lengthened.
-  double Factor(PhaseId phase, int ordinal) const;
+  // In [0, 1]: a forecast claim is never lengthened. At `confidence` when
+  // it is above the one given at construction (NoticeClaimLevel's).
+  double Factor(PhaseId phase, int ordinal, double confidence = 0) const;
   // guaranteed_ns scaled (0: no claim).
-  int64_t Scaled(PhaseId phase, int ordinal, int64_t guaranteed_ns) const;
+  int64_t Scaled(PhaseId phase, int ordinal, int64_t guaranteed_ns, double confidence = 0) const;
 
  private:
   size_t Slot(PhaseId phase, int ordinal) const;
@@ -133,7 +134,40 @@ class OMNI_EXPORT ForecastClaimScale {
   // Computed when asked for after a Record (the worker records every step
   // and asks at most once per published forecast).
   mutable std::vector<double> factor_;
+  mutable std::vector<double> factor_confidence_;  // what factor_ was computed at
   mutable std::vector<char> stale_;
+};
+
+// The confidence a window notice's claims are computed at, per (phase,
+// window ordinal), so that the claims at the open hold for at least the
+// stated confidence of the windows: a table drawn from windows that are not
+// alike (lengths that drift, or change for a stretch of steps) claims at
+// its 1 − c quantile more than 1 − c of the windows do not reach. Adaptive
+// conformal inference (Gibbs & Candès 2021): the miss rate the claims are
+// computed at moves by gain · (1 − c − missed) after each window, a miss
+// lowering it much and a hit raising it a little, never above 1 − c (the
+// stated confidence is the least) nor below 0 (the shortest window the
+// table vouches for). One rule for the telemetry worker, which publishes
+// the confidence with each table (DurationQuantiles::claim_confidence), and
+// omni eval's notice replay.
+//
+// Thread safety: not thread-safe.
+class OMNI_EXPORT NoticeClaimLevel {
+ public:
+  explicit NoticeClaimLevel(double confidence, double gain = kNoticeLevelGain);
+  // A window of (phase, ordinal) whose notice made a claim at the open
+  // lasted at least that long (`held`) or not.
+  void Record(PhaseId phase, int ordinal, bool held);
+  // In [confidence, 1].
+  double Confidence(PhaseId phase, int ordinal) const;
+  // A miss lowers the miss rate by 0.0095 at 0.95 (a table's 129-point grid
+  // is one point per 0.0078), a hit raises it by 0.0005.
+  static constexpr double kNoticeLevelGain = 0.01;
+
+ private:
+  double target_;
+  double gain_;
+  std::vector<double> miss_rate_;
 };
 
 // Adaptive conformal calibration of one family of claims. Each claim made

@@ -39,7 +39,8 @@ class TelemetryImpl final : public Telemetry {
         forecaster_(std::move(forecaster)),
         window_durations_(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals,
                           RollingWindow(options.stats.window)),
-        claim_scale_(options.stats.window, options.window_min_samples, options.window_confidence) {
+        claim_scale_(options.stats.window, options.window_min_samples, options.window_confidence),
+        claim_level_(options.window_confidence) {
     window_count_step_.fill(-1);
     last_seen_step_.fill(-1);
     const PhaseCatalog builtin;
@@ -595,11 +596,13 @@ class TelemetryImpl final : public Telemetry {
       const int64_t d = w.end_ns - w.start_ns;
       const int64_t g = ClaimFor(raw_claims_.data(), raw_claims_.data() + raw_claims_.size(),
                                  rec.step, w.phase, catalog_.idle_kind(w.phase), w.ordinal);
-      if (g > 0) {
-        const int64_t table = RemainingGivenElapsed(
-            quantiles_[w.phase][static_cast<size_t>(w.ordinal)], 0, options_.window_confidence);
-        claim_scale_.Record(w.phase, w.ordinal, d, table, g);
-      }
+      const DurationQuantiles& claimed_from = quantiles_[w.phase][static_cast<size_t>(w.ordinal)];
+      const int64_t table = RemainingGivenElapsed(claimed_from, 0, options_.window_confidence);
+      const int64_t claimed = WithForecastClaim(
+          table,
+          g > 0 ? claim_scale_.Scaled(w.phase, w.ordinal, g, claimed_from.claim_confidence) : 0, 0);
+      if (g > 0) claim_scale_.Record(w.phase, w.ordinal, d, table, g);
+      if (claimed > 0) claim_level_.Record(w.phase, w.ordinal, d >= claimed);
       WindowDurations(w.phase, w.ordinal).Add(static_cast<double>(d));
     });
   }
@@ -612,7 +615,8 @@ class TelemetryImpl final : public Telemetry {
     int n = 0;
     for (const ForecastClaim& c : raw_claims_) {
       ForecastClaim scaled = c;
-      scaled.guaranteed_ns = claim_scale_.Scaled(c.phase, c.ordinal, c.guaranteed_ns);
+      scaled.guaranteed_ns = claim_scale_.Scaled(c.phase, c.ordinal, c.guaranteed_ns,
+                                                 claim_level_.Confidence(c.phase, c.ordinal));
       if (scaled.guaranteed_ns > 0) o.claims[static_cast<size_t>(n++)] = scaled;
     }
     o.num_claims = n;
@@ -633,10 +637,11 @@ class TelemetryImpl final : public Telemetry {
       const auto id = static_cast<PhaseId>(p);
       for (int k = 0; k < kMaxWindowOrdinals; ++k) {
         const RollingWindow& d = WindowDurations(id, k);
-        quantiles_[id][static_cast<size_t>(k)] =
-            catalog_.idle_kind(id) == IdleKind::kNone || d.size() < min_samples
+        DurationQuantiles& q = quantiles_[id][static_cast<size_t>(k)];
+        q = catalog_.idle_kind(id) == IdleKind::kNone || d.size() < min_samples
                 ? DurationQuantiles{}
                 : ClaimableQuantilesOf(d.Values());
+        q.claim_confidence = claim_level_.Confidence(id, k);
       }
     }
     window_->PublishWindowQuantiles(catalog_, quantiles_);
@@ -735,6 +740,9 @@ class TelemetryImpl final : public Telemetry {
   // fared (LearnWindows, ScaleClaims).
   std::vector<ForecastClaim> raw_claims_ ABSL_GUARDED_BY(mu_);
   ForecastClaimScale claim_scale_ ABSL_GUARDED_BY(mu_);
+  // The confidence the tables' claims are computed at (LearnWindows,
+  // PublishPhaseQuantiles).
+  NoticeClaimLevel claim_level_ ABSL_GUARDED_BY(mu_);
   // Lock order: sinks_mu_ before mu_.
   absl::Mutex sinks_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::vector<std::unique_ptr<ForecastSink>> sinks_ ABSL_GUARDED_BY(sinks_mu_);

@@ -93,6 +93,7 @@ bool TryReadPhase(const internal::PhasesRecord& r, PhaseId phase, int ordinal, P
     for (int i = 0; i < kDurationQuantiles; ++i) {
       out.q.ns[i] = p.quantile_ns[ordinal][i].load(std::memory_order_relaxed);
     }
+    out.q.claim_confidence = p.claim_confidence[ordinal].load(std::memory_order_relaxed);
   }
   out.confidence = r.confidence.load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
@@ -331,6 +332,7 @@ class WriterImpl final : public WindowChannelWriter {
       for (int k = 0; k < kMaxWindowOrdinals; ++k) {
         const DurationQuantiles& q = quantiles[static_cast<size_t>(id)][static_cast<size_t>(k)];
         p.samples[k].store(q.samples, std::memory_order_relaxed);
+        p.claim_confidence[k].store(q.claim_confidence, std::memory_order_relaxed);
         for (int i = 0; i < kDurationQuantiles; ++i) {
           p.quantile_ns[k][i].store(q.ns[static_cast<size_t>(i)], std::memory_order_relaxed);
         }

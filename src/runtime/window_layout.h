@@ -14,10 +14,11 @@
 namespace omni::internal {
 
 inline constexpr uint64_t kWindowMagic = 0x314e57494e4d4f00ULL;  // "\0OMNIWN1"
-// 4: the outlook's forecast claims; 3: the outlook record (the forecast's
+// 5: the claim confidence per window ordinal; 4: the outlook's forecast
+// claims; 3: the outlook record (the forecast's
 // next window per idle kind, an announced busy period) after the phase
 // table; 2: window ordinals.
-inline constexpr uint32_t kWindowSchemaVersion = 4;
+inline constexpr uint32_t kWindowSchemaVersion = 5;
 inline constexpr size_t kPhaseNameWords = 6;  // 47 characters + NUL
 
 // Seqlock: `seq` is odd while the record is being written.
@@ -38,6 +39,7 @@ struct PhaseRecord {
   std::atomic<uint32_t> kind;
   std::atomic<int64_t> samples[kMaxWindowOrdinals];  // 0: no claim for that ordinal
   std::atomic<double> quantile_ns[kMaxWindowOrdinals][kDurationQuantiles];
+  std::atomic<double> claim_confidence[kMaxWindowOrdinals];  // schema version 5
 };
 
 struct alignas(64) PhasesRecord {
@@ -107,12 +109,12 @@ static_assert(offsetof(WindowLayout, schema_version) == 8);
 static_assert(offsetof(WindowLayout, writer_pid) == 24);
 static_assert(offsetof(WindowLayout, notice) == 64);
 static_assert(offsetof(WindowLayout, phases) == 128);
-static_assert(offsetof(PhasesRecord, phases) == 24 && sizeof(PhaseRecord) == 4216);
-static_assert(offsetof(WindowLayout, outlook) == 135104);
+static_assert(offsetof(PhasesRecord, phases) == 24 && sizeof(PhaseRecord) == 4248);
+static_assert(offsetof(WindowLayout, outlook) == 136128);
 static_assert(sizeof(NextWindowRecord) == 64 && offsetof(OutlookRecord, kinds) == 80);
 static_assert(offsetof(OutlookRecord, num_claims) == 464 && sizeof(ClaimRecord) == 24);
 static_assert(offsetof(OutlookRecord, claims) == 472);
-static_assert(sizeof(WindowLayout) == 135104 + 2048);
+static_assert(sizeof(WindowLayout) == 136128 + 2048);
 static_assert(std::atomic<uint16_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<double>::is_always_lock_free);

@@ -86,6 +86,7 @@ ForecastClaimScale::ForecastClaimScale(int window, int min_samples, double confi
       outcomes_(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals,
                 RollingWindow(std::max(window, 1))),
       factor_(outcomes_.size(), 0.0),
+      factor_confidence_(outcomes_.size(), 0.0),
       stale_(outcomes_.size(), 0) {}
 
 size_t ForecastClaimScale::Slot(PhaseId phase, int ordinal) const {
@@ -105,23 +106,43 @@ void ForecastClaimScale::Record(PhaseId phase, int ordinal, int64_t duration_ns,
   stale_[slot] = 1;
 }
 
-double ForecastClaimScale::Factor(PhaseId phase, int ordinal) const {
+double ForecastClaimScale::Factor(PhaseId phase, int ordinal, double confidence) const {
   const size_t slot = Slot(phase, ordinal);
   if (slot >= factor_.size()) return 0.0;
-  if (stale_[slot] != 0) {
+  const double c = std::max(confidence_, confidence);
+  if (stale_[slot] != 0 || factor_confidence_[slot] != c) {
     stale_[slot] = 0;
+    factor_confidence_[slot] = c;
     const RollingWindow& w = outcomes_[slot];
-    const int64_t f = w.size() < min_samples_
-                          ? 0
-                          : RemainingGivenElapsed(ClaimableQuantilesOf(w.Values()), 0, confidence_);
+    const int64_t f =
+        w.size() < min_samples_ ? 0 : RemainingGivenElapsed(ClaimableQuantilesOf(w.Values()), 0, c);
     factor_[slot] = std::clamp(static_cast<double>(f) / kFactorScale, 0.0, 1.0);
   }
   return factor_[slot];
 }
 
-int64_t ForecastClaimScale::Scaled(PhaseId phase, int ordinal, int64_t guaranteed_ns) const {
+int64_t ForecastClaimScale::Scaled(PhaseId phase, int ordinal, int64_t guaranteed_ns,
+                                   double confidence) const {
   return static_cast<int64_t>(
-      std::floor(static_cast<double>(guaranteed_ns) * Factor(phase, ordinal)));
+      std::floor(static_cast<double>(guaranteed_ns) * Factor(phase, ordinal, confidence)));
+}
+
+NoticeClaimLevel::NoticeClaimLevel(double confidence, double gain)
+    : target_(1.0 - std::clamp(confidence, 0.0, 1.0)),
+      gain_(gain),
+      miss_rate_(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals, target_) {}
+
+void NoticeClaimLevel::Record(PhaseId phase, int ordinal, bool held) {
+  if (phase >= kMaxPhases || ordinal < 0 || ordinal >= kMaxWindowOrdinals) return;
+  double& a =
+      miss_rate_[static_cast<size_t>(phase) * kMaxWindowOrdinals + static_cast<size_t>(ordinal)];
+  a = std::clamp(a + gain_ * (target_ - (held ? 0.0 : 1.0)), 0.0, target_);
+}
+
+double NoticeClaimLevel::Confidence(PhaseId phase, int ordinal) const {
+  if (phase >= kMaxPhases || ordinal < 0 || ordinal >= kMaxWindowOrdinals) return 1.0 - target_;
+  return 1.0 -
+         miss_rate_[static_cast<size_t>(phase) * kMaxWindowOrdinals + static_cast<size_t>(ordinal)];
 }
 
 int64_t RemainingGivenElapsed(const DurationQuantiles& q, int64_t elapsed_ns, double confidence) {
@@ -139,9 +160,18 @@ int64_t RemainingGivenElapsed(const DurationQuantiles& q, int64_t elapsed_ns, do
   // (ClaimableQuantilesOf), not mass the window has outlived.
   if (i >= 0 && q.ns[static_cast<size_t>(i)] <= 0) i = -1;
   const double s_up = i < 0 ? 1.0 : 1.0 - static_cast<double>(i) / kLast;
+  // The claim at the open at the table's claim confidence (NoticeClaimLevel
+  // raises it while the claims at the open held less often than stated);
+  // the claims conditional on e at no more than half the stated miss rate
+  // below it, so that a table whose claims at the open are held back still
+  // claims as the window goes on.
   const double c = std::clamp(confidence, 0.0, 1.0);
-  const auto j = static_cast<int>(std::floor((1.0 - c * s_up) * kLast + 1e-9));
-  double end = q.ns[static_cast<size_t>(std::clamp(j, 0, kLast))];
+  const double c_open = std::clamp(std::max(c, q.claim_confidence), 0.0, 1.0);
+  const double c_then = std::max(c, std::min(c_open, 1.0 - (1.0 - c) / 2));
+  const auto j0 = static_cast<int>(std::floor((1.0 - c_open) * kLast + 1e-9));
+  const double open = q.ns[static_cast<size_t>(std::clamp(j0, 0, kLast))];
+  const auto j = static_cast<int>(std::floor((1.0 - c_then * s_up) * kLast + 1e-9));
+  double end = i < 0 ? open : std::max(open, q.ns[static_cast<size_t>(std::clamp(j, 0, kLast))]);
   // Beyond the claim at the open (which stands however long the window
   // lasted: P(D ≥ x | D > e) ≥ P(D ≥ x)), the windows that outlived e
   // vouch for the time up to the shortest of them in proportion to their
@@ -158,8 +188,6 @@ int64_t RemainingGivenElapsed(const DurationQuantiles& q, int64_t elapsed_ns, do
   // host-side pauses of 11-272 ms, 33 of them measured, were idle for 0.91
   // of the time claimed, a demo's evals (longer while the model was
   // untrained) for 0.92.
-  const auto j0 = static_cast<int>(std::floor((1.0 - c) * kLast + 1e-9));
-  const double open = q.ns[static_cast<size_t>(std::clamp(j0, 0, kLast))];
   if (end > open && c > 0 && c < 1) {
     const auto n = static_cast<double>(q.samples);
     const double outlived = n - std::ceil((n - 1) * (i + 1) / kLast - 1e-9);
