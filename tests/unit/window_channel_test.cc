@@ -141,7 +141,7 @@ TEST(RemainingGivenElapsed, TheTimeAReaderIsToldOfIsIdleAtTheConfidenceWithFewWi
 // come reach, and its claims at the open held for 0.92 of the windows. With
 // the claim confidence NoticeClaimLevel raises after misses they hold for
 // the stated 0.95 (0.96) and still claim over half of the windows' time.
-TEST(NoticeClaimLevel, TheClaimsAtTheOpenHoldAtTheStatedConfidenceWhenTheLengthsChangeForAStretch) {
+TEST(NoticeClaimLevel, TheClaimsAtTheOpenHoldAtTheStatedConfidenceWhenTheLengthsDrift) {
   constexpr double kConfidence = 0.95;
   std::mt19937 rng(31);
   std::lognormal_distribution<double> usual(std::log(10e6), 0.2);
