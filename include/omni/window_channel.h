@@ -91,13 +91,15 @@ OMNI_EXPORT DurationQuantiles QuantilesOf(std::vector<double> values);
 // conservative direction (r is never longer than the grid can vouch for; the
 // claim holds on the measured durations themselves). A grid point at 0 is
 // a lower tail nothing vouches for, not time the window outlived: it makes
-// no claim at the open (0). Computed at max(confidence, q.claim_confidence).
-// The claim at the open stands however long the
-// window lasted; beyond it, while fewer than c/(1 − c) measured windows
-// outlived `elapsed_ns`, at most (1 − c)/c · elapsed_ns more (a reader that
-// reads again is told of the rest as it comes; docs/telemetry.md). 0 when the window already lasted
-// longer than anything measured; -1 when nothing was measured (q.samples == 0). REQUIRES: 0 ≤
-// confidence ≤ 1.
+// no claim at the open (0). The claim at the open is computed at
+// max(confidence, q.claim_confidence) and stands however long the window
+// lasted; the claims conditional on the elapsed time at no more than
+// 1 − (1 − confidence)/2, and, while fewer than c/(1 − c) measured windows
+// outlived `elapsed_ns`, at most (1 − c)/c · elapsed_ns past the claim at
+// the open (a reader that reads again is told of the rest as it comes;
+// docs/telemetry.md). 0 when the window already lasted longer than anything
+// measured; -1 when nothing was measured (q.samples == 0).
+// REQUIRES: 0 ≤ confidence ≤ 1.
 OMNI_EXPORT int64_t RemainingGivenElapsed(const DurationQuantiles& q, int64_t elapsed_ns,
                                           double confidence);
 
