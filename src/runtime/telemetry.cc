@@ -543,6 +543,7 @@ class TelemetryImpl final : public Telemetry {
         }
         outlook = withdrawn;
         raw_claims_.clear();
+        published_claims_.clear();
       } else {
         unpublished_steps_ = 0;
         has_published_ = true;
@@ -598,9 +599,13 @@ class TelemetryImpl final : public Telemetry {
                                  rec.step, w.phase, catalog_.idle_kind(w.phase), w.ordinal);
       const DurationQuantiles& claimed_from = quantiles_[w.phase][static_cast<size_t>(w.ordinal)];
       const int64_t table = RemainingGivenElapsed(claimed_from, 0, options_.window_confidence);
+      // What a reader was told at the open: the longer of the table's claim
+      // and the scaled forecast claim the outlook published.
       const int64_t claimed = WithForecastClaim(
           table,
-          g > 0 ? claim_scale_.Scaled(w.phase, w.ordinal, g, claimed_from.claim_confidence) : 0, 0);
+          ClaimFor(published_claims_.data(), published_claims_.data() + published_claims_.size(),
+                   rec.step, w.phase, catalog_.idle_kind(w.phase), w.ordinal),
+          0);
       if (g > 0) claim_scale_.Record(w.phase, w.ordinal, d, table, g);
       if (claimed > 0) claim_level_.Record(w.phase, w.ordinal, d >= claimed);
       WindowDurations(w.phase, w.ordinal).Add(static_cast<double>(d));
@@ -620,6 +625,7 @@ class TelemetryImpl final : public Telemetry {
       if (scaled.guaranteed_ns > 0) o.claims[static_cast<size_t>(n++)] = scaled;
     }
     o.num_claims = n;
+    published_claims_.assign(o.claims.begin(), o.claims.begin() + n);
   }
 
   RollingWindow& WindowDurations(PhaseId phase, int ordinal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -736,9 +742,10 @@ class TelemetryImpl final : public Telemetry {
   Forecaster forecaster_ ABSL_GUARDED_BY(mu_);  // learns on the worker
   // Window durations per (phase, ordinal): WindowDurations.
   std::vector<RollingWindow> window_durations_ ABSL_GUARDED_BY(mu_);
-  // The forecast claims of the last outlook, unscaled, and how such claims
-  // fared (LearnWindows, ScaleClaims).
+  // The forecast claims of the last outlook, unscaled and as published
+  // (scaled), and how such claims fared (LearnWindows, ScaleClaims).
   std::vector<ForecastClaim> raw_claims_ ABSL_GUARDED_BY(mu_);
+  std::vector<ForecastClaim> published_claims_ ABSL_GUARDED_BY(mu_);  // scaled, as published
   ForecastClaimScale claim_scale_ ABSL_GUARDED_BY(mu_);
   // The confidence the tables' claims are computed at (LearnWindows,
   // PublishPhaseQuantiles).

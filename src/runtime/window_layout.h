@@ -15,9 +15,8 @@ namespace omni::internal {
 
 inline constexpr uint64_t kWindowMagic = 0x314e57494e4d4f00ULL;  // "\0OMNIWN1"
 // 5: the claim confidence per window ordinal; 4: the outlook's forecast
-// claims; 3: the outlook record (the forecast's
-// next window per idle kind, an announced busy period) after the phase
-// table; 2: window ordinals.
+// claims; 3: the outlook record (the forecast's next window per idle kind,
+// an announced busy period) after the phase table; 2: window ordinals.
 inline constexpr uint32_t kWindowSchemaVersion = 5;
 inline constexpr size_t kPhaseNameWords = 6;  // 47 characters + NUL
 
