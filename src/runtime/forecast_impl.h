@@ -112,6 +112,14 @@ class Forecaster::Impl {
   const StepModel& ModelFor(int64_t step) const;
   // `combo`: a checkpoint and an eval are both predicted at `step`.
   StepModel BuildModel(int64_t step, StepKind kind, bool combo) const;
+  // A window of every step (Recurring) in an event step measured a few
+  // times: what the normal steps of its rhythm class show of the same slot.
+  // False when the slot is missing in more of them than the error budget
+  // allows (its few occurrences in event steps do not show how often it is
+  // too short to be logged); else its length bounds are lowered to the
+  // normal steps' where those are lower (its few lengths do not show its
+  // spread). No change while the normal steps are too few to tell.
+  bool PoolWithNormalSteps(int64_t step, int key, double margin, StepModel::Slot& sl) const;
   // How a positive margin widens a summary: by the whole spread (q90 − q10)
   // on both sides, or each side by the spread of its own half; kPerSideLog
   // as kPerSide, but the lower end of a positive sample (a length that

@@ -306,6 +306,10 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
     Summarize(a, sl.a, wm, Spread::kPerSide, sl.d.median);
     Summarize(b, sl.b, wm, lengths, sl.d.median);
     const auto np = static_cast<double>(d.size());
+    if (base != StepKind::kNormal && recurring && np < 2 / alpha_ &&
+        !PoolWithNormalSteps(step, key, wm, sl)) {
+      continue;
+    }
     if (np < 2 / alpha_ && sl.a.mean > 0.5 * normal.mean && normal.n >= 10) {
       // Few occurrences of a slot late in its step (an eval or checkpoint
       // after the training work): its start is the normal work of its own
@@ -367,6 +371,27 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
     return x.a.median < y.a.median;
   });
   return m;
+}
+
+bool Forecaster::Impl::PoolWithNormalSteps(int64_t step, int key, double margin,
+                                           StepModel::Slot& sl) const {
+  const int period = std::max(slot_period_[static_cast<int>(StepKind::kNormal)][key], 1);
+  int steps = 0;
+  std::vector<double> lengths;
+  for (const StepObs& o : hist_) {
+    if (o.kind != StepKind::kNormal || o.step % period != step % period) continue;
+    ++steps;
+    if (const SlotObs* s = o.Find(key)) lengths.push_back(static_cast<double>(s->b - s->a));
+  }
+  if (steps < 2 / alpha_ || lengths.empty()) return true;  // too few to tell, or not the same slot
+  if (static_cast<double>(lengths.size()) < (1 - alpha_ / 2) * steps) return false;
+  SampleSummary normal;
+  Summarize(lengths, normal, margin, Spread::kPerSideLog);
+  if (normal.low_tail >= sl.d.low_tail && normal.lo >= sl.d.lo) return true;
+  sl.d.lo = std::min(sl.d.lo, normal.lo);
+  sl.d.low_tail = std::min(sl.d.low_tail, normal.low_tail);
+  sl.b.lo = std::min(sl.b.lo, sl.a.lo + sl.d.lo);
+  return true;
 }
 
 const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {

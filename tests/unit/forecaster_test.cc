@@ -267,6 +267,82 @@ std::vector<int64_t> CheckpointSteps(const Forecast& f) {
   return at;
 }
 
+// A step with a host-side gap of `gap` ms (none when 0) between its compute
+// and its optimizer, and a 300 ms checkpoint after them when `checkpoint`.
+// Returns its length in ms.
+int64_t FeedHostGapStep(Forecaster& fc, int i, int64_t t, int64_t gap, bool checkpoint) {
+  const int64_t opt_end = 80 + gap;
+  const int64_t end = checkpoint ? opt_end + 300 : opt_end;
+  if (checkpoint) {
+    Feed(fc, MakeStep(i, t, end,
+                      {{phase::kDataWait, 0, 20},
+                       {phase::kCompute, 20, 70},
+                       {phase::kOptimizer, 70 + gap, opt_end},
+                       {phase::kCheckpoint, opt_end, end}}));
+  } else {
+    Feed(fc, MakeStep(i, t, end,
+                      {{phase::kDataWait, 0, 20},
+                       {phase::kCompute, 20, 70},
+                       {phase::kOptimizer, 70 + gap, opt_end}}));
+  }
+  return end;
+}
+
+// The guaranteed length of the forecast's host-side window at `step`; -1
+// when there is none.
+int64_t HostSideGuaranteedAt(const Forecast& f, int64_t step) {
+  for (const IdleWindow& w : f.windows) {
+    if (w.kind == IdleKind::kHostSide && w.step == step) return w.guaranteed_ns;
+  }
+  return -1;
+}
+
+// A gap of host-side time shorter than min_window is not logged as a window:
+// the normal steps show the gap missing in about one step of ten. The same gap in
+// a checkpoint step, seen there 5 times at 3 ms, is no sign that it is always
+// there: before, its window was claimed at every checkpoint step and missed
+// whenever the gap was short.
+TEST(Forecaster, AHostGapOftenMissingInNormalStepsIsNotClaimedInAnEventStepFromItsFewOccurrences) {
+  ForecastOptions o = Opts(2000);
+  o.checkpoint = PeriodicEvent{20, 19, 0};
+  Forecaster fc = Make(o);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int64_t> gap(2, 5);
+  std::bernoulli_distribution missing(0.1);
+  int64_t t = 0;
+  for (int i = 0; i < 120; ++i) {
+    const bool ckpt = i % 20 == 19;
+    const int64_t g = missing(rng) ? 0 : gap(rng);
+    t += FeedHostGapStep(fc, i, t, ckpt ? 3 : g, ckpt);
+  }
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ(CheckpointSteps(*f), (std::vector<int64_t>{139}));
+  EXPECT_EQ(HostSideGuaranteedAt(*f, 139), -1);
+}
+
+// Normal steps whose host gap is anywhere in 1-9 ms (at random): a checkpoint step's gap
+// of 9 ms every time, 5 times, is claimed for no more than the normal steps'
+// low end (before: about 8.5 ms, from 5 equal lengths and the small-sample
+// prior of 5% noise).
+TEST(Forecaster, AHostGapInAnEventStepIsClaimedForNoMoreThanTheNormalStepsShowOfIt) {
+  ForecastOptions o = Opts(2000);
+  o.checkpoint = PeriodicEvent{20, 19, 0};
+  Forecaster fc = Make(o);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int64_t> gap(1, 9);
+  int64_t t = 0;
+  for (int i = 0; i < 120; ++i) {
+    const bool ckpt = i % 20 == 19;
+    const int64_t g = gap(rng);
+    t += FeedHostGapStep(fc, i, t, ckpt ? 9 : g, ckpt);
+  }
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ(CheckpointSteps(*f), (std::vector<int64_t>{139}));
+  EXPECT_LE(HostSideGuaranteedAt(*f, 139), 2 * kMs);
+}
+
 TEST(Forecaster, LearnsAnUndeclaredCheckpointFromItsSpacing) {
   Forecaster fc = Make(Opts(3000));
   int64_t t = 0;
