@@ -1,3 +1,7 @@
+// The per-rank CheckpointManager (omni/checkpoint.h): saves (synchronous and
+// in the background), the commit through rank 0, retention, clean-up and
+// restore. The manifest's format is ckpt/rank_manifest.h; reading, checking
+// and listing step directories ckpt/rank_reader.h.
 #include "omni/checkpoint.h"
 
 #include <fcntl.h>
@@ -17,10 +21,8 @@
 #include <ctime>
 #include <filesystem>
 #include <functional>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
-#include <unordered_set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +31,8 @@
 #include "ckpt/checkpoint_fs.h"
 #include "ckpt/ckpt_util.h"
 #include "ckpt/manifest_fields.h"
+#include "ckpt/rank_manifest.h"
+#include "ckpt/rank_reader.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/state_snapshot.h"
 #include "ckpt/step_dirs.h"
@@ -57,15 +61,23 @@ using ckpt::StepDirs;
 using ckpt::StepName;
 using ckpt::TensorEntry;
 using internal::ErrnoStatus;
-using internal::Sv;
-using nlohmann::json;
-using nlohmann::ordered_json;
 using Metadata = std::map<std::string, std::string>;
 
-constexpr const char* kFormat = "omni.checkpoint";
-constexpr const char* kFragmentFormat = "omni.checkpoint.fragment";
-constexpr int kVersion = 1;
-constexpr const char* kManifest = "manifest.json";
+using ckpt::rank::CheckStep;
+using ckpt::rank::FragmentJson;
+using ckpt::rank::FragmentName;
+using ckpt::rank::kFormat;
+using ckpt::rank::kManifest;
+using ckpt::rank::LoadStep;
+using ckpt::rank::Manifest;
+using ckpt::rank::ManifestJson;
+using ckpt::rank::OpenCheckedShard;
+using ckpt::rank::ParseFragment;
+using ckpt::rank::ScanAt;
+using ckpt::rank::ShardFileName;
+using ckpt::rank::ShardRecord;
+using ckpt::rank::StepDir;
+
 constexpr const char* kAborted = "ABORTED";
 constexpr const char* kTmpPrefix = ".tmp-step-";
 // Tries at making a step's temporary directory and this rank's shard in it
@@ -74,9 +86,6 @@ constexpr int kTmpDirAttempts = 4;
 constexpr const char* kTrashPrefix = ".trash-";
 constexpr int64_t kMaxStep = 999'999'999'999;  // 12 digits
 constexpr uint64_t kDefaultHeaderReserve = uint64_t{1} << 20;
-// The largest manifest and fragment read (parsing JSON takes tens of times
-// its size in memory); CheckpointManager::kMaxManifestBytes documents it.
-constexpr size_t kMaxManifestBytes = CheckpointManager::kMaxManifestBytes;
 
 // ---------------------------------------------------------------- names
 
@@ -85,15 +94,6 @@ std::string TmpDirName(int64_t step) {
   std::snprintf(buf, sizeof(buf), ".tmp-step-%012" PRId64, step);
   return buf;
 }
-
-std::string RankPrefix(int rank) {
-  char buf[24];  // "rank-" + up to 11 characters of an int + "."
-  std::snprintf(buf, sizeof(buf), "rank-%05d.", rank);
-  return buf;
-}
-
-std::string ShardFileName(int rank) { return RankPrefix(rank) + "safetensors"; }
-std::string FragmentName(int rank) { return RankPrefix(rank) + "json"; }
 
 std::string LockName(int rank) {
   char buf[24];
@@ -141,439 +141,6 @@ void RemoveTree(FileSystem& fs, int dir, const std::string& name, const std::str
 
 bool Exists(FileSystem& fs, int dir, const std::string& name) {
   return fs.Stat(dir, name, name).ok();
-}
-
-// ---------------------------------------------------------------- manifest
-
-struct ShardRecord {
-  int rank = 0;
-  std::string file;
-  uint64_t bytes = 0;
-  uint64_t header_bytes = 0;
-  uint64_t header_xxh3 = 0;
-  uint64_t xxh3 = 0;
-};
-
-// The shared fields (step, world_size, library_version, job_id,
-// created_unix_ms, metadata) come from ckpt::ManifestFields.
-struct Manifest : ckpt::ManifestFields {
-  std::string dir;  // the step directory it was read from
-  int version = kVersion;
-  std::vector<ShardRecord> shards;
-  std::vector<std::vector<TensorEntry>> entries;  // per shard, in file order
-
-  std::string ManifestPath() const { return Join(dir, kManifest); }
-  std::string ShardPath(int rank) const { return Join(dir, shards[rank].file); }
-  int64_t TotalBytes() const {
-    int64_t n = 0;
-    for (const ShardRecord& s : shards) n += static_cast<int64_t>(s.bytes);
-    return n;
-  }
-  CheckpointInfo Info() const {
-    CheckpointInfo i;
-    i.step = step;
-    i.path = dir;
-    i.world_size = world_size;
-    i.format_version = version;
-    i.library_version = library_version;
-    i.job_id = job_id;
-    i.bytes = TotalBytes();
-    i.created_unix_ms = created_unix_ms;
-    i.metadata = metadata;
-    return i;
-  }
-};
-
-// `shard` < 0: none (fragments); with_key: the key inside the shard.
-ordered_json EntryJson(const TensorEntry& e, int shard = -1, bool with_key = false) {
-  ordered_json j;
-  if (shard >= 0) j["shard"] = shard;
-  if (with_key) j["key"] = e.key;
-  j["dtype"] = DTypeName(e.dtype);
-  j["shape"] = e.shape;
-  j["data_offsets"] = {e.begin, e.end};
-  j["xxh3"] = HexDigest(e.xxh3);
-  return j;
-}
-
-ordered_json RecordJson(const ShardRecord& r) {
-  ordered_json j;
-  j["rank"] = r.rank;
-  j["file"] = r.file;
-  j["bytes"] = r.bytes;
-  j["header_bytes"] = r.header_bytes;
-  j["header_xxh3"] = HexDigest(r.header_xxh3);
-  j["xxh3"] = HexDigest(r.xxh3);
-  return j;
-}
-
-// An object written field by field, in order (ordered_json looks keys up
-// linearly, too slow for tens of thousands of entries).
-class ObjectText {
- public:
-  void Add(const std::string& key, const std::string& value_json) {
-    absl::StrAppend(&text_, text_.empty() ? "{\n" : ",\n", indent_, Quote(key), ": ", value_json);
-  }
-  template <typename T>
-  void Value(const std::string& key, const T& value) {
-    Add(key, ordered_json(value).dump(-1, ' ', false, ordered_json::error_handler_t::replace));
-  }
-  std::string Close(const std::string& outer_indent = "") {
-    return text_.empty() ? "{}" : absl::StrCat(text_, "\n", outer_indent, "}");
-  }
-  explicit ObjectText(std::string indent = " ") : indent_(std::move(indent)) {}
-
- private:
-  static std::string Quote(const std::string& s) {
-    return ordered_json(s).dump(-1, ' ', false, ordered_json::error_handler_t::replace);
-  }
-  std::string indent_;
-  std::string text_;
-};
-
-std::string Compact(const ordered_json& j) {
-  return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
-}
-
-std::string ManifestJson(const Manifest& m) {
-  ObjectText top;
-  top.Value("format", kFormat);
-  top.Value("version", m.version);
-  top.Value("step", m.step);
-  top.Value("world_size", m.world_size);
-  top.Value("library_version", m.library_version);
-  top.Value("job_id", m.job_id);
-  top.Value("created_unix_ms", m.created_unix_ms);
-  ObjectText md("  ");
-  for (const auto& [k, v] : m.metadata) md.Value(k, v);
-  top.Add("metadata", md.Close(" "));
-  std::string shards = "[";
-  for (const ShardRecord& r : m.shards) {
-    absl::StrAppend(&shards, shards.size() > 1 ? ",\n  " : "\n  ", Compact(RecordJson(r)));
-  }
-  top.Add("shards", shards + "\n ]");
-  ObjectText entries("  ");
-  for (size_t s = 0; s < m.entries.size(); ++s) {
-    for (const TensorEntry& e : m.entries[s]) {
-      entries.Add(m.world_size > 1 ? absl::StrCat(s, ":", e.key) : e.key,
-                  Compact(EntryJson(e, static_cast<int>(s), m.world_size > 1)));
-    }
-  }
-  top.Add("entries", entries.Close(" "));
-  return top.Close() + "\n";
-}
-
-// Parsing: every structural problem is DataLoss naming `path` (and the key);
-// json type errors are caught and reported the same way.
-class Parser : public ckpt::ManifestParser {
- public:
-  using ManifestParser::ManifestParser;
-  absl::StatusOr<ShardRecord> Record(const json& v, std::string_view what) const {
-    if (!v.is_object() || !v.contains("rank") || !v["rank"].is_number_integer() ||
-        !v.contains("file") || !v["file"].is_string()) {
-      return Error(absl::StrCat(Sv(what), ": needs rank and file"));
-    }
-    ShardRecord r;
-    r.rank = v["rank"].get<int>();
-    r.file = v["file"].get<std::string>();
-    if (r.file != ShardFileName(r.rank)) {
-      return Error(absl::StrCat(Sv(what), ": file '", r.file, "' is not ", ShardFileName(r.rank)));
-    }
-    absl::StatusOr<uint64_t> bytes = U64(v, "bytes", what);
-    if (!bytes.ok()) return bytes.status();
-    absl::StatusOr<uint64_t> hb = U64(v, "header_bytes", what);
-    if (!hb.ok()) return hb.status();
-    absl::StatusOr<uint64_t> hh = Hex(v, "header_xxh3", what);
-    if (!hh.ok()) return hh.status();
-    absl::StatusOr<uint64_t> dh = Hex(v, "xxh3", what);
-    if (!dh.ok()) return dh.status();
-    r.bytes = *bytes;
-    r.header_bytes = *hb;
-    r.header_xxh3 = *hh;
-    r.xxh3 = *dh;
-    if (r.header_bytes < 16 || r.header_bytes % 8 != 0 || r.header_bytes > r.bytes) {
-      return Error(absl::StrCat(Sv(what), ": header_bytes ", r.header_bytes, " is impossible"));
-    }
-    return r;
-  }
-  // Entries of one shard: back to back, filling its data section, and
-  // matching the shard's digest.
-  absl::Status CheckLayout(std::vector<TensorEntry>& entries, const ShardRecord& r) const {
-    std::sort(entries.begin(), entries.end(), ckpt::ByOffset);
-    uint64_t pos = 0;
-    for (const TensorEntry& e : entries) {
-      if (e.begin != pos) {
-        return Error(
-            absl::StrCat(r.file, ": key '", e.key, "' starts at ", e.begin, ", expected ", pos));
-      }
-      pos = e.end;
-    }
-    if (pos != r.bytes - r.header_bytes) {
-      return Error(absl::StrCat(r.file, ": entries hold ", pos, " bytes, the data section ",
-                                r.bytes - r.header_bytes));
-    }
-    if (ckpt::EntriesDigest(entries) != r.xxh3) {
-      return Error(absl::StrCat(r.file, ": xxh3 of the entries does not match the shard's"));
-    }
-    return absl::OkStatus();
-  }
-};
-
-absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& step_dir) {
-  const std::string path = Join(step_dir, kManifest);
-  Parser p(path);
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return p.Error("not valid JSON");
-  Manifest m;
-  m.dir = step_dir;
-  try {
-    if (!j.contains("format") || j["format"] != kFormat) {
-      return p.Error("not an omni checkpoint manifest (format is not \"omni.checkpoint\")");
-    }
-    if (!j.contains("version") || !j["version"].is_number_integer()) {
-      return p.Error("no format version");
-    }
-    m.version = j["version"].get<int>();
-    if (j.contains("layout") && j["layout"] == "job") {  // omni/job_checkpoint.h
-      return absl::FailedPreconditionError(
-          absl::StrCat(step_dir,
-                       ": a job-level checkpoint of an elastic job (one directory shared by its "
-                       "replicas); restore it through omni::Runtime with a store, or "
-                       "omni::JobCheckpointManager"));
-    }
-    if (m.version > kVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          step_dir, ": checkpoint format version ", m.version, " is newer than this library (omni ",
-          Version(), " reads version ", kVersion, "); upgrade omni to read it"));
-    }
-    if (m.version < 1) return p.Error(absl::StrCat("format version ", m.version, " is invalid"));
-    if (std::optional<std::string> e = ckpt::ReadManifestFields(j, m)) return p.Error(*e);
-    if (!j.contains("shards") || !j["shards"].is_array() ||
-        j["shards"].size() != static_cast<size_t>(m.world_size)) {
-      return p.Error(absl::StrCat("needs one shard per rank (world_size ", m.world_size, ")"));
-    }
-    for (size_t i = 0; i < j["shards"].size(); ++i) {
-      absl::StatusOr<ShardRecord> r = p.Record(j["shards"][i], absl::StrCat("shard ", i));
-      if (!r.ok()) return r.status();
-      if (r->rank != static_cast<int>(i)) {
-        return p.Error(absl::StrCat("shard ", i, " has rank ", r->rank));
-      }
-      m.shards.push_back(*r);
-    }
-    if (!j.contains("entries") || !j["entries"].is_object()) return p.Error("no entries");
-    m.entries.resize(m.shards.size());
-    std::vector<std::unordered_set<std::string>> seen(m.shards.size());
-    for (const auto& [name, v] : j["entries"].items()) {
-      if (!v.is_object() || !v.contains("shard") || !v["shard"].is_number_unsigned() ||
-          v["shard"].get<uint64_t>() >= m.shards.size()) {
-        return p.Error(absl::StrCat("entry '", name, "': no valid shard"));
-      }
-      const size_t s = v["shard"].get<size_t>();
-      std::string key = name;
-      if (v.contains("key")) {
-        if (!v["key"].is_string()) return p.Error(absl::StrCat("entry '", name, "': bad key"));
-        key = v["key"].get<std::string>();
-      }
-      absl::StatusOr<TensorEntry> e = p.Entry(v, key);
-      if (!e.ok()) return e.status();
-      if (!seen[s].insert(key).second) {
-        return p.Error(absl::StrCat("key '", key, "' appears twice in shard ", s));
-      }
-      m.entries[s].push_back(*std::move(e));
-    }
-    for (size_t s = 0; s < m.shards.size(); ++s) {
-      if (absl::Status st = p.CheckLayout(m.entries[s], m.shards[s]); !st.ok()) return st;
-    }
-  } catch (const json::exception& ex) {
-    return p.Error(absl::StrCat("malformed: ", ex.what()));
-  }
-  return m;
-}
-
-// A step directory opened for reading: `fd` (no symbolic link followed)
-// and its manifest.
-struct StepDir {
-  Fd fd;
-  Manifest m;
-};
-
-// Opens `name` under `dir` (the step directory `path`) and reads its
-// manifest. NotFound when the directory has no manifest (not a checkpoint);
-// FailedPrecondition for a symbolic link, a FIFO or another special file.
-absl::StatusOr<StepDir> LoadStep(FileSystem& fs, int dir, const std::string& name,
-                                 const std::string& path) {
-  StepDir out;
-  absl::StatusOr<Fd> fd = fs.OpenDir(dir, name, path);
-  if (!fd.ok()) return fd.status();
-  out.fd = *std::move(fd);
-  const std::string manifest = Join(path, kManifest);
-  absl::StatusOr<std::string> text =
-      internal::ReadFileAt(fs, out.fd.get(), kManifest, manifest, kMaxManifestBytes);
-  if (!text.ok()) {
-    if (absl::IsNotFound(text.status())) {
-      return absl::NotFoundError(absl::StrCat(path, ": no manifest.json (not a checkpoint)"));
-    }
-    return text.status();
-  }
-  absl::StatusOr<Manifest> m = ParseManifest(*text, path);
-  if (!m.ok()) return m.status();
-  if (absl::Status st = ckpt::CheckStepMatchesDirName(path, m->ManifestPath(), m->step); !st.ok()) {
-    return st;
-  }
-  out.m = *std::move(m);
-  return out;
-}
-
-// A step directory named by the user (may be reached through symbolic links:
-// the user named it; nothing inside it is followed).
-absl::StatusOr<StepDir> LoadStepPath(const std::string& path) {
-  const std::string p = ckpt::TrimTrailingSlashes(path);
-  return LoadStep(internal::RealFileSystem(), AT_FDCWD, p, p);
-}
-
-// Cheap checks of every shard: a regular file of the recorded size.
-absl::Status CheckShardFiles(FileSystem& fs, const StepDir& sd) {
-  const Manifest& m = sd.m;
-  for (size_t r = 0; r < m.shards.size(); ++r) {
-    const std::string path = m.ShardPath(static_cast<int>(r));
-    absl::StatusOr<FileStat> st = fs.Stat(sd.fd.get(), m.shards[r].file, path);
-    if (!st.ok()) return st.status();
-    if (st->type == FileType::kSymlink) {
-      return absl::FailedPreconditionError(absl::StrCat(path, " is a symbolic link; not followed"));
-    }
-    if (st->type != FileType::kRegular) {
-      return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
-    }
-    if (st->size != m.shards[r].bytes) {
-      return absl::DataLossError(absl::StrCat(path, ": ", st->size, " bytes, the manifest says ",
-                                              m.shards[r].bytes, " (truncated or replaced?)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Opens one shard and checks what is cheap to check: its size, and its
-// header against the manifest (every key, dtype, shape and offset).
-absl::StatusOr<Fd> OpenCheckedShard(FileSystem& fs, const StepDir& sd, int rank) {
-  const Manifest& m = sd.m;
-  const std::string path = m.ShardPath(rank);
-  const ShardRecord& rec = m.shards[rank];
-  absl::StatusOr<Fd> opened = fs.OpenRead(sd.fd.get(), rec.file, path);
-  if (!opened.ok()) return opened.status();
-  Fd fd = *std::move(opened);
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
-  const auto size = static_cast<uint64_t>(st.st_size);
-  if (size != rec.bytes) {
-    return absl::DataLossError(absl::StrCat(path, ": ", size, " bytes, the manifest says ",
-                                            rec.bytes, " (truncated or replaced?)"));
-  }
-  absl::StatusOr<ckpt::ShardHeader> h = ckpt::ReadShardHeader(fd.get(), path, size);
-  if (!h.ok()) return h.status();
-  if (h->header_bytes != rec.header_bytes || h->header_xxh3 != rec.header_xxh3) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": header differs from the one the manifest records (header_xxh3 ",
-                     HexDigest(h->header_xxh3), ", manifest ", HexDigest(rec.header_xxh3), ")"));
-  }
-  const std::vector<TensorEntry>& want = m.entries[rank];
-  if (h->entries.size() != want.size()) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": ", h->entries.size(), " tensors, the manifest lists ", want.size()));
-  }
-  for (size_t i = 0; i < want.size(); ++i) {  // both sorted by offset
-    const TensorEntry& a = h->entries[i];
-    const TensorEntry& b = want[i];
-    if (a.key != b.key || a.dtype != b.dtype || a.shape != b.shape || a.begin != b.begin ||
-        a.end != b.end) {
-      return absl::DataLossError(absl::StrCat(
-          path, ": key '", b.key, "' is ", DTypeName(b.dtype), " ", ckpt::ShapeString(b.shape),
-          " at [", b.begin, ",", b.end, "] in the manifest, but the file has key '", a.key, "' ",
-          DTypeName(a.dtype), " ", ckpt::ShapeString(a.shape), " at [", a.begin, ",", a.end, "]"));
-    }
-  }
-  return fd;
-}
-
-// The checks of List (and ScanCheckpoints): the manifest, every shard of
-// its size, and every shard's header against the manifest (a few reads of
-// each shard's first bytes; no checksum of the data).
-absl::Status CheckStep(FileSystem& fs, const StepDir& sd) {
-  if (absl::Status st = CheckShardFiles(fs, sd); !st.ok()) return st;
-  for (int r = 0; r < sd.m.world_size; ++r) {
-    absl::StatusOr<Fd> fd = OpenCheckedShard(fs, sd, r);
-    if (!fd.ok()) return fd.status();
-  }
-  return absl::OkStatus();
-}
-
-// Full verification of one shard: size, header against the manifest, every
-// checksum.
-absl::Status VerifyShard(FileSystem& fs, const StepDir& sd, int rank) {
-  absl::StatusOr<Fd> fd = OpenCheckedShard(fs, sd, rank);
-  if (!fd.ok()) return fd.status();
-  return ckpt::VerifyShardData(fd->get(), sd.m.ShardPath(rank), sd.m.shards[rank].header_bytes,
-                               sd.m.entries[rank]);
-}
-
-std::vector<CheckpointStatus> ScanAt(FileSystem& fs, int dir, const std::vector<StepName>& dirs) {
-  return ckpt::ScanSteps(
-      dirs, [&](const StepName& d) { return LoadStep(fs, dir, d.name, d.path); },
-      [&](const StepDir& sd) { return CheckStep(fs, sd); });
-}
-
-absl::StatusOr<std::vector<CheckpointStatus>> Scan(const std::string& dir) {
-  FileSystem& fs = internal::RealFileSystem();
-  absl::StatusOr<Fd> fd = fs.OpenDir(AT_FDCWD, dir, dir);
-  if (!fd.ok()) return fd.status();
-  absl::StatusOr<std::vector<StepName>> dirs = StepDirs(fs, fd->get(), dir);
-  if (!dirs.ok()) return dirs.status();
-  return ScanAt(fs, fd->get(), *dirs);
-}
-
-// ---------------------------------------------------------------- fragments
-
-std::string FragmentJson(int64_t step, const ShardRecord& r, const std::vector<TensorEntry>& es) {
-  ObjectText top;
-  top.Value("format", kFragmentFormat);
-  top.Value("version", kVersion);
-  top.Value("step", step);
-  top.Add("shard", Compact(RecordJson(r)));
-  ObjectText entries("  ");
-  for (const TensorEntry& e : es) entries.Add(e.key, Compact(EntryJson(e)));
-  top.Add("entries", entries.Close(" "));
-  return top.Close() + "\n";
-}
-
-absl::Status ParseFragment(const std::string& text, const std::string& path, int64_t step, int rank,
-                           ShardRecord& rec, std::vector<TensorEntry>& entries) {
-  Parser p(path);
-  const json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return p.Error("not valid JSON");
-  try {
-    if (!j.contains("format") || j["format"] != kFragmentFormat || !j.contains("version") ||
-        j["version"] != kVersion) {
-      return p.Error("not a version 1 checkpoint fragment");
-    }
-    if (!j.contains("step") || j["step"] != step) {
-      return p.Error(absl::StrCat("is not for step ", step));
-    }
-    if (!j.contains("shard") || !j.contains("entries") || !j["entries"].is_object()) {
-      return p.Error("needs shard and entries");
-    }
-    absl::StatusOr<ShardRecord> r = p.Record(j["shard"], "shard");
-    if (!r.ok()) return r.status();
-    if (r->rank != rank) return p.Error(absl::StrCat("is for rank ", r->rank));
-    rec = *r;
-    entries.clear();
-    for (const auto& [key, v] : j["entries"].items()) {
-      absl::StatusOr<TensorEntry> e = p.Entry(v, key);
-      if (!e.ok()) return e.status();
-      entries.push_back(*std::move(e));
-    }
-    return p.CheckLayout(entries, rec);
-  } catch (const json::exception& ex) {
-    return p.Error(absl::StrCat("malformed: ", ex.what()));
-  }
 }
 
 // ---------------------------------------------------------------- snapshot
@@ -1419,73 +986,5 @@ absl::StatusOr<std::unique_ptr<CheckpointManager>> OpenCheckpointManagerOn(
   return OpenOn(options, fs, direct);
 }
 }  // namespace internal
-
-absl::StatusOr<std::vector<CheckpointStatus>> ScanCheckpoints(const std::string& dir) {
-  return Scan(dir);
-}
-
-absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& dir) {
-  absl::StatusOr<std::vector<CheckpointStatus>> all = Scan(dir);
-  if (!all.ok()) return all.status();
-  std::vector<CheckpointInfo> out;
-  for (CheckpointStatus& c : *all) {
-    if (c.status.ok()) out.push_back(std::move(c.info));
-  }
-  return out;
-}
-
-absl::Status VerifyCheckpoint(const std::string& path) {
-  absl::StatusOr<StepDir> sd = LoadStepPath(path);
-  if (!sd.ok()) return sd.status();
-  FileSystem& fs = internal::RealFileSystem();
-  if (absl::Status st = CheckShardFiles(fs, *sd); !st.ok()) return st;
-  for (int r = 0; r < sd->m.world_size; ++r) {
-    if (absl::Status st = VerifyShard(fs, *sd, r); !st.ok()) return st;
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> DescribeCheckpoint(const std::string& path) {
-  absl::StatusOr<StepDir> sd = LoadStepPath(path);
-  if (!sd.ok()) return sd.status();
-  const Manifest* m = &sd->m;
-  std::string out = absl::StrCat("checkpoint ", m->dir, "\n");
-  char created[64] = "?";
-  const std::time_t secs = static_cast<std::time_t>(m->created_unix_ms / 1000);
-  std::tm tm{};
-  if (gmtime_r(&secs, &tm) != nullptr)
-    std::strftime(created, sizeof(created), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  absl::StrAppend(&out, "  format      ", kFormat, " v", m->version, ", written by omni ",
-                  m->library_version, "\n");
-  absl::StrAppend(&out, "  step        ", m->step, "\n");
-  absl::StrAppend(&out, "  job         ", m->job_id.empty() ? "(none)" : m->job_id, "\n");
-  absl::StrAppend(&out, "  created     ", created, "\n");
-  absl::StrAppend(&out, "  world size  ", m->world_size, "\n");
-  absl::StrAppend(&out, "  bytes       ", m->TotalBytes(), "\n");
-  absl::StrAppend(&out, "  metadata", m->metadata.empty() ? "    (none)" : "", "\n");
-  for (const auto& [k, v] : m->metadata) absl::StrAppend(&out, "    ", k, " = ", v, "\n");
-  absl::StrAppend(&out, "  shards\n");
-  for (const ShardRecord& r : m->shards) {
-    absl::StrAppend(&out, "    rank ", r.rank, "  ", r.file, "  ", r.bytes, " bytes (header ",
-                    r.header_bytes, ")  xxh3 ", HexDigest(r.xxh3), "\n");
-  }
-  size_t n = 0;
-  for (const auto& es : m->entries) n += es.size();
-  absl::StrAppend(&out, "  entries (", n, ")\n");
-  size_t width = 3;
-  for (const auto& es : m->entries) {
-    for (const TensorEntry& e : es) width = std::max(width, e.key.size());
-  }
-  char line[128];
-  for (size_t s = 0; s < m->entries.size(); ++s) {
-    for (const TensorEntry& e : m->entries[s]) {
-      std::snprintf(line, sizeof(line), "  %5zu  %-4s  %-20s  %12" PRIu64 "  %s\n", s,
-                    DTypeName(e.dtype), ckpt::ShapeString(e.shape).c_str(), e.end - e.begin,
-                    HexDigest(e.xxh3).c_str());
-      absl::StrAppend(&out, "    ", e.key, std::string(width - e.key.size(), ' '), line);
-    }
-  }
-  return out;
-}
 
 }  // namespace omni

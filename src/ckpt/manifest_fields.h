@@ -1,5 +1,5 @@
 // What both checkpoint manifest layouts share (the per-rank layout of
-// checkpoint.cc and the job layout of job_manifest.cc): their common fields
+// rank_manifest.cc and the job layout of job_manifest.cc): their common fields
 // and the parser of their parts (digests, integers, tensor entries). Private
 // to omni_core.
 //
