@@ -3,18 +3,20 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <queue>
 #include <random>
 #include <set>
 #include <tuple>
-#include <unordered_map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "omni/clock.h"
 #include "omni/colocate_gate.h"
+#include "omni/evaluator.h"
+#include "omni/phase.h"
+#include "omni/step_log.h"
 
 namespace omni::clustersim {
 
@@ -27,101 +29,47 @@ using colocate::NoticeKind;
 using colocate::OpenWindow;
 using colocate::Policy;
 using colocate::PolicyOptions;
-using nlohmann::json;
 
 // ================================================================= replay
 
-namespace {
-
-struct IdleSpan {
-  int64_t start_ns;
-  int64_t dur_ns;
-  std::string kind;
-  int64_t step_index;
-};
-
-}  // namespace
-
 absl::StatusOr<StepProfile> ReplayStepLog(const std::string& path, const ReplayOptions& options) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read step log ", path));
-  std::unordered_map<std::string, std::string> idle_kind;  // phase name -> idle kind
-  std::vector<IdleSpan> spans;
-  std::vector<int64_t> step_ns;
-  std::string line;
-  int64_t lineno = 0;
-  auto bad = [&](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno, ": ", what));
-  };
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (line.empty()) continue;
-    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
-    const std::string type = j.value("type", "");
-    if (type == "header") {
-      if (!j.contains("phases") || !j["phases"].is_array()) return bad("header without phases");
-      for (const json& p : j["phases"]) {
-        if (!p.is_object()) return bad("phase is not an object");
-        idle_kind[p.value("name", "")] = p.value("idle", "busy");
-      }
-    } else if (type == "phase") {
-      idle_kind[j.value("name", "")] = j.value("idle", "busy");
-    } else if (type == "step") {
-      if (!j.contains("start_ns") || !j.contains("end_ns") || !j["start_ns"].is_number() ||
-          !j["end_ns"].is_number()) {
-        return bad("step without start_ns/end_ns");
-      }
-      const auto start = j["start_ns"].get<int64_t>();
-      const auto end = j["end_ns"].get<int64_t>();
-      if (end < start) return bad("step ends before it starts");
-      const auto index = static_cast<int64_t>(step_ns.size());
-      step_ns.push_back(end - start);
-      if (!j.contains("spans")) continue;
-      if (!j["spans"].is_array()) return bad("spans is not an array");
-      for (const json& s : j["spans"]) {
-        if (!s.is_object() || !s.contains("start_ns") || !s.contains("end_ns")) {
-          return bad("span without start_ns/end_ns");
-        }
-        if (s.value("depth", 0) != 0) continue;
-        auto it = idle_kind.find(s.value("phase", ""));
-        if (it == idle_kind.end()) return bad(absl::StrCat("unknown phase ", s.value("phase", "")));
-        if (it->second == "busy") continue;
-        const auto ss = s["start_ns"].get<int64_t>();
-        const auto se = s["end_ns"].get<int64_t>();
-        if (se > ss) spans.push_back({ss, se - ss, it->second, index});
-      }
-    }
+  absl::StatusOr<StepLog> log = ReadStepLog(path);
+  if (!log.ok()) return log.status();
+  if (log->steps.size() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": fewer than two steps"));
   }
-  if (step_ns.size() < 2) return bad("fewer than two steps");
-
   StepProfile p;
   p.name = std::filesystem::path(path).filename().string();
-  const int64_t mid = static_cast<int64_t>(step_ns.size()) / 2;
-  double total_ns = 0;
-  double total2_ns = 0;
-  for (size_t i = 0; i < step_ns.size(); ++i) {
-    total_ns += static_cast<double>(step_ns[i]);
-    if (static_cast<int64_t>(i) >= mid) total2_ns += static_cast<double>(step_ns[i]);
+  // The real idle windows (the idle phases, innermost-phase rule), in time
+  // order: what the live notices are about.
+  const PhaseCatalog& catalog = log->header.phases;
+  std::vector<std::pair<int64_t, int64_t>> windows;
+  double total_ns = 0, idle_ns = 0;
+  for (const StepRecord& r : log->steps) {
+    total_ns += static_cast<double>(r.duration_ns());
+    ForEachPhaseWindow(r, catalog, [&](const PhaseWindow& w) {
+      if (catalog.idle_kind(w.phase) == IdleKind::kNone || w.end_ns <= w.start_ns) return;
+      windows.emplace_back(w.start_ns, w.end_ns);
+      idle_ns += static_cast<double>(w.end_ns - w.start_ns);
+    });
   }
-  // Forecasts from the first half: per kind, the (1 − confidence) quantile.
-  std::map<std::string, std::vector<int64_t>> first;
-  double idle_ns = 0;
-  for (const IdleSpan& s : spans) {
-    idle_ns += static_cast<double>(s.dur_ns);
-    if (s.step_index < mid) first[s.kind].push_back(s.dur_ns);
-  }
+  std::sort(windows.begin(), windows.end());
+  p.windows = static_cast<int64_t>(windows.size());
   p.idle_fraction = total_ns > 0 ? idle_ns / total_ns : 0;
-  std::map<std::string, std::pair<int64_t, int64_t>> forecast;  // guaranteed, expected
-  for (auto& [kind, v] : first) {
-    std::sort(v.begin(), v.end());
-    const auto q = static_cast<size_t>(std::floor((1 - options.confidence) * v.size()));
-    double sum = 0;
-    for (int64_t d : v) sum += static_cast<double>(d);
-    forecast[kind] = {v[std::min(q, v.size() - 1)], static_cast<int64_t>(sum / v.size())};
+
+  // What the runtime's live notices told a guest in each window (learned
+  // online from the windows before it, matched to the forecast's windows):
+  // the claims omni eval scores.
+  EvaluateOptions eo;
+  eo.notices.confidence = options.confidence;
+  eo.keep_notice_claims = true;
+  absl::StatusOr<EvaluationReport> report = Evaluate(*log, eo);
+  if (!report.ok()) {
+    return absl::Status(report.status().code(),
+                        absl::StrCat(path, ": ", report.status().message()));
   }
 
-  // Replay the second half through the policy's lease and the guest gate.
+  // Each claim replayed through the policy's lease and the guest gate.
   FakeClock clock(0);
   PolicyOptions po;
   po.guard = absl::ZeroDuration();  // the gate holds the guard
@@ -133,36 +81,39 @@ absl::StatusOr<StepProfile> ReplayStepLog(const std::string& path, const ReplayO
   go.min_confidence = options.confidence;
   auto gate = GuestGate::Create(go, &clock);
   if (!gate.ok()) return gate.status();
-  double idle2_ns = 0;
   double harvested_ns = 0;
+  int64_t busy_until = 0;  // the end of the guest's last unit
   uint64_t id = 0;
-  for (const IdleSpan& s : spans) {
-    if (s.step_index < mid) continue;
-    idle2_ns += static_cast<double>(s.dur_ns);
-    ++p.windows;
-    auto f = forecast.find(s.kind);
-    if (f == forecast.end()) continue;
-    const int64_t open = s.start_ns + options.notice_latency_ns;
-    const int64_t close = s.start_ns + s.dur_ns;  // actual
-    clock.Set(open);
-    IdleWindowForecast w{s.start_ns, s.start_ns, f->second.first, f->second.second,
-                         options.confidence};
-    std::optional<colocate::Lease> lease = (*policy)->LeaseFor(w, open);
+  for (const NoticeClaim& c : report->notice_claims) {
+    // The window the claim was made in: the last to open at or before it.
+    auto it = std::upper_bound(windows.begin(), windows.end(),
+                               std::make_pair(c.start_ns, std::numeric_limits<int64_t>::max()));
+    if (it == windows.begin()) continue;
+    --it;
+    const int64_t open = it->first, close = it->second;
+    const int64_t t0 =
+        std::max(c.start_ns + (c.start_ns == open ? options.notice_latency_ns : 0), busy_until);
+    if (t0 >= close || t0 >= c.end_ns) continue;
+    clock.Set(t0);
+    const IdleWindowForecast w{c.start_ns, c.start_ns, c.end_ns - c.start_ns, c.end_ns - c.start_ns,
+                               options.confidence};
+    std::optional<colocate::Lease> lease = (*policy)->LeaseFor(w, t0);
     const uint64_t wid = id++;
     if (!lease.has_value()) continue;
     OpenWindow ow;
     ow.open = true;
     ow.window_id = wid;
     ow.opened_at_ns = open;
-    ow.remaining_ns = lease->close_ns - open;
-    ow.as_of_ns = open;
+    ow.remaining_ns = lease->close_ns - t0;
+    ow.as_of_ns = t0;
     ow.confidence = options.confidence;
-    int64_t t = open;
+    int64_t t = t0;
     for (;;) {
       clock.Set(t);
       if (!(*gate)->BeforeUnit(ow, options.guest_unit_ns).start()) break;
       const int64_t end = t + options.guest_unit_ns;
       ++p.guest_units;
+      busy_until = end;
       harvested_ns += static_cast<double>(std::max<int64_t>(0, std::min(end, close) - t));
       if (end > close) {
         (*gate)->HostClosed(wid, close);  // the host left its idle phase early
@@ -174,8 +125,8 @@ absl::StatusOr<StepProfile> ReplayStepLog(const std::string& path, const ReplayO
     }
   }
   const colocate::GateStats st = (*gate)->Stats();
-  p.harvest_fraction = idle2_ns > 0 ? harvested_ns / idle2_ns : 0;
-  p.host_slowdown = total2_ns > 0 ? static_cast<double>(st.overrun_ns) / total2_ns : 0;
+  p.harvest_fraction = idle_ns > 0 ? harvested_ns / idle_ns : 0;
+  p.host_slowdown = total_ns > 0 ? static_cast<double>(st.overrun_ns) / total_ns : 0;
   p.deadline_misses = st.deadline_misses;
   p.yield_p99_ms = static_cast<double>(st.yield_p99_ns) / 1e6;
   return p;

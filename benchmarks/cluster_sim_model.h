@@ -19,32 +19,34 @@ namespace omni::clustersim {
 // ------------------------------------------------------------ step behaviour
 
 // What a gated guest makes of one job's idle windows, from a step log in the
-// runtime's own format (omni.steplog v1) replayed through Policy::LeaseFor and
-// GuestGate.
+// runtime's own format (omni.steplog v1): the claims the runtime's live
+// window notices made in each window (omni::Evaluate replays them, learned
+// online from the windows before and matched to the forecast's windows, as
+// omni eval scores them) replayed through Policy::LeaseFor and GuestGate.
 struct StepProfile {
   std::string name;             // the log's file name
-  double idle_fraction = 0;     // idle (non-busy) top-level span time / step time
-  double harvest_fraction = 0;  // guest unit time / idle time (replayed half)
+  double idle_fraction = 0;     // idle-phase time (innermost-phase rule) / step time
+  double harvest_fraction = 0;  // guest unit time inside the windows / idle time
   double host_slowdown = 0;     // guest overrun past a window's close / step time
-  int64_t windows = 0;          // idle windows replayed
+  int64_t windows = 0;          // idle windows in the log
   int64_t guest_units = 0;
   int64_t deadline_misses = 0;
   double yield_p99_ms = 0;  // cooperative yields (unit end − early close)
 };
 
 struct ReplayOptions {
-  // A window kind's guaranteed duration is the (1 − confidence) quantile of
-  // that kind's durations in the first half of the log; the second half is
-  // replayed with it (train/test split: no window is forecast from itself).
-  double confidence = 0.9;
+  // The confidence of the notices' claims (TelemetryOptions::
+  // window_confidence) and the least the policy and the gate accept.
+  double confidence = 0.95;
   int64_t guest_unit_ns = 5'000'000;  // the guest's unit of work
   int64_t guard_ns = 1'000'000;       // GateOptions::guard
   int64_t notice_latency_ns = 0;      // window open → the guest learns of it
 };
 
-// Reads one step log (header, phase and step lines) and replays it.
-// InvalidArgument naming the file and line for a malformed line or a log
-// without steps; the errno status naming the file when it cannot be read.
+// Reads one step log (omni::ReadStepLog) and replays it. The reader's
+// errors (InvalidArgument naming the file and line for a malformed line, the
+// errno status naming the file when it cannot be read); InvalidArgument for
+// a log of fewer than two steps; Evaluate's errors naming the file.
 absl::StatusOr<StepProfile> ReplayStepLog(const std::string& path, const ReplayOptions& options);
 
 // Every *.jsonl directly in `dir`, in name order. NotFound when none.

@@ -22,6 +22,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "omni/export.h"
@@ -57,6 +58,10 @@ struct EvaluateOptions {
   int stride_steps = 1;  // forecast at every stride-th boundary
   Scoring scoring = Scoring::kLive;
   NoticeReplayOptions notices;
+  // Whether the report keeps the notices' claims (EvaluationReport::
+  // notice_claims): what a guest reading the live notices was told, for a
+  // model of such a guest (benchmarks/cluster_sim_model.cc).
+  bool keep_notice_claims = false;
 };
 
 // The time a published window lets a guest use, as Evaluate scores it: its
@@ -68,6 +73,14 @@ struct EvaluateOptions {
 // (the step is not in the log): the sure part only. Disjoint, in time order.
 struct ClaimedSpan {
   int64_t start_ns = 0, end_ns = 0;
+};
+
+// A stretch of time the replayed live notices claimed idle without a break
+// (each claim used to its end; it may run past its window's close), and the
+// kind of the window whose notices claimed it.
+struct NoticeClaim {
+  int64_t start_ns = 0, end_ns = 0;
+  IdleKind kind = IdleKind::kNone;
 };
 OMNI_EXPORT std::vector<ClaimedSpan> WindowClaimedSpans(const IdleWindow& w,
                                                         const StepRecord* step_record,
@@ -121,6 +134,9 @@ struct OMNI_EXPORT EvaluationReport {
   };
   NoticeReplayOptions notice_options;
   NoticeScore notices;
+  // The notices' claims in time order, per window (EvaluateOptions::
+  // keep_notice_claims; else empty).
+  std::vector<NoticeClaim> notice_claims;
   // A guest acting on both: each forecast window's claim (as scored above)
   // and the notices' claims, their union, over the logged time from the
   // first forecast on. by_kind: the precision of each kind's claims, the

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -383,6 +384,7 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
       ReplayNotices(log, options.notices,
                     options.notices.match_forecast ? &outlook_claims : nullptr, &notice_claims);
   ScoreCombined(forecast_claims, notice_claims, truth, known, scored_from, report);
+  if (options.keep_notice_claims) report.notice_claims = std::move(notice_claims);
   report.next_step = all_bounds.Score();
   for (int k = 0; k < kNumStepKinds; ++k) report.next_step_by_kind[k] = kind_bounds[k].Score();
   return report;

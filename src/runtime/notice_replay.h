@@ -20,10 +20,6 @@ namespace omni {
 // against the window, per idle kind.
 // `claims` (may be null): the claimed stretches in the log's time, per
 // window in time order (a stretch may run past its window's close).
-struct NoticeClaim {
-  int64_t start_ns = 0, end_ns = 0;
-  IdleKind kind = IdleKind::kNone;
-};
 // `forecast` (may be null): per step of the log, the claims of the outlook
 // a reader found when that step ran (WindowOutlook::claims of the forecast
 // made after the step before, none when it could not be made); a window

@@ -13,13 +13,21 @@ namespace {
 namespace fs = std::filesystem;
 using colocate::JobClass;
 
+// An omni.steplog header with the built-in phases.
+constexpr const char* kHeader =
+    R"({"type":"header","schema":"omni.steplog","version":1,"source":"test",)"
+    R"("clock":"CLOCK_MONOTONIC","phases":[{"id":0,"idle":"data_stall","name":"data_wait"},)"
+    R"({"id":1,"idle":"busy","name":"compute"},{"id":2,"idle":"busy","name":"comm"},)"
+    R"({"id":3,"idle":"busy","name":"optimizer"},{"id":4,"idle":"checkpoint","name":"checkpoint"},)"
+    R"({"id":5,"idle":"eval","name":"eval"},)"
+    R"({"id":6,"idle":"pipeline_bubble","name":"pipeline_bubble"},)"
+    R"({"id":7,"idle":"host_side","name":"host"}]})";
+
 // A step log with a 100 ms eval window every 10th step (10 ms busy steps).
 std::string WriteEvalLog(const fs::path& dir) {
   const fs::path p = dir / "eval_every_10.jsonl";
   std::ofstream f(p);
-  f << R"({"type":"header","schema":"omni.steplog","version":1,"source":"test",)"
-    << R"("phases":[{"id":0,"name":"compute","idle":"busy"},{"id":1,"name":"eval","idle":"eval"}]})"
-    << "\n";
+  f << kHeader << "\n";
   int64_t t = 0;
   const int64_t ms = 1'000'000;
   for (int s = 0; s < 200; ++s) {
@@ -50,15 +58,17 @@ class ClusterSimTest : public ::testing::Test {
   fs::path dir_;
 };
 
-TEST_F(ClusterSimTest, ReplayHarvestsWhatTheGateAllowsInEachWindow) {
+// The live notices claim nothing until 3 windows of a phase are measured
+// (NoticeReplayOptions::min_samples), then each 100 ms eval in full.
+TEST_F(ClusterSimTest, ReplayHarvestsWhatTheGateAllowsInEachWindowTheNoticesClaim) {
   ReplayOptions o;
   o.guest_unit_ns = 10'000'000;  // 10 ms units, 1 ms guard, 100 ms windows: 9 units each
   o.guard_ns = 1'000'000;
   absl::StatusOr<StepProfile> p = ReplayStepLog(WriteEvalLog(dir_), o);
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(p->windows, 10);
-  EXPECT_EQ(p->guest_units, 90);
-  EXPECT_NEAR(p->harvest_fraction, 0.9, 1e-9);
+  EXPECT_EQ(p->windows, 20);
+  EXPECT_EQ(p->guest_units, 17 * 9);
+  EXPECT_NEAR(p->harvest_fraction, 17 * 9 * 10.0 / 2000.0, 1e-9);
   EXPECT_NEAR(p->idle_fraction, 2000.0 / (2000.0 + 2000.0), 1e-9);
   EXPECT_EQ(p->deadline_misses, 0);
   EXPECT_EQ(p->host_slowdown, 0);
@@ -66,7 +76,7 @@ TEST_F(ClusterSimTest, ReplayHarvestsWhatTheGateAllowsInEachWindow) {
 
 TEST_F(ClusterSimTest, ReplayRejectsAMalformedLineNamingFileAndLine) {
   const fs::path p = dir_ / "bad.jsonl";
-  std::ofstream(p) << "{\"type\":\"header\",\"phases\":[]}\nnot json\n";
+  std::ofstream(p) << kHeader << "\nnot json\n";
   absl::StatusOr<StepProfile> r = ReplayStepLog(p.string(), {});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("bad.jsonl:2"), std::string::npos) << r.status();
