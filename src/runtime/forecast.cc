@@ -262,6 +262,16 @@ constexpr int kScatterMisses = 5;
 }  // namespace
 
 void Forecaster::Impl::CheckRegime(const StepObs& obs) {
+  // An event step of a kind this regime has not measured has no bound of its
+  // own (the normal steps' stands in for it): its length is news, not a miss.
+  // Counted, an undeclared checkpoint followed by two slow steps (the write
+  // contending with training) made a "change" whose steps the transient
+  // rule then dropped, the checkpoint with them: it was never learned.
+  if (obs.kind != StepKind::kNormal &&
+      std::none_of(hist_.begin(), hist_.end(),
+                   [&](const StepObs& o) { return o.kind == obs.kind; })) {
+    return;
+  }
   const auto d = static_cast<double>(obs.duration());
   // The published bound (local-level where it applied) is scored by its own
   // calibrator; the regime is judged against the marginal bound, which a
