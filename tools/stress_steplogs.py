@@ -77,6 +77,22 @@ Scenarios (none of them is in tests/data):
                        unchanged. 1200 steps. (Added 2026-12-03: the
                        lengths of an ended level stayed in the eval's
                        sample.)
+  15_host_gap_events   a host-side gap between compute and comm in every
+                       step (~3 ms, lognormal sigma 0.8: one in ten below
+                       the 1 ms min_window, so not logged as a window) and
+                       an undeclared ~2.5 s checkpoint every 200 steps
+                       (offset 199). 1500 steps. (Added 2026-12-04: the
+                       gap was claimed at each checkpoint step from its
+                       few lengths there, and missed when it was short.)
+  16_slow_after_checkpoint  a checkpoint declared without a length every
+                       100 steps (offset 99, ~80 ms) whose write slows the
+                       next 5 steps' compute by half. 2000 steps. (Added
+                       2026-12-04: the checkpoint was never learned.)
+  17_dynamic_micro_batches  2-5 micro-batches per step (dynamic batching),
+                       each a ~15 ms data wait (sigma 0.3) and 30 ms of
+                       compute, then comm and optimizer: the number of
+                       data-stall windows varies from step to step.
+                       1500 steps.
 """
 import argparse
 import json
@@ -354,6 +370,39 @@ def s14_eval_length_shift(w, rng):
         w.step(s, segs, kind=kind)
 
 
+def s15_host_gap_events(w, rng):
+    for s in range(1500):
+        segs = std_train(rng, 5 * MS, 0.5, 90 * MS)
+        segs.insert(2, (None, ln(rng, 3 * MS, 0.8)))   # uncovered host time
+        kind = "normal"
+        if s % 200 == 199:
+            kind = "checkpoint"
+            segs.append(("checkpoint", ln(rng, 2500 * MS, 0.15)))
+        w.step(s, segs, kind=kind, gap_ns=ln(rng, 200_000, 1.0))
+
+
+def s16_slow_after_checkpoint(w, rng):
+    slow = 0
+    for s in range(2000):
+        segs = std_train(rng, 8 * MS, 0.3, 100 * MS * (1.5 if slow > 0 else 1.0))
+        slow = max(slow - 1, 0)
+        kind = "normal"
+        if s % 100 == 99:
+            kind = "checkpoint"
+            segs.append(("checkpoint", ln(rng, 80 * MS, 0.1)))
+            slow = 5
+        w.step(s, segs, kind=kind)
+
+
+def s17_dynamic_micro_batches(w, rng):
+    for s in range(1500):
+        segs = []
+        for _ in range(rng.choice([2, 3, 3, 4, 5])):
+            segs += [("data_wait", ln(rng, 15 * MS, 0.3)), ("compute", ln(rng, 30 * MS, 0.05))]
+        segs += [("comm", ln(rng, 10 * MS, 0.05)), ("optimizer", ln(rng, 4 * MS, 0.05))]
+        w.step(s, segs)
+
+
 SCENARIOS = [
     ("01_grad_accum", s01_grad_accum, {}),
     ("02_thermal", s02_thermal, {}),
@@ -369,6 +418,9 @@ SCENARIOS = [
     ("12_nested_eval", s12_nested_eval, {"ev": (25, 24, 400 * MS)}),
     ("13_stall_after_eval", s13_stall_after_eval, {"ev": (50, 49, 0)}),
     ("14_eval_length_shift", s14_eval_length_shift, {}),
+    ("15_host_gap_events", s15_host_gap_events, {}),
+    ("16_slow_after_checkpoint", s16_slow_after_checkpoint, {"ck": (100, 99, 0)}),
+    ("17_dynamic_micro_batches", s17_dynamic_micro_batches, {}),
 ]
 
 
