@@ -16,7 +16,7 @@ namespace {
 using internal::Sv;
 using nlohmann::json;
 
-constexpr const char* kFormat = "omni.checkpoint";
+constexpr const char* kFormat = kManifestFormat;
 constexpr const char* kFragmentFormat = "omni.checkpoint.job-part";
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -260,13 +260,9 @@ absl::StatusOr<JobManifest> ParseJobManifest(const std::string& text, const std:
   JobManifest m;
   m.dir = step_dir;
   try {
-    if (!j.contains("format") || j["format"] != kFormat) {
-      return p.Error("not an omni checkpoint manifest (format is not \"omni.checkpoint\")");
-    }
-    if (!j.contains("version") || !j["version"].is_number_integer()) {
-      return p.Error("no format version");
-    }
-    m.version = j["version"].get<int>();
+    absl::StatusOr<int> version = p.FormatVersion(j);
+    if (!version.ok()) return version.status();
+    m.version = *version;
     if (m.version > kJobVersion) {
       return absl::FailedPreconditionError(
           absl::StrCat(step_dir, ": checkpoint format version ", m.version,

@@ -126,4 +126,14 @@ absl::StatusOr<TensorEntry> ManifestParser::Entry(const nlohmann::json& v,
   return e;
 }
 
+absl::StatusOr<int> ManifestParser::FormatVersion(const nlohmann::json& j) const {
+  if (!j.contains("format") || j["format"] != kManifestFormat) {
+    return Error("not an omni checkpoint manifest (format is not \"omni.checkpoint\")");
+  }
+  if (!j.contains("version") || !j["version"].is_number_integer()) {
+    return Error("no format version");
+  }
+  return j["version"].get<int>();
+}
+
 }  // namespace omni::ckpt

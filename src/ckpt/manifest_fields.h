@@ -22,6 +22,9 @@
 
 namespace omni::ckpt {
 
+// The "format" of a manifest of either layout.
+constexpr const char* kManifestFormat = "omni.checkpoint";
+
 struct ManifestFields {
   int64_t step = 0;
   int world_size = 1;
@@ -61,6 +64,9 @@ class ManifestParser {
   // A tensor entry under `key` (a valid state key): dtype, shape,
   // data_offsets holding exactly the tensor's bytes, xxh3.
   absl::StatusOr<TensorEntry> Entry(const nlohmann::json& v, const std::string& key) const;
+  // The version of a manifest `j` of either layout: DataLoss unless its
+  // "format" is "omni.checkpoint" and it has an integer "version".
+  absl::StatusOr<int> FormatVersion(const nlohmann::json& j) const;
 
  private:
   std::string path_;

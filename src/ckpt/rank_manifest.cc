@@ -174,13 +174,9 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::strin
   Manifest m;
   m.dir = step_dir;
   try {
-    if (!j.contains("format") || j["format"] != kFormat) {
-      return p.Error("not an omni checkpoint manifest (format is not \"omni.checkpoint\")");
-    }
-    if (!j.contains("version") || !j["version"].is_number_integer()) {
-      return p.Error("no format version");
-    }
-    m.version = j["version"].get<int>();
+    absl::StatusOr<int> version = p.FormatVersion(j);
+    if (!version.ok()) return version.status();
+    m.version = *version;
     if (j.contains("layout") && j["layout"] == "job") {  // omni/job_checkpoint.h
       return absl::FailedPreconditionError(
           absl::StrCat(step_dir,

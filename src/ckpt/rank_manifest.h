@@ -21,7 +21,7 @@
 
 namespace omni::ckpt::rank {
 
-constexpr const char* kFormat = "omni.checkpoint";
+constexpr const char* kFormat = kManifestFormat;
 constexpr const char* kFragmentFormat = "omni.checkpoint.fragment";
 constexpr int kVersion = 1;
 constexpr const char* kManifest = "manifest.json";
