@@ -59,37 +59,11 @@ absl::StatusOr<StepDir> LoadStepPath(const std::string& path) {
 absl::StatusOr<Fd> OpenCheckedPart(FileSystem& fs, const StepDir& sd, int rank,
                                    std::vector<TensorEntry>* entries_out) {
   const JobPart& part = sd.m.parts[rank];
-  const std::string path = Join(sd.m.dir, part.file);
-  absl::StatusOr<Fd> opened = fs.OpenRead(sd.fd.get(), part.file, path);
-  if (!opened.ok()) return opened.status();
-  Fd fd = *std::move(opened);
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
-  const auto size = static_cast<uint64_t>(st.st_size);
-  if (size != part.bytes) {
-    return absl::DataLossError(absl::StrCat(path, ": ", size, " bytes, the manifest says ",
-                                            part.bytes, " (truncated or replaced?)"));
-  }
-  absl::StatusOr<ShardHeader> h = ReadShardHeader(fd.get(), path, size);
-  if (!h.ok()) return h.status();
-  if (h->header_bytes != part.header_bytes || h->header_xxh3 != part.header_xxh3) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": header differs from the one the manifest records"));
-  }
   std::vector<TensorEntry> want = sd.m.PartEntries(rank);
-  if (h->entries.size() != want.size()) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": ", h->entries.size(), " tensors, the manifest lists ", want.size()));
-  }
-  for (size_t i = 0; i < want.size(); ++i) {  // both sorted by offset
-    const TensorEntry& a = h->entries[i];
-    const TensorEntry& b = want[i];
-    if (a.key != b.key || a.dtype != b.dtype || a.shape != b.shape || a.begin != b.begin ||
-        a.end != b.end) {
-      return absl::DataLossError(
-          absl::StrCat(path, ": key '", b.key, "' differs between the manifest and the file"));
-    }
-  }
+  absl::StatusOr<Fd> fd =
+      OpenShardAsRecorded(fs, sd.fd.get(), part.file, Join(sd.m.dir, part.file),
+                          RecordedShard{part.bytes, part.header_bytes, part.header_xxh3, &want});
+  if (!fd.ok()) return fd.status();
   if (entries_out != nullptr) *entries_out = std::move(want);
   return fd;
 }

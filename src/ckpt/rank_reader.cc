@@ -16,7 +16,6 @@
 
 namespace omni::ckpt::rank {
 
-using internal::ErrnoStatus;
 using internal::FileStat;
 using internal::FileSystem;
 using internal::FileType;
@@ -71,43 +70,10 @@ absl::Status CheckShardFiles(FileSystem& fs, const StepDir& sd) {
 }
 
 absl::StatusOr<Fd> OpenCheckedShard(FileSystem& fs, const StepDir& sd, int rank) {
-  const Manifest& m = sd.m;
-  const std::string path = m.ShardPath(rank);
-  const ShardRecord& rec = m.shards[rank];
-  absl::StatusOr<Fd> opened = fs.OpenRead(sd.fd.get(), rec.file, path);
-  if (!opened.ok()) return opened.status();
-  Fd fd = *std::move(opened);
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
-  const auto size = static_cast<uint64_t>(st.st_size);
-  if (size != rec.bytes) {
-    return absl::DataLossError(absl::StrCat(path, ": ", size, " bytes, the manifest says ",
-                                            rec.bytes, " (truncated or replaced?)"));
-  }
-  absl::StatusOr<ckpt::ShardHeader> h = ckpt::ReadShardHeader(fd.get(), path, size);
-  if (!h.ok()) return h.status();
-  if (h->header_bytes != rec.header_bytes || h->header_xxh3 != rec.header_xxh3) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": header differs from the one the manifest records (header_xxh3 ",
-                     HexDigest(h->header_xxh3), ", manifest ", HexDigest(rec.header_xxh3), ")"));
-  }
-  const std::vector<TensorEntry>& want = m.entries[rank];
-  if (h->entries.size() != want.size()) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": ", h->entries.size(), " tensors, the manifest lists ", want.size()));
-  }
-  for (size_t i = 0; i < want.size(); ++i) {  // both sorted by offset
-    const TensorEntry& a = h->entries[i];
-    const TensorEntry& b = want[i];
-    if (a.key != b.key || a.dtype != b.dtype || a.shape != b.shape || a.begin != b.begin ||
-        a.end != b.end) {
-      return absl::DataLossError(absl::StrCat(
-          path, ": key '", b.key, "' is ", DTypeName(b.dtype), " ", ckpt::ShapeString(b.shape),
-          " at [", b.begin, ",", b.end, "] in the manifest, but the file has key '", a.key, "' ",
-          DTypeName(a.dtype), " ", ckpt::ShapeString(a.shape), " at [", a.begin, ",", a.end, "]"));
-    }
-  }
-  return fd;
+  const ShardRecord& rec = sd.m.shards[rank];
+  return OpenShardAsRecorded(
+      fs, sd.fd.get(), rec.file, sd.m.ShardPath(rank),
+      RecordedShard{rec.bytes, rec.header_bytes, rec.header_xxh3, &sd.m.entries[rank]});
 }
 
 absl::Status CheckStep(FileSystem& fs, const StepDir& sd) {

@@ -420,6 +420,44 @@ absl::StatusOr<ShardHeader> ReadShardHeader(int fd, const std::string& path, uin
   return out;
 }
 
+absl::StatusOr<Fd> OpenShardAsRecorded(internal::FileSystem& fs, int dir, const std::string& file,
+                                       const std::string& path, const RecordedShard& rec) {
+  absl::StatusOr<Fd> opened = fs.OpenRead(dir, file, path);
+  if (!opened.ok()) return opened.status();
+  Fd fd = *std::move(opened);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size != rec.bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": ", size, " bytes, the manifest says ",
+                                            rec.bytes, " (truncated or replaced?)"));
+  }
+  absl::StatusOr<ShardHeader> h = ReadShardHeader(fd.get(), path, size);
+  if (!h.ok()) return h.status();
+  if (h->header_bytes != rec.header_bytes || h->header_xxh3 != rec.header_xxh3) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": header differs from the one the manifest records (header_xxh3 ",
+                     HexDigest(h->header_xxh3), ", manifest ", HexDigest(rec.header_xxh3), ")"));
+  }
+  const std::vector<TensorEntry>& want = *rec.entries;
+  if (h->entries.size() != want.size()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": ", h->entries.size(), " tensors, the manifest lists ", want.size()));
+  }
+  for (size_t i = 0; i < want.size(); ++i) {  // both sorted by offset
+    const TensorEntry& x = h->entries[i];
+    const TensorEntry& y = want[i];
+    if (x.key != y.key || x.dtype != y.dtype || x.shape != y.shape || x.begin != y.begin ||
+        x.end != y.end) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": key '", y.key, "' is ", DTypeName(y.dtype), " ", ShapeString(y.shape), " at [",
+          y.begin, ",", y.end, "] in the manifest, but the file has key '", x.key, "' ",
+          DTypeName(x.dtype), " ", ShapeString(x.shape), " at [", x.begin, ",", x.end, "]"));
+    }
+  }
+  return fd;
+}
+
 absl::StatusOr<uint64_t> HeaderJsonBytes(internal::FileSystem& fs, int dir, const std::string& name,
                                          const std::string& path) {
   absl::StatusOr<Fd> fd = fs.OpenRead(dir, name, path);

@@ -151,6 +151,22 @@ struct ShardHeader {
 // exactly. DataLoss naming the file (and key) otherwise.
 absl::StatusOr<ShardHeader> ReadShardHeader(int fd, const std::string& path, uint64_t file_size);
 
+// What a manifest records of one shard (or part) file: its size, its
+// header's length and digest, and its entries sorted by offset.
+struct RecordedShard {
+  uint64_t bytes = 0;
+  uint64_t header_bytes = 0;
+  uint64_t header_xxh3 = 0;
+  const std::vector<TensorEntry>* entries = nullptr;
+};
+// Opens `file` under the open directory `dir` (at `path`; no symbolic link
+// followed) and checks what is cheap to check against the manifest's
+// record: its size, and its header (ReadShardHeader): length, digest, and
+// every key, dtype, shape and offset. DataLoss naming `path` (and the key)
+// when they differ; the FileSystem's and ReadShardHeader's errors.
+absl::StatusOr<Fd> OpenShardAsRecorded(internal::FileSystem& fs, int dir, const std::string& file,
+                                       const std::string& path, const RecordedShard& rec);
+
 // Reads the data section and checks every entry's checksum (entries sorted by
 // offset, covering it exactly). DataLoss naming the file and key.
 absl::Status VerifyShardData(int fd, const std::string& path, uint64_t data_start,
