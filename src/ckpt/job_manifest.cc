@@ -186,17 +186,7 @@ int64_t JobManifest::TotalBytes() const {
 }
 
 CheckpointInfo JobManifest::Info() const {
-  CheckpointInfo i;
-  i.step = step;
-  i.path = dir;
-  i.world_size = world_size;
-  i.format_version = version;
-  i.library_version = library_version;
-  i.job_id = job_id;
-  i.bytes = TotalBytes();
-  i.created_unix_ms = created_unix_ms;
-  i.metadata = metadata;
-  return i;
+  return ManifestFields::Info(dir, version, TotalBytes());
 }
 
 std::string JobManifestJson(const JobManifest& m) {

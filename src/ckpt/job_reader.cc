@@ -33,14 +33,8 @@ absl::StatusOr<StepDir> LoadStep(FileSystem& fs, int dir, const std::string& nam
   absl::StatusOr<Fd> fd = fs.OpenDir(dir, name, path);
   if (!fd.ok()) return fd.status();
   out.fd = *std::move(fd);
-  absl::StatusOr<std::string> text =
-      internal::ReadFileAt(fs, out.fd.get(), kManifest, Join(path, kManifest), kMaxManifestBytes);
-  if (!text.ok()) {
-    if (absl::IsNotFound(text.status())) {
-      return absl::NotFoundError(absl::StrCat(path, ": no manifest.json (not a checkpoint)"));
-    }
-    return text.status();
-  }
+  absl::StatusOr<std::string> text = ReadManifestAt(fs, out.fd.get(), path);
+  if (!text.ok()) return text.status();
   absl::StatusOr<JobManifest> m = ParseJobManifest(*text, path);
   if (!m.ok()) return m.status();
   if (absl::Status st = CheckStepMatchesDirName(path, Join(path, kManifest), m->step); !st.ok()) {

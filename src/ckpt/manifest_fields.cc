@@ -126,6 +126,20 @@ absl::StatusOr<TensorEntry> ManifestParser::Entry(const nlohmann::json& v,
   return e;
 }
 
+CheckpointInfo ManifestFields::Info(const std::string& path, int version, int64_t bytes) const {
+  CheckpointInfo i;
+  i.step = step;
+  i.path = path;
+  i.world_size = world_size;
+  i.format_version = version;
+  i.library_version = library_version;
+  i.job_id = job_id;
+  i.bytes = bytes;
+  i.created_unix_ms = created_unix_ms;
+  i.metadata = metadata;
+  return i;
+}
+
 absl::StatusOr<int> ManifestParser::FormatVersion(const nlohmann::json& j) const {
   if (!j.contains("format") || j["format"] != kManifestFormat) {
     return Error("not an omni checkpoint manifest (format is not \"omni.checkpoint\")");

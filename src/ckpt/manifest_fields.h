@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ckpt/safetensors.h"
+#include "omni/checkpoint.h"
 #include "omni/state.h"
 
 namespace omni::ckpt {
@@ -32,6 +33,10 @@ struct ManifestFields {
   std::string job_id;           // "" when absent
   int64_t created_unix_ms = 0;  // 0 when absent
   std::map<std::string, std::string> metadata;
+
+  // The CheckpointInfo of a step directory at `path` holding these fields,
+  // in layout version `version`, of `bytes` bytes of shards.
+  CheckpointInfo Info(const std::string& path, int version, int64_t bytes) const;
 };
 
 // Reads the shared fields of the manifest object `j` into `f`. Returns the

@@ -58,19 +58,7 @@ struct Manifest : ckpt::ManifestFields {
     for (const ShardRecord& s : shards) n += static_cast<int64_t>(s.bytes);
     return n;
   }
-  CheckpointInfo Info() const {
-    CheckpointInfo i;
-    i.step = step;
-    i.path = dir;
-    i.world_size = world_size;
-    i.format_version = version;
-    i.library_version = library_version;
-    i.job_id = job_id;
-    i.bytes = TotalBytes();
-    i.created_unix_ms = created_unix_ms;
-    i.metadata = metadata;
-    return i;
-  }
+  CheckpointInfo Info() const { return ManifestFields::Info(dir, version, TotalBytes()); }
 };
 
 // The manifest's JSON text (one line per shard and per entry).

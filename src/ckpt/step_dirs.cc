@@ -83,4 +83,15 @@ absl::StatusOr<std::vector<StepName>> StepDirs(internal::FileSystem& fs, int dir
   return out;
 }
 
+absl::StatusOr<std::string> ReadManifestAt(internal::FileSystem& fs, int dir,
+                                           const std::string& step_path) {
+  constexpr const char* kName = "manifest.json";
+  absl::StatusOr<std::string> text = internal::ReadFileAt(fs, dir, kName, Join(step_path, kName),
+                                                          CheckpointManager::kMaxManifestBytes);
+  if (absl::IsNotFound(text.status())) {
+    return absl::NotFoundError(absl::StrCat(step_path, ": no manifest.json (not a checkpoint)"));
+  }
+  return text;
+}
+
 }  // namespace omni::ckpt

@@ -35,6 +35,13 @@ absl::Status CheckStepMatchesDirName(const std::string& dir_path, const std::str
 // `path` without its trailing slashes ("/" stays "/").
 std::string TrimTrailingSlashes(std::string path);
 
+// The text of the manifest.json of the step directory open as `dir` (at
+// `step_path`), at most CheckpointManager::kMaxManifestBytes: NotFound
+// naming the directory when it has none (not a checkpoint); the
+// FileSystem's errors.
+absl::StatusOr<std::string> ReadManifestAt(internal::FileSystem& fs, int dir,
+                                           const std::string& step_path);
+
 // What a restore that found no valid checkpoint in `dir` returns.
 // `skipped`: why each checkpoint was skipped; `partial`: the checkpoint the
 // state objects last read from without success ("" = none), which makes it
