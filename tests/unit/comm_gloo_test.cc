@@ -586,6 +586,58 @@ TEST(CommGloo, ConnectingToAPeerThatGaveUpIsAbandonedOnceAsked) {
 }
 #endif
 
+#if OMNI_HAVE_GLOO
+// A loopback connection whose other end reset it (SO_LINGER 0, then close):
+// what a connecting pair's socket is when its peer was killed or closed its
+// listening socket with the connection in its backlog. Returns the client.
+int ResetConnection() {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof(a);
+  if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&a), n) != 0 ||
+      ::listen(listener, 1) != 0 || ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &n)) {
+    return -1;
+  }
+  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (::connect(client, reinterpret_cast<sockaddr*>(&a), n) != 0) return -1;
+  const int server = ::accept(listener, nullptr, nullptr);
+  const linger hard{1, 0};
+  ::setsockopt(server, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
+  ::close(server);
+  ::close(listener);
+  for (int i = 0; i < 200; ++i) {  // the reset arrives at once on loopback
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    if (::getpeername(client, reinterpret_cast<sockaddr*>(&peer), &len) != 0) return client;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return -1;
+}
+
+// gloo's event loop asks a just-connected socket for its peer's name and
+// throws on its own thread when that fails: a peer that reset the
+// connection in between aborted the whole process (SIGABRT; seen in the
+// elastic soak). gloo's call now gets an address (src/comm/gloo_peer_name.cc)
+// and the pair's first read fails instead; everyone else still gets ENOTCONN.
+TEST(CommGloo, GlooAskingAResetSocketForItsPeerGetsAnAddressInsteadOfThrowing) {
+  const int fd = ResetConnection();
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  sockaddr_storage peer{};
+  socklen_t len = sizeof(peer);
+  EXPECT_EQ(::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len), -1);
+  EXPECT_EQ(errno, ENOTCONN);
+  try {
+    const gloo::transport::tcp::Address a = gloo::transport::tcp::Address::fromPeerName(fd);
+    EXPECT_FALSE(a.str().empty());
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "gloo threw on its event loop's call: " << e.what();
+  }
+  ::close(fd);
+}
+#endif
+
 TEST(CommGloo, PeerKilledDuringAllReduceFailsTheSurvivorsWithinTheTimeout) {
   SKIP_WITHOUT_GLOO();
   constexpr absl::Duration kTimeout = absl::Seconds(5);
