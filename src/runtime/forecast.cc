@@ -527,6 +527,7 @@ void Forecaster::Impl::Relearn() {
     }
   }
   cache_.clear();
+  normal_slots_.clear();
 }
 
 // ------------------------------------------------------------------ facade

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <deque>
+#include <map>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -229,6 +230,16 @@ class Forecaster::Impl {
   std::array<MarginCalibrator, kNumStepKinds> local_cal_;   // ... local-level bounds
   std::vector<WindowClaim> claims_;
   mutable std::unordered_map<int64_t, StepModel> cache_;  // cleared by Observe
+  // PoolWithNormalSteps's view of a slot in the normal steps of a residue
+  // class, by (slot key, residue); cleared by Relearn (every 4 to 16 steps:
+  // the view of hundreds of steps moves little in between, and computing it
+  // at every step cost a sixth of an update).
+  struct NormalSlotView {
+    bool judged = false;   // enough normal steps to tell
+    bool missing = false;  // ... and the slot is missing in too many of them
+    double lo = 0, low_tail = 0;
+  };
+  mutable std::map<std::pair<int, int64_t>, NormalSlotView> normal_slots_;
 };
 
 }  // namespace omni

@@ -376,20 +376,31 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
 bool Forecaster::Impl::PoolWithNormalSteps(int64_t step, int key, double margin,
                                            StepModel::Slot& sl) const {
   const int period = std::max(slot_period_[static_cast<int>(StepKind::kNormal)][key], 1);
-  int steps = 0;
-  std::vector<double> lengths;
-  for (const StepObs& o : hist_) {
-    if (o.kind != StepKind::kNormal || o.step % period != step % period) continue;
-    ++steps;
-    if (const SlotObs* s = o.Find(key)) lengths.push_back(static_cast<double>(s->b - s->a));
+  auto [it, fresh] = normal_slots_.try_emplace({key, step % period});
+  NormalSlotView& view = it->second;
+  if (fresh) {
+    int steps = 0;
+    std::vector<double> lengths;
+    for (const StepObs& o : hist_) {
+      if (o.kind != StepKind::kNormal || o.step % period != step % period) continue;
+      ++steps;
+      if (const SlotObs* s = o.Find(key)) lengths.push_back(static_cast<double>(s->b - s->a));
+    }
+    // Too few to tell, or not the same slot (none of them has it): no view.
+    view.judged = steps >= 2 / alpha_ && !lengths.empty();
+    if (view.judged) {
+      view.missing = static_cast<double>(lengths.size()) < (1 - alpha_ / 2) * steps;
+      SampleSummary normal;
+      Summarize(lengths, normal, margin, Spread::kPerSideLog);
+      view.lo = normal.lo;
+      view.low_tail = normal.low_tail;
+    }
   }
-  if (steps < 2 / alpha_ || lengths.empty()) return true;  // too few to tell, or not the same slot
-  if (static_cast<double>(lengths.size()) < (1 - alpha_ / 2) * steps) return false;
-  SampleSummary normal;
-  Summarize(lengths, normal, margin, Spread::kPerSideLog);
-  if (normal.low_tail >= sl.d.low_tail && normal.lo >= sl.d.lo) return true;
-  sl.d.lo = std::min(sl.d.lo, normal.lo);
-  sl.d.low_tail = std::min(sl.d.low_tail, normal.low_tail);
+  if (!view.judged) return true;
+  if (view.missing) return false;
+  if (view.low_tail >= sl.d.low_tail && view.lo >= sl.d.lo) return true;
+  sl.d.lo = std::min(sl.d.lo, view.lo);
+  sl.d.low_tail = std::min(sl.d.low_tail, view.low_tail);
   sl.b.lo = std::min(sl.b.lo, sl.a.lo + sl.d.lo);
   return true;
 }
