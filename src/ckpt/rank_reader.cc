@@ -22,19 +22,7 @@ using internal::FileType;
 
 absl::StatusOr<StepDir> LoadStep(FileSystem& fs, int dir, const std::string& name,
                                  const std::string& path) {
-  StepDir out;
-  absl::StatusOr<Fd> fd = fs.OpenDir(dir, name, path);
-  if (!fd.ok()) return fd.status();
-  out.fd = *std::move(fd);
-  absl::StatusOr<std::string> text = ReadManifestAt(fs, out.fd.get(), path);
-  if (!text.ok()) return text.status();
-  absl::StatusOr<Manifest> m = ParseManifest(*text, path);
-  if (!m.ok()) return m.status();
-  if (absl::Status st = ckpt::CheckStepMatchesDirName(path, m->ManifestPath(), m->step); !st.ok()) {
-    return st;
-  }
-  out.m = *std::move(m);
-  return out;
+  return LoadStepDir<StepDir>(fs, dir, name, path, ParseManifest);
 }
 
 absl::StatusOr<StepDir> LoadStepPath(const std::string& path) {

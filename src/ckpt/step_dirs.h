@@ -42,6 +42,30 @@ std::string TrimTrailingSlashes(std::string path);
 absl::StatusOr<std::string> ReadManifestAt(internal::FileSystem& fs, int dir,
                                            const std::string& step_path);
 
+// Opens the step directory `name` under `dir` (at `path`; no symbolic link
+// followed), parses its manifest with `parse(text, path)` (an
+// absl::StatusOr of a manifest with a `step`) and checks that step against
+// the directory's name. SD has members `fd` and `m`. The FileSystem's,
+// ReadManifestAt's, the parser's and CheckStepMatchesDirName's errors.
+template <typename SD, typename Parse>
+absl::StatusOr<SD> LoadStepDir(internal::FileSystem& fs, int dir, const std::string& name,
+                               const std::string& path, Parse&& parse) {
+  SD out;
+  absl::StatusOr<internal::Fd> fd = fs.OpenDir(dir, name, path);
+  if (!fd.ok()) return fd.status();
+  out.fd = *std::move(fd);
+  absl::StatusOr<std::string> text = ReadManifestAt(fs, out.fd.get(), path);
+  if (!text.ok()) return text.status();
+  auto m = parse(*text, path);
+  if (!m.ok()) return m.status();
+  if (absl::Status st = CheckStepMatchesDirName(path, Join(path, "manifest.json"), m->step);
+      !st.ok()) {
+    return st;
+  }
+  out.m = *std::move(m);
+  return out;
+}
+
 // What a restore that found no valid checkpoint in `dir` returns.
 // `skipped`: why each checkpoint was skipped; `partial`: the checkpoint the
 // state objects last read from without success ("" = none), which makes it
