@@ -65,6 +65,11 @@ OMNI_EXPORT size_t LevelShiftStart(const std::vector<double>& seq);
 //    (Student-t, n − 1 degrees of freedom; s at least 5% of the mean below
 //    5 values), at 0 at worst: no claim (RemainingGivenElapsed does not
 //    count a grid point at 0 as time the window outlived).
+// All from the values' latest level on (LevelShiftStart; `values` oldest
+// first) where the values before it stand far above it (kLevelShiftSds of
+// its spread, at least kLevelNoise of its mean) and it has 3 values: a
+// first window that ran 5x the later ones (an eval compiling its kernels)
+// would keep the small-sample bound at 0 and the upper quantiles long.
 // So a window measured 3 times is not claimed at its shortest measured
 // length, which a 4th window undercuts one time in four. The whole sample's
 // s, not the lower half's as the forecaster's windows use: with the lower

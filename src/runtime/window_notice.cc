@@ -42,6 +42,31 @@ DurationQuantiles QuantilesOfSorted(const std::vector<double>& values) {
   return q;
 }
 
+// The values from their latest level on (LevelShiftStart) where the values
+// before it all stand above it, farther than kLevelShiftSds of its standard
+// deviation (at least kLevelNoise of its mean) from its longest, and it has
+// 3 values at least; else all of them. A first eval that compiled its
+// kernels, and ran 5x the later ones, no longer keeps the claims of the next
+// windows at 0 (its length in the small-sample bound's spread) nor their
+// remaining durations long (in the upper quantiles). A level above the
+// values before it keeps them: two long windows in a row are what a heavy
+// tail shows too, and claims drawn from them alone would not hold.
+std::vector<double> LatestLevelIfFarBelow(std::vector<double> values) {
+  const size_t start = LevelShiftStart(values);
+  if (start == 0 || values.size() - start < 3) return values;
+  const auto split = values.begin() + static_cast<std::ptrdiff_t>(start);
+  const auto n = static_cast<double>(values.size() - start);
+  double sum = 0, sq = 0;
+  for (auto it = split; it != values.end(); ++it) sum += *it;
+  const double mean = sum / n;
+  for (auto it = split; it != values.end(); ++it) sq += (*it - mean) * (*it - mean);
+  const double sd = std::max(std::sqrt(sq / (n - 1)), kLevelNoise * std::abs(mean));
+  const double gap =
+      *std::min_element(values.begin(), split) - *std::max_element(split, values.end());
+  if (gap > kLevelShiftSds * sd) values.erase(values.begin(), split);
+  return values;
+}
+
 }  // namespace
 
 DurationQuantiles QuantilesOf(std::vector<double> values) {
@@ -49,6 +74,7 @@ DurationQuantiles QuantilesOf(std::vector<double> values) {
 }
 
 DurationQuantiles ClaimableQuantilesOf(std::vector<double> values) {
+  values = LatestLevelIfFarBelow(std::move(values));
   values = SortedDurations(std::move(values));
   DurationQuantiles q = QuantilesOfSorted(values);
   if (q.samples == 0) return q;
