@@ -113,6 +113,14 @@ inline int64_t ClaimFor(const ForecastClaim* begin, const ForecastClaim* end, in
 // elapsed 0), at most 1: a new window's outcome undercuts it with
 // probability at most 1 − confidence, so the longer claim holds at
 // `confidence`. 0 (no forecast claim) below `min_samples` recorded windows.
+// A claim is scaled by the outcomes of the claims of its own level (the
+// guaranteed lengths within the same power of two) where they are enough
+// for the measured order statistic to vouch for the confidence
+// (MinWindowSamples: 20 at 0.95), else by the slot's all: the forecast's
+// claims for a (phase, ordinal) differ in how well they hold by what they
+// claim (a stall every 5th step against the 1 ms waits of the other steps,
+// an eval measured once against one measured ten times), and the pooled
+// factor held a well-measured level to its worst neighbour's outcomes.
 // One rule for the telemetry worker, which scales the claims it publishes,
 // and omni eval's notice replay.
 //
@@ -128,14 +136,24 @@ class OMNI_EXPORT ForecastClaimScale {
   // In [0, 1]: a forecast claim is never lengthened. At `confidence` when
   // it is above the one given at construction (NoticeClaimLevel's).
   double Factor(PhaseId phase, int ordinal, double confidence = 0) const;
-  // guaranteed_ns scaled (0: no claim).
+  // The factor for a claim of `guaranteed_ns`: its level's where that has
+  // MinWindowSamples outcomes, else Factor.
+  double FactorAt(PhaseId phase, int ordinal, int64_t guaranteed_ns, double confidence = 0) const;
+  // guaranteed_ns scaled by FactorAt (0: no claim).
   int64_t Scaled(PhaseId phase, int ordinal, int64_t guaranteed_ns, double confidence = 0) const;
 
  private:
+  struct LevelFactor {
+    double level, confidence, factor;
+  };
+  static double Level(int64_t guaranteed_ns);  // floor(log2(guaranteed_ns))
   size_t Slot(PhaseId phase, int ordinal) const;
   int min_samples_;
   double confidence_;
   std::vector<RollingWindow> outcomes_;  // per (phase, ordinal)
+  std::vector<RollingWindow> levels_;    // the Level of each outcome's claim
+  // Computed when asked for, per slot; cleared by the slot's next Record.
+  mutable std::vector<std::vector<LevelFactor>> level_factors_;
   // Computed when asked for after a Record (the worker records every step
   // and asks at most once per published forecast).
   mutable std::vector<double> factor_;

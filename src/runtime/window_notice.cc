@@ -111,6 +111,8 @@ ForecastClaimScale::ForecastClaimScale(int window, int min_samples, double confi
       confidence_(confidence),
       outcomes_(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals,
                 RollingWindow(std::max(window, 1))),
+      levels_(outcomes_.size(), RollingWindow(std::max(window, 1))),
+      level_factors_(outcomes_.size()),
       factor_(outcomes_.size(), 0.0),
       factor_confidence_(outcomes_.size(), 0.0),
       stale_(outcomes_.size(), 0) {}
@@ -129,7 +131,9 @@ void ForecastClaimScale::Record(PhaseId phase, int ordinal, int64_t duration_ns,
                                                 : static_cast<double>(duration_ns) /
                                                       static_cast<double>(guaranteed_ns);
   w.Add(outcome * kFactorScale);
+  levels_[slot].Add(Level(guaranteed_ns));
   stale_[slot] = 1;
+  level_factors_[slot].clear();
 }
 
 double ForecastClaimScale::Factor(PhaseId phase, int ordinal, double confidence) const {
@@ -147,10 +151,42 @@ double ForecastClaimScale::Factor(PhaseId phase, int ordinal, double confidence)
   return factor_[slot];
 }
 
+double ForecastClaimScale::Level(int64_t guaranteed_ns) {
+  return std::floor(std::log2(static_cast<double>(std::max<int64_t>(guaranteed_ns, 1))));
+}
+
+double ForecastClaimScale::FactorAt(PhaseId phase, int ordinal, int64_t guaranteed_ns,
+                                    double confidence) const {
+  const size_t slot = Slot(phase, ordinal);
+  if (slot >= outcomes_.size()) return 0.0;
+  const double c = std::max(confidence_, confidence);
+  const double level = Level(guaranteed_ns);
+  std::vector<LevelFactor>& memo = level_factors_[slot];
+  for (const LevelFactor& m : memo) {
+    if (m.level == level && m.confidence == c) return m.factor;
+  }
+  const std::vector<double> levels = levels_[slot].Values();
+  const std::vector<double> outcomes = outcomes_[slot].Values();
+  std::vector<double> same;
+  for (size_t i = 0; i < levels.size(); ++i) {
+    if (levels[i] == level) same.push_back(outcomes[i]);
+  }
+  double f = 0;
+  if (static_cast<int64_t>(same.size()) >= MinWindowSamples(c)) {
+    f = std::clamp(
+        static_cast<double>(RemainingGivenElapsed(ClaimableQuantilesOf(same), 0, c)) / kFactorScale,
+        0.0, 1.0);
+  } else {
+    f = Factor(phase, ordinal, c);
+  }
+  memo.push_back({level, c, f});
+  return f;
+}
+
 int64_t ForecastClaimScale::Scaled(PhaseId phase, int ordinal, int64_t guaranteed_ns,
                                    double confidence) const {
-  return static_cast<int64_t>(
-      std::floor(static_cast<double>(guaranteed_ns) * Factor(phase, ordinal, confidence)));
+  return static_cast<int64_t>(std::floor(static_cast<double>(guaranteed_ns) *
+                                         FactorAt(phase, ordinal, guaranteed_ns, confidence)));
 }
 
 NoticeClaimLevel::NoticeClaimLevel(double confidence, double gain)
