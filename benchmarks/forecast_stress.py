@@ -1,13 +1,13 @@
 #!/usr/bin/python3
 """Forecast stress: the forecaster on step logs it was not tuned on.
 
-Writes the seventeen logs of tools/stress_steplogs.py (gradient accumulation,
+Writes the eighteen logs of tools/stress_steplogs.py (gradient accumulation,
 thermal throttling, an eval period and a stall rhythm that change, 4 ms and
 45 s steps, random sampling, an outlier and a suspension, Pareto compute,
 three interleaved events, a log starting mid-job, a nested idle phase, a
 stall after each eval, an eval whose length shifts, a host-side gap in every
 step and rare checkpoints, a checkpoint that slows the steps after it,
-dynamic micro-batches),
+dynamic micro-batches, an epoch's refill stall and metrics every 100 steps),
 scores each with `omni eval --json` (live scoring) and prints a table and one
 JSON line, `{"benchmark": "forecast_stress", ...}`. Exits 1 when any log's
 window precision or next-step coverage falls below the confidence its

@@ -143,7 +143,8 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   }
   if (catalog.size() != catalog_.size()) catalog_ = catalog;
   if (first_step_ < 0) first_step_ = rec.step;
-  const StepObs obs = ReduceStep(rec, catalog_, opt_.pipeline, opt_.min_window_ns);
+  StepObs obs = ReduceStep(rec, catalog_, opt_.pipeline, opt_.min_window_ns);
+  obs.spikes = SpikesOf(obs);
   if (Ready()) {
     ScoreClaims(rec, obs, catalog_);
     CheckRegime(obs);
@@ -154,6 +155,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   }
   hist_.push_back(obs);
   if (static_cast<int>(hist_.size()) > opt_.history_steps) hist_.pop_front();
+  LearnSpikes(obs);
   ++regime_steps_;
   Transient(obs);
   // Occurrences and learned events, per slot.
@@ -200,6 +202,84 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   const int every = hist_.size() < 64 ? 4 : 16;
   if (++since_learn_ >= every) Relearn();
   return absl::OkStatus();
+}
+
+uint64_t Forecaster::Impl::SpikesOf(const StepObs& obs) const {
+  uint64_t bits = 0;
+  for (int i = 0; i < obs.num_slots; ++i) {
+    const SlotObs& s = obs.slots[static_cast<size_t>(i)];
+    const double reference = spikes_[static_cast<size_t>(s.key)].reference;
+    const auto length = static_cast<double>(s.b - s.a);
+    if (reference > 0 && length >= kSpikeFactor * reference &&
+        length - reference >= static_cast<double>(opt_.min_window_ns)) {
+      bits |= uint64_t{1} << s.key;
+    }
+  }
+  return bits;
+}
+
+void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
+  spike_mask_ = 0;
+  // The first step of the current regime (earlier when the history is full).
+  const auto h = static_cast<int64_t>(hist_.size());
+  const int64_t since = regime_steps_ >= h ? std::numeric_limits<int64_t>::min()
+                                           : hist_[static_cast<size_t>(h - regime_steps_)].step;
+  for (int key = 0; key < kNumSlots; ++key) {
+    Spikes& sp = spikes_[static_cast<size_t>(key)];
+    while (!sp.kept.empty() && sp.kept.front().step < since) sp.kept.pop_front();
+    const bool spiked = ((obs.spikes >> key) & 1) != 0;
+    if (spiked) {
+      sp.kept.push_back(obs);
+      if (sp.kept.size() > kKeptSpikes) sp.kept.pop_front();
+      const size_t n = sp.kept.size();
+      std::vector<int64_t> last;
+      for (size_t i = n - std::min<size_t>(n, 3); i < n; ++i) last.push_back(sp.kept[i].step);
+      SpacingRule rule = LearnSpacing(last);
+      if (rule.every > 0 && rule.every < kMinSpacingFromTwo &&
+          (n < 4 || sp.kept[n - 3].step - sp.kept[n - 4].step != rule.every)) {
+        rule = {};
+      }
+      for (const StepObs& o : sp.kept) {
+        if (!rule.OccursAt(o.step)) rule = {};
+      }
+      sp.rule = rule;
+      sp.rule_valid = rule.every > 0;
+    } else if (sp.rule_valid && sp.rule.OccursAt(obs.step)) {
+      sp.rule_valid = false;  // a step it names did not spike
+    }
+    // A spacing within max_period is the residue classes' to learn (from
+    // hundreds of steps, not kKeptSpikes).
+    if (sp.rule_valid && sp.rule.every > opt_.max_period && !ResiduesSeparateSpikes(key)) {
+      spike_mask_ |= uint64_t{1} << key;
+    }
+  }
+}
+
+bool Forecaster::Impl::ResiduesSeparateSpikes(int key) const {
+  const int period = slot_period_[static_cast<int>(StepKind::kNormal)][key];
+  if (period <= 1) return false;
+  const std::deque<StepObs>& kept = spikes_[static_cast<size_t>(key)].kept;
+  const auto spiking_class = [&](int64_t step) {
+    for (const StepObs& o : kept) {
+      if (o.step % period == step % period) return true;
+    }
+    return false;
+  };
+  for (const StepObs& o : hist_) {
+    if (o.kind == StepKind::kNormal && ((o.spikes >> key) & 1) == 0 && spiking_class(o.step)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+uint64_t Forecaster::Impl::SpikeBits(int64_t step) const {
+  uint64_t bits = 0;
+  for (uint64_t m = spike_mask_; m != 0; m &= m - 1) {
+    const int key = __builtin_ctzll(m);
+    if (spikes_[static_cast<size_t>(key)].rule.OccursAt(step)) bits |= uint64_t{1} << key;
+  }
+  return bits;
 }
 
 SpacingRule Forecaster::Impl::SkippingOnlyUnloggedSteps(int key, SpacingRule rule) const {
@@ -525,6 +605,23 @@ void Forecaster::Impl::Relearn() {
       slot_period_[k][key] = ChoosePeriod(steps, values, opt_.max_period);
       fold(slot_period_[k][key]);
     }
+  }
+  // The spike test's reference: each slot's median length in the normal
+  // steps, where it occurs in at least half of 8 or more.
+  std::array<std::vector<double>, kNumSlots> lengths;
+  int normal = 0;
+  for (const StepObs& o : hist_) {
+    if (o.kind != StepKind::kNormal) continue;
+    ++normal;
+    for (int i = 0; i < o.num_slots; ++i) {
+      const SlotObs& s = o.slots[static_cast<size_t>(i)];
+      lengths[static_cast<size_t>(s.key)].push_back(static_cast<double>(s.b - s.a));
+    }
+  }
+  for (int key = 0; key < kNumSlots; ++key) {
+    std::vector<double>& v = lengths[static_cast<size_t>(key)];
+    const bool enough = normal >= 8 && 2 * v.size() >= static_cast<size_t>(normal);
+    spikes_[static_cast<size_t>(key)].reference = enough ? QuantileInPlace(v, 0.5) : 0.0;
   }
   cache_.clear();
   normal_slots_.clear();

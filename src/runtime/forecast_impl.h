@@ -64,7 +64,8 @@ struct StepModel {
     bool anchored_only = false;
   };
   std::vector<Slot> slots;
-  uint64_t rule_bits = 0;  // which learned events occur at the step (cache check)
+  uint64_t rule_bits = 0;   // which learned events occur at the step (cache check)
+  uint64_t spike_bits = 0;  // which spike rules put a spike at the step (cache check)
 };
 
 class Forecaster::Impl {
@@ -89,6 +90,43 @@ class Forecaster::Impl {
     SpacingRule rule;
     bool rule_valid = false;
   };
+
+  // A window of every step that runs far longer at equally spaced steps:
+  // a loader refilling its shuffle buffer at each epoch's end, metrics
+  // written every 100 steps. Periods of any length (the residue classes of
+  // ChoosePeriod stop at max_period and need 3 values per class). A spike
+  // is a length at least kSpikeFactor times the slot's median in the
+  // normal steps and min_window longer; the rule is the last three spikes'
+  // spacing (four below kMinSpacingFromTwo), valid while the last
+  // kKeptSpikes spikes of the regime are all on it and every step it names
+  // that is logged spikes; not used where the slot's residue classes hold
+  // the spikes apart (ResiduesSeparateSpikes: ChoosePeriod has the rhythm). While valid, a step it
+  // names is predicted from the kept spike steps, and the other steps from the history's steps that
+  // did not spike.
+  struct Spikes {
+    double reference = 0;  // the median length in normal steps (Relearn); 0: none
+    // The last kKeptSpikes spike steps of the regime, oldest first: the
+    // samples of a step the rule names (a history of 512 steps holds two
+    // of a spike every 200).
+    std::deque<StepObs> kept;
+    SpacingRule rule;
+    bool rule_valid = false;
+  };
+  static constexpr double kSpikeFactor = 4;
+  static constexpr size_t kKeptSpikes = 8;
+  // Which slots of `obs` spike (StepObs::spikes).
+  uint64_t SpikesOf(const StepObs& obs) const;
+  // The spike rules after `obs` joined the history.
+  void LearnSpikes(const StepObs& obs);
+  // Which valid spike rules put a spike at `step`.
+  uint64_t SpikeBits(int64_t step) const;
+  // Whether the residue classes of slot `key`'s period (ChoosePeriod) hold
+  // its spikes apart: every normal step of the history in a class of a kept
+  // spike spiked (a stall every 3rd step, or every 4th in a log of every
+  // 5th). Not when a divisor of the spikes' spacing was chosen (a stall
+  // every 150 steps puts all three in one class of 50, with 7 steps that
+  // did not stall): then the rule has the rhythm.
+  bool ResiduesSeparateSpikes(int key) const;
 
   // A window of every step (a data stall, a bubble, host-side time), not an
   // event (eval, checkpoint, or a learned spacing rule).
@@ -141,7 +179,8 @@ class Forecaster::Impl {
   // The normal steps' cycle: the least common multiple of the periods in
   // use, 0 when above kMaxCycle.
   int64_t CycleLength() const;
-  // The first step in [from, limit) with a declared or learned event, or limit.
+  // The first step in [from, limit) with a declared or learned event or a
+  // spike rule's spike, or limit.
   int64_t NextEventStep(int64_t from, int64_t limit) const;
   void Relearn();
   void CheckRegime(const StepObs& obs);
@@ -224,6 +263,8 @@ class Forecaster::Impl {
   std::array<int, kNumStepKinds> local_window_{};
   std::array<Occurrences, kNumSlots> occ_;
   std::vector<int> rule_keys_;  // slots with a valid learned rule
+  std::array<Spikes, kNumSlots> spikes_;
+  uint64_t spike_mask_ = 0;  // slots with a valid spike rule
   std::array<std::string, kNumSlots> slot_phase_;
   std::array<MarginCalibrator, kNumIdleKinds> window_cal_;  // per window kind
   std::array<MarginCalibrator, kNumStepKinds> bound_cal_;   // per step kind (marginal)

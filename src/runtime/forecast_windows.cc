@@ -120,6 +120,7 @@ void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, doubl
 StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) const {
   StepModel m;
   m.rule_bits = RuleBits(step);
+  m.spike_bits = SpikeBits(step);
   bool measured = false;
   for (const StepObs& o : hist_) measured = measured || o.kind == kind;
   const StepKind base = measured ? kind : StepKind::kNormal;
@@ -132,13 +133,30 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
     return o.kind == base && (combo || base != StepKind::kCheckpoint ||
                               o.Find(SlotKey(IdleKind::kEval, 0)) == nullptr);
   };
+  // A step a spike rule names is predicted from the spike steps, the others
+  // from the others (Spikes); with fewer than 3 alike, from all.
+  const auto alike = [&](const StepObs& o) { return (o.spikes & spike_mask_) == m.spike_bits; };
   std::vector<const StepObs*> same;
   const auto matching = [&](int period) {
     same.clear();
+    if (m.spike_bits != 0) {
+      const int key = __builtin_ctzll(m.spike_bits);
+      for (const StepObs& o : spikes_[static_cast<size_t>(key)].kept) {
+        if (usable(o) && alike(o)) same.push_back(&o);
+      }
+      if (same.size() >= 3) return;
+      same.clear();
+    }
     for (const StepObs& o : hist_) {
-      if (usable(o) && o.step % period == step % period) same.push_back(&o);
+      if (usable(o) && alike(o) && o.step % period == step % period) same.push_back(&o);
     }
     if (same.size() < 3 && period > 1) {
+      same.clear();
+      for (const StepObs& o : hist_) {
+        if (usable(o) && alike(o)) same.push_back(&o);
+      }
+    }
+    if (same.size() < 3 && m.spike_bits != 0) {
       same.clear();
       for (const StepObs& o : hist_) {
         if (usable(o)) same.push_back(&o);
@@ -412,10 +430,14 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
   // use look alike: one model each.
   uint64_t h = static_cast<uint64_t>(kind) * 2 + (combo ? 1 : 0);
   for (const int p : periods_) h = h * 1'000'003 + static_cast<uint64_t>(step % p);
+  const uint64_t spikes = SpikeBits(step);
+  h = h * 1'000'003 + spikes;
   const auto key = static_cast<int64_t>(h);
   const uint64_t bits = RuleBits(step);
   auto it = cache_.find(key);
-  if (it != cache_.end() && it->second.rule_bits == bits) return it->second;
+  if (it != cache_.end() && it->second.rule_bits == bits && it->second.spike_bits == spikes) {
+    return it->second;
+  }
   StepModel m = BuildModel(step, kind, combo);
   bool seen = false;
   for (size_t i = 0; combo && !seen && i < hist_.size(); ++i) {
@@ -530,6 +552,10 @@ int64_t Forecaster::Impl::NextEventStep(int64_t from, int64_t limit) const {
   consider(opt_.checkpoint.every_steps, opt_.checkpoint.offset);
   consider(opt_.eval.every_steps, opt_.eval.offset);
   for (const int key : rule_keys_) consider(occ_[key].rule.every, occ_[key].rule.offset);
+  for (uint64_t m = spike_mask_; m != 0; m &= m - 1) {
+    const SpacingRule& r = spikes_[static_cast<size_t>(__builtin_ctzll(m))].rule;
+    consider(r.every, r.offset);
+  }
   return std::max(best, from);
 }
 
@@ -631,7 +657,10 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
         // length, usable from the window-open notice on) for events
         // (declared or learned) and for the next observed step, not for the
         // idle time of every normal step further ahead.
-        if (!event_step && !occ_[sl.key].rule_valid && s > last_step_ + stride_) continue;
+        if (!event_step && !occ_[sl.key].rule_valid && ((m.spike_bits >> sl.key) & 1) == 0 &&
+            s > last_step_ + stride_) {
+          continue;
+        }
         w.start_ns = std::max(w.latest_start_ns, now_ns);
         w.duration_ns = 0;
         if (static_cast<double>(w.guaranteed_ns) < min_window) continue;
@@ -651,7 +680,8 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
     level += d_level;
     if (cycle == 0) continue;
     if (pre_mid.empty()) {
-      if (event_step || RuleBits(s) != 0) continue;  // events neither count nor reset
+      // Events and spikes neither count nor reset.
+      if (event_step || RuleBits(s) != 0 || m.spike_bits != 0) continue;
       if (s <= last_step_ + stride_ || f.windows.size() != windows_before) {
         quiet = 0;
         continue;

@@ -35,6 +35,9 @@ struct StepObs {
   StepKind kind = StepKind::kNormal;
   int num_slots = 0;
   std::array<SlotObs, kMaxSlotsPerStep> slots{};
+  // The slots far longer here than in most steps (a bit per key; the
+  // forecaster's spike test).
+  uint64_t spikes = 0;
   int64_t duration() const { return end_ns - start_ns; }
   // The slot with `key`, or nullptr.
   const SlotObs* Find(int key) const;

@@ -138,6 +138,51 @@ TEST(Forecaster, NoiseDoesNotBuyASpuriousPeriod) {
   }
 }
 
+// A loader that refills its shuffle buffer every 150 steps (an epoch's
+// end) stalls 300 ms there, 2 ms elsewhere: a period beyond the residue
+// classes' (max_period 64, and 3 values per class), which left the stall
+// unforecast and its step's bound 3x short. From its third spike on the
+// rule forecasts it on its steps only, the next one and the one after, and
+// the bound of its step includes it; a step the rule names that does not
+// spike ends the rule.
+TEST(Forecaster, AStallEvery150StepsIsForecastOnThoseStepsFromItsThirdOccurrence) {
+  Forecaster fc = Make(Opts(30000));
+  Jitter j;
+  int64_t t = 0;
+  const auto feed = [&](int i, bool spike) {
+    const int64_t dw = spike ? j(300, 0.05) : j(2, 0.2);
+    const int64_t c = j(80, 0.02);
+    Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
+    t += dw + c;
+  };
+  for (int i = 0; i < 596; ++i) feed(i, i % 150 == 149);  // spikes at 149, 299, 449
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  std::vector<int64_t> long_steps;
+  for (const IdleWindow& w : f->windows) {
+    if (w.kind == IdleKind::kDataStall && w.guaranteed_ns > 100 * kMs) {
+      long_steps.push_back(w.step);
+      EXPECT_GE(w.guaranteed_ns, 200 * kMs) << "step " << w.step;
+    }
+  }
+  ASSERT_GE(long_steps.size(), 2u);
+  EXPECT_EQ(long_steps[0], 599);
+  EXPECT_EQ(long_steps[1], 749);
+  for (const int64_t s : long_steps) EXPECT_EQ(s % 150, 149) << s;
+  auto b = fc.NextStepBounds(4);
+  ASSERT_TRUE(b.ok());
+  EXPECT_LT((*b)[0].hi_ns, 150 * kMs);  // step 596
+  EXPECT_GT((*b)[3].lo_ns, 200 * kMs);  // step 599: with the stall (~380 ms)
+  EXPECT_GT((*b)[3].hi_ns, 400 * kMs);
+
+  for (int i = 596; i < 600; ++i) feed(i, false);  // 599 does not stall
+  f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  for (const IdleWindow& w : f->windows) {
+    EXPECT_LE(w.guaranteed_ns, 100 * kMs) << "step " << w.step << ": the rule has ended";
+  }
+}
+
 // Feeds `n` steps; every `every`-th (offset every − 1) runs an eval of
 // eval_ms(step, jitter) after its training work. Returns the end (ms).
 int64_t FeedWithEvals(Forecaster& fc, int n, int every,
