@@ -100,7 +100,10 @@ struct OMNI_EXPORT RuntimeOptions {
   // replicas; per-replica state per replica; restorable at any replica
   // count. Replicas given directories of their own each save alone there.
   std::string ckpt_dir;
-  int64_t ckpt_every = 0;  // periodic checkpoint every N steps; 0 = only on preemption
+  // Periodic checkpoint every N steps (inside step N·k − 1; declared to the
+  // forecaster as telemetry.forecast.checkpoint unless one is set); 0 = only
+  // on preemption.
+  int64_t ckpt_every = 0;
   int keep_last = 3;
   bool async_ckpt = false;  // periodic checkpoints in the background (not in elastic mode)
   // A ckpt_dir that holds checkpoints of which none is valid makes Start()

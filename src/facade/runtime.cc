@@ -231,6 +231,14 @@ absl::Status RuntimeImpl::Init() {
   // and trace are kept (moved aside), not truncated.
   if (!o_.ckpt_dir.empty()) to.keep_previous_outputs = true;
   if (to.source.empty() || to.source == "omni") to.source = o_.source;
+  // The periodic checkpoint is a declared event for the forecaster (and in
+  // the step log's header), unless the caller declared one: its save runs
+  // inside step N·ckpt_every − 1 (EndStep), its length is learned.
+  PeriodicEvent& declared = to.forecast.checkpoint;
+  if (!o_.ckpt_dir.empty() && o_.ckpt_every > 0 && declared.every_steps == 0) {
+    declared.every_steps = o_.ckpt_every;
+    declared.offset = o_.ckpt_every - 1;
+  }
   absl::StatusOr<std::unique_ptr<Telemetry>> tel = Telemetry::Create(to, o_.clock);
   if (!tel.ok()) return tel.status();
   tel_ = *std::move(tel);

@@ -25,6 +25,7 @@
 #include "auto_advance.h"
 #include "omni/config.h"
 #include "omni/state.h"
+#include "omni/step_log.h"
 #include "omni/store.h"
 #include "temp_dir.h"
 
@@ -397,6 +398,39 @@ TEST(Runtime, StepsAndSaveAreReportedToTheStepLogAndTrace) {
   std::ifstream trace(dir / "trace.json");
   const std::string text((std::istreambuf_iterator<char>(trace)), std::istreambuf_iterator<char>());
   EXPECT_TRUE(absl::StrContains(text, "\"checkpoint\"")) << text.substr(0, 400);
+}
+
+// The periodic checkpoint is an event the forecaster knows from the start
+// (declared in the telemetry's forecast options, and so in the step log's
+// header, as omni eval replays it): it was learned from its spacing only
+// after three saves, and a step log's reader did not know the job
+// checkpoints at all. One the caller declared stays.
+TEST(Runtime, ThePeriodicCheckpointIsDeclaredToTheForecastAndTheStepLog) {
+  FakeClock clock;
+  Log log;
+  const auto header_of = [&](int64_t every, PeriodicEvent declared) {
+    TempDir dir;
+    RuntimeOptions o = Local(dir, &clock, &log);
+    o.ckpt_every = every;
+    o.telemetry.step_log_path = dir / "steps.jsonl";
+    o.telemetry.forecast.checkpoint = declared;
+    Model m;
+    auto rt = MustCreate(o, m);
+    EXPECT_TRUE(rt->Start().ok());
+    Step(*rt, m, clock, 10);
+    EXPECT_TRUE(rt->Finish().ok());
+    absl::StatusOr<StepLog> steps = ReadStepLog(dir / "steps.jsonl");
+    EXPECT_TRUE(steps.ok()) << steps.status();
+    return steps.ok() ? steps->header.checkpoint : PeriodicEvent{};
+  };
+  const PeriodicEvent ten = header_of(10, {});
+  EXPECT_EQ(ten.every_steps, 10);
+  EXPECT_EQ(ten.offset, 9);
+  EXPECT_EQ(ten.expected_ns, 0) << "its length is learned";
+  const PeriodicEvent own = header_of(10, {20, 3, 0});
+  EXPECT_EQ(own.every_steps, 20);
+  EXPECT_EQ(own.offset, 3);
+  EXPECT_EQ(header_of(0, {}).every_steps, 0) << "no periodic checkpoint";
 }
 
 TEST(Runtime, RegisterAfterStartIsRefused) {
