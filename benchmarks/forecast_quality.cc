@@ -57,6 +57,7 @@ std::vector<Trace> Corpus() {
       {"straggler.jsonl", {}, true},
       {"sampled5.jsonl", {K::kDataStall, K::kEval}, true},
       {"gc_pauses.jsonl", {K::kEval}, true},
+      {"pytorch_dataloader.jsonl", {K::kEval, K::kCheckpoint}, true},
   };
 }
 

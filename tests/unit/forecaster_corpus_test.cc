@@ -37,7 +37,7 @@ constexpr const char* kCorpus[] = {
     // Held out: written after the model was
     // tuned on the ones above.
     "drift.jsonl", "contention.jsonl", "bursty_stalls.jsonl", "time_ckpt.jsonl", "straggler.jsonl",
-    "sampled5.jsonl", "gc_pauses.jsonl",
+    "sampled5.jsonl", "gc_pauses.jsonl", "pytorch_dataloader.jsonl",
     // Regressions: behaviours a stress test with new logs found wrong.
     "rhythm_change.jsonl", "events_on_rhythm.jsonl", "slow_spells.jsonl"};
 
