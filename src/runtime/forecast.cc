@@ -606,22 +606,29 @@ void Forecaster::Impl::Relearn() {
       fold(slot_period_[k][key]);
     }
   }
-  // The spike test's reference: each slot's median length in the normal
-  // steps, where it occurs in at least half of 8 or more.
-  std::array<std::vector<double>, kNumSlots> lengths;
-  int normal = 0;
+  // The spike test's reference: each slot's median length in the steps of
+  // the first kind (normal, then checkpoint, then eval) in which it occurs
+  // in at least half of 8 or more (an eval's in the eval steps: a full eval
+  // every 500 steps among short ones every 50).
+  std::array<std::array<std::vector<double>, kNumSlots>, kNumStepKinds> lengths;
+  std::array<int, kNumStepKinds> of_kind{};
   for (const StepObs& o : hist_) {
-    if (o.kind != StepKind::kNormal) continue;
-    ++normal;
+    const auto k = static_cast<size_t>(o.kind);
+    ++of_kind[k];
     for (int i = 0; i < o.num_slots; ++i) {
       const SlotObs& s = o.slots[static_cast<size_t>(i)];
-      lengths[static_cast<size_t>(s.key)].push_back(static_cast<double>(s.b - s.a));
+      lengths[k][static_cast<size_t>(s.key)].push_back(static_cast<double>(s.b - s.a));
     }
   }
   for (int key = 0; key < kNumSlots; ++key) {
-    std::vector<double>& v = lengths[static_cast<size_t>(key)];
-    const bool enough = normal >= 8 && 2 * v.size() >= static_cast<size_t>(normal);
-    spikes_[static_cast<size_t>(key)].reference = enough ? QuantileInPlace(v, 0.5) : 0.0;
+    double& reference = spikes_[static_cast<size_t>(key)].reference;
+    reference = 0;
+    for (size_t k = 0; k < lengths.size() && reference == 0; ++k) {
+      std::vector<double>& v = lengths[k][static_cast<size_t>(key)];
+      if (of_kind[k] >= 8 && 2 * v.size() >= static_cast<size_t>(of_kind[k])) {
+        reference = QuantileInPlace(v, 0.5);
+      }
+    }
   }
   cache_.clear();
   normal_slots_.clear();

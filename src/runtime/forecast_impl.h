@@ -94,9 +94,10 @@ class Forecaster::Impl {
   // A window of every step that runs far longer at equally spaced steps:
   // a loader refilling its shuffle buffer at each epoch's end, metrics
   // written every 100 steps. Periods of any length (the residue classes of
-  // ChoosePeriod stop at max_period and need 3 values per class). A spike
-  // is a length at least kSpikeFactor times the slot's median in the
-  // normal steps and min_window longer; the rule is the last three spikes'
+  // ChoosePeriod stop at max_period and need 3 values per class); or an
+  // event's (a full eval every 500 steps among short ones every 50). A
+  // spike is a length at least kSpikeFactor times the slot's median in the
+  // steps of its kind (Relearn) and min_window longer; the rule is the last three spikes'
   // spacing (four below kMinSpacingFromTwo), valid while the last
   // kKeptSpikes spikes of the regime are all on it and every step it names
   // that is logged spikes; not used where the slot's residue classes hold
@@ -104,7 +105,7 @@ class Forecaster::Impl {
   // names is predicted from the kept spike steps, and the other steps from the history's steps that
   // did not spike.
   struct Spikes {
-    double reference = 0;  // the median length in normal steps (Relearn); 0: none
+    double reference = 0;  // the median length in its kind's steps (Relearn); 0: none
     // The last kKeptSpikes spike steps of the regime, oldest first: the
     // samples of a step the rule names (a history of 512 steps holds two
     // of a spike every 200).

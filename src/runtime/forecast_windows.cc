@@ -272,13 +272,29 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
     if (oc.rule_valid) {
       // A learned event: it occurs exactly where its rule says.
       if (!oc.rule.OccursAt(step)) continue;
-      for (const StepObs& o : hist_) {
+      // At a spike rule's step, its kept spike steps when 3 of them have the
+      // slot (a full eval among short ones); else the steps alike.
+      const auto take = [&](const StepObs& o) {
         const SlotObs* s = o.Find(key);
-        if (s == nullptr || (measured && !usable(o))) continue;
+        if (s == nullptr || (measured && !usable(o)) || !alike(o)) return;
         lead.push_back(static_cast<double>(s->a) - class_mean(o.step));
         a.push_back(static_cast<double>(s->a));
         b.push_back(static_cast<double>(s->b));
         d.push_back(static_cast<double>(s->b - s->a));
+      };
+      if (m.spike_bits != 0) {
+        for (const StepObs& o : spikes_[static_cast<size_t>(__builtin_ctzll(m.spike_bits))].kept) {
+          take(o);
+        }
+        if (a.size() < 3) {
+          lead.clear();
+          a.clear();
+          b.clear();
+          d.clear();
+        }
+      }
+      if (a.empty()) {
+        for (const StepObs& o : hist_) take(o);
       }
       if (a.empty()) continue;
     } else {

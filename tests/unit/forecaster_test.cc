@@ -230,6 +230,40 @@ TEST(Forecaster, ACertainEvalFarAheadKeepsItsFullLength) {
   EXPECT_NEAR(static_cast<double>(ev->expected_ns), 500.0 * kMs, 25.0 * kMs);
 }
 
+// A short eval every 50 steps (~300 ms idle) and a full one every 500
+// (~3 s): the eval steps' lengths had no class of their own (500 is beyond
+// max_period), so every eval was claimed at the short ones' length and
+// the full ones' bounds were 10x short. From the third full eval on it is
+// forecast at its own length at its steps, the short ones at theirs.
+TEST(Forecaster, AFullEvalEvery500StepsAmongShortOnesIsForecastAtItsOwnLength) {
+  ForecastOptions o = Opts(60'000);
+  o.eval = PeriodicEvent{50, 49, 0};
+  Forecaster fc = Make(o);
+  const int64_t t = FeedWithEvals(fc, 1505, 50, [](int step, Jitter& j) {
+    return step % 500 == 499 ? j(3000, 0.03) : j(300, 0.03);
+  });
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  int full = 0, short_ones = 0;
+  for (const IdleWindow& w : f->windows) {
+    if (w.kind != IdleKind::kEval) continue;
+    if (w.step % 500 == 499) {
+      ++full;
+      EXPECT_GT(w.guaranteed_ns, 2000 * kMs) << "step " << w.step;  // 3 of them: ~0.8x
+    } else {
+      ++short_ones;
+      EXPECT_GT(w.guaranteed_ns, 240 * kMs) << "step " << w.step;
+      EXPECT_LT(w.guaranteed_ns, 320 * kMs) << "step " << w.step;
+    }
+  }
+  EXPECT_GE(full, 1) << "step 1999";
+  EXPECT_GE(short_ones, 5);
+  auto b = fc.NextStepBounds(500);
+  ASSERT_TRUE(b.ok());
+  EXPECT_GT((*b)[1999 - 1505].lo_ns, 2000 * kMs);  // the full eval's step
+  EXPECT_LT((*b)[1549 - 1505].hi_ns, 600 * kMs);   // a short one's
+}
+
 TEST(Forecaster, ForecastsMeasuredCheckpointAtItsDeclaredStep) {
   ForecastOptions o = Opts(2000);
   o.checkpoint = PeriodicEvent{10, 9, 0};
