@@ -220,10 +220,12 @@ uint64_t Forecaster::Impl::SpikesOf(const StepObs& obs) const {
 
 void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
   spike_mask_ = 0;
-  // The first step of the current regime (earlier when the history is full).
+  // The first step of the current regime (earlier when the history is
+  // full): regime_steps_ does not count `obs` yet.
   const auto h = static_cast<int64_t>(hist_.size());
-  const int64_t since = regime_steps_ >= h ? std::numeric_limits<int64_t>::min()
-                                           : hist_[static_cast<size_t>(h - regime_steps_)].step;
+  const int64_t in_regime = regime_steps_ + 1;
+  const int64_t since = in_regime >= h ? std::numeric_limits<int64_t>::min()
+                                       : hist_[static_cast<size_t>(h - in_regime)].step;
   for (int key = 0; key < kNumSlots; ++key) {
     Spikes& sp = spikes_[static_cast<size_t>(key)];
     while (!sp.kept.empty() && sp.kept.front().step < since) sp.kept.pop_front();

@@ -671,8 +671,8 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
       } else {
         // Start too uncertain for a sure part: listed (with its guaranteed
         // length, usable from the window-open notice on) for events
-        // (declared or learned) and for the next observed step, not for the
-        // idle time of every normal step further ahead.
+        // (declared or learned), a spike rule's spikes and the next observed
+        // step, not for the idle time of every normal step further ahead.
         if (!event_step && !occ_[sl.key].rule_valid && ((m.spike_bits >> sl.key) & 1) == 0 &&
             s > last_step_ + stride_) {
           continue;
