@@ -106,6 +106,16 @@ DurationQuantiles ClaimableQuantilesOf(std::vector<double> values) {
 // the duration quantiles' integer claim without losing precision.
 constexpr double kFactorScale = 1e6;
 
+namespace {
+
+// The factor recorded outcomes vouch for at confidence c, in [0, 1].
+double FactorOf(std::vector<double> outcomes, double c) {
+  const int64_t f = RemainingGivenElapsed(ClaimableQuantilesOf(std::move(outcomes)), 0, c);
+  return std::clamp(static_cast<double>(f) / kFactorScale, 0.0, 1.0);
+}
+
+}  // namespace
+
 ForecastClaimScale::ForecastClaimScale(int window, int min_samples, double confidence)
     : min_samples_(std::max(min_samples, 1)),
       confidence_(confidence),
@@ -144,9 +154,7 @@ double ForecastClaimScale::Factor(PhaseId phase, int ordinal, double confidence)
     stale_[slot] = 0;
     factor_confidence_[slot] = c;
     const RollingWindow& w = outcomes_[slot];
-    const int64_t f =
-        w.size() < min_samples_ ? 0 : RemainingGivenElapsed(ClaimableQuantilesOf(w.Values()), 0, c);
-    factor_[slot] = std::clamp(static_cast<double>(f) / kFactorScale, 0.0, 1.0);
+    factor_[slot] = w.size() < min_samples_ ? 0.0 : FactorOf(w.Values(), c);
   }
   return factor_[slot];
 }
@@ -171,14 +179,9 @@ double ForecastClaimScale::FactorAt(PhaseId phase, int ordinal, int64_t guarante
   for (size_t i = 0; i < levels.size(); ++i) {
     if (levels[i] == level) same.push_back(outcomes[i]);
   }
-  double f = 0;
-  if (static_cast<int64_t>(same.size()) >= MinWindowSamples(c)) {
-    f = std::clamp(
-        static_cast<double>(RemainingGivenElapsed(ClaimableQuantilesOf(same), 0, c)) / kFactorScale,
-        0.0, 1.0);
-  } else {
-    f = Factor(phase, ordinal, c);
-  }
+  const double f = static_cast<int64_t>(same.size()) >= MinWindowSamples(c)
+                       ? FactorOf(std::move(same), c)
+                       : Factor(phase, ordinal, c);
   memo.push_back({level, c, f});
   return f;
 }
