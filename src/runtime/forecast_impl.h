@@ -24,6 +24,14 @@ namespace omni {
 // miss budget goes to the upper end (a tighter upper bound at the same
 // stated confidence: more steps fit before a deadline).
 inline constexpr double kDurationLoShare = 0.2;
+// The least spread (a share of the mean) a sample of fewer than 5 values is
+// given (Summarize): a window's times and a duration's lower end, and a
+// duration's upper end (a step's, a save's). An event's duration moves
+// between occurrences far more than one or two of them show, mostly up:
+// omni_train's evals, each the same work, took 230-470 ms on one machine
+// (make demo), and 269 then 359 ms as decoding grew longer.
+inline constexpr double kLengthPriorCv = 0.05;
+inline constexpr double kDurationPriorCv = 0.2;
 
 // Summary of the matching past values of one quantity for one future step.
 struct SampleSummary {
@@ -64,6 +72,11 @@ struct StepModel {
     bool anchored_only = false;
   };
   std::vector<Slot> slots;
+  // A step of its kind is in the history, or its length was declared
+  // (PeriodicEvent::expected_ns). Else the model is a normal step's (the
+  // walk over later steps needs a length) and the step has no duration
+  // bound: an event's length is unknown until one was measured.
+  bool kind_known = false;
   uint64_t rule_bits = 0;   // which learned events occur at the step (cache check)
   uint64_t spike_bits = 0;  // which spike rules put a spike at the step (cache check)
 };

@@ -38,8 +38,9 @@ absl::Status NotReady(int64_t have, int need) {
 // the rest of α above it), widened by `margin` spreads.
 // Samples too small to hold the quantile (n < 2/α) use the prediction
 // interval mean ± t·s·√(1 + 1/n) instead where that is wider; below 5
-// values s is at least 5% of `scale` (default: the mean; a prior on the
-// noise: one or two observations of an event do not show its spread).
+// values s is at least a share of `scale` (default: the mean; a prior on the
+// noise: one or two observations of an event do not show its spread):
+// kLengthPriorCv for a window's times, kDurationPriorCv for a duration.
 void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, double margin,
                                  Spread kind, double scale, double lo_share) const {
   s.n = static_cast<int>(v.size());
@@ -88,13 +89,19 @@ void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, doubl
   s.hi = qhi - narrow * (qhi - s.median) + widen_hi;
   s.low_tail = lower(qtail + narrow * (s.median - qtail));
   if (n >= 2 / alpha_) return;
-  const double prior = n < 5 ? 0.05 * std::abs(scale >= 0 ? scale : s.mean) : 0.0;
-  const double sd = std::max(n > 1 ? std::sqrt(sq / (n - 1)) : 0.0, prior);
+  const double prior_scale = n < 5 ? std::abs(scale >= 0 ? scale : s.mean) : 0.0;
+  const double prior = kLengthPriorCv * prior_scale;
+  // A duration's upper end: an event runs far longer than its first
+  // occurrences more often than far shorter (kDurationPriorCv).
+  const double prior_hi =
+      (kind == Spread::kWhole ? kDurationPriorCv : kLengthPriorCv) * prior_scale;
+  const double sample_sd = n > 1 ? std::sqrt(sq / (n - 1)) : 0.0;
+  const double sd = std::max(sample_sd, prior_hi);
   // A window's lower end (its guaranteed length) from the lower half of its
   // sample and the lower of the mean and the median: a long occurrence
   // moves the mean up and widens the whole sample's spread, not the short
-  // ones'. A duration's interval stays symmetric about the mean.
-  const double sd_lo = per_side ? std::max(s.sd_lo, prior) : sd;
+  // ones'. A duration's lower end from the whole sample's spread.
+  const double sd_lo = per_side ? std::max(s.sd_lo, prior) : std::max(sample_sd, prior);
   const double root = std::sqrt(1 + 1 / n);
   const double centre_lo = per_side ? std::min(s.mean, s.median) : s.mean;
   s.lo = std::min(s.lo, lower(centre_lo - SmallSampleFactor(z_, n) * sd_lo * root));
@@ -124,14 +131,17 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
   bool measured = false;
   for (const StepObs& o : hist_) measured = measured || o.kind == kind;
   const StepKind base = measured ? kind : StepKind::kNormal;
+  m.kind_known = measured;
   const auto kb = static_cast<int>(base);
   // The past steps of the same kind in the same residue class (all of the
   // kind when the class has fewer than 3).
   // A checkpoint step that also ran an eval is no sample of a checkpoint
   // step alone (its checkpoint came late), unless both are predicted.
+  const auto has_eval = [](const StepObs& o) {
+    return o.Find(SlotKey(IdleKind::kEval, 0)) != nullptr;
+  };
   const auto usable = [&](const StepObs& o) {
-    return o.kind == base && (combo || base != StepKind::kCheckpoint ||
-                              o.Find(SlotKey(IdleKind::kEval, 0)) == nullptr);
+    return o.kind == base && (combo || base != StepKind::kCheckpoint || !has_eval(o));
   };
   // A step a spike rule names is predicted from the spike steps, the others
   // from the others (Spikes); with fewer than 3 alike, from all.
@@ -191,6 +201,17 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
   matching(dur_period_[kb]);
   v.reserve(same.size());
   for (const StepObs* o : same) v.push_back(static_cast<double>(o->duration()));
+  if (combo && base == StepKind::kCheckpoint) {
+    // A step with both events lasts as those measured did, not as a
+    // checkpoint step alone (a 10 ms save among 270 ms saves with evals
+    // bounded the next of those at 266 ms). Its windows keep the samples
+    // of every checkpoint step (the save's length is its own).
+    std::vector<double> both;
+    for (const StepObs& o : hist_) {
+      if (o.kind == base && has_eval(o)) both.push_back(static_cast<double>(o.duration()));
+    }
+    if (!both.empty()) v = std::move(both);
+  }
   const std::vector<double> series = v;  // in step order (Summarize sorts v)
   const double bound_margin = bound_cal_[static_cast<int>(kind)].margin();
   Summarize(v, m.dur, bound_margin, Spread::kWhole, -1, kDurationLoShare);
@@ -385,6 +406,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       sl.key = SlotKey(kind == StepKind::kCheckpoint ? IdleKind::kCheckpoint : IdleKind::kEval, 0);
       sl.phase = kind == StepKind::kCheckpoint ? "checkpoint" : "eval";
       sl.declared = true;
+      m.kind_known = true;
       sl.a = m.dur;
       sl.b = m.dur;
       sl.b.lo = m.dur.lo + 0.8 * e;
@@ -468,6 +490,7 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
     // their lengths are their own).
     const StepModel ev = BuildModel(step, StepKind::kEval, false);
     const StepModel normal = BuildModel(step, StepKind::kNormal, false);
+    m.kind_known = m.kind_known && ev.kind_known;  // no length for an eval never measured
     if (ev.ok && normal.ok) {
       m.dur.lo += ev.dur.lo - normal.dur.hi;
       m.dur.hi += ev.dur.hi - normal.dur.lo;
@@ -495,7 +518,7 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
 
 bool Forecaster::Impl::DurationBound(int64_t step, double& lo, double& hi, bool* local) const {
   const StepModel& m = ModelFor(step);
-  if (!m.ok) return false;
+  if (!m.ok || !m.kind_known) return false;
   const bool use_local = step <= m.local_until;
   const SampleSummary& s = use_local ? m.dur_local : m.dur;
   lo = std::max(s.lo, 0.0);
@@ -506,7 +529,7 @@ bool Forecaster::Impl::DurationBound(int64_t step, double& lo, double& hi, bool*
 
 bool Forecaster::Impl::MarginalBound(int64_t step, double& lo, double& hi) const {
   const StepModel& m = ModelFor(step);
-  if (!m.ok) return false;
+  if (!m.ok || !m.kind_known) return false;
   lo = std::max(m.dur.lo, 0.0);
   hi = m.dur.hi;
   return true;

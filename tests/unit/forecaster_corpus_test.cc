@@ -102,12 +102,14 @@ TEST(ForecasterCorpus, AnEventOnAStallStepIsBoundedWithItsStall) {
   // A stall every 7th step; evals every 64 (447 and 895 on a stall step),
   // undeclared checkpoints every 100 (699). Before the event steps' bounds
   // followed the normal steps' rhythm: eval coverage 0.933 (447 and 895
-  // missed by their stall), checkpoint 0.85. Measured: 0.967 and 0.9 (the
-  // first two of an undeclared checkpoint have no bound of their kind).
+  // missed by their stall), checkpoint 0.85. Measured: 1.0 over 29 evals
+  // (the first has no bound: an eval's length is unknown until one was
+  // measured) and 0.9 (the first two of an undeclared checkpoint have no
+  // bound of their kind).
   const EvaluationReport r = Eval("events_on_rhythm.jsonl");
   const auto& ev = r.next_step_by_kind[static_cast<int>(StepKind::kEval)];
   const auto& ck = r.next_step_by_kind[static_cast<int>(StepKind::kCheckpoint)];
-  EXPECT_GE(ev.steps, 30);
+  EXPECT_GE(ev.steps, 29);
   EXPECT_GE(ev.coverage(), r.claimed_confidence);
   EXPECT_GE(ck.coverage(), 0.9);
   EXPECT_GE(Kind(r, IdleKind::kEval).precision(), r.claimed_confidence);
