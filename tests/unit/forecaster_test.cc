@@ -819,6 +819,28 @@ TEST(Forecaster, AnEvalWhoseLengthShiftsIsClaimedFromItsNewLevelAfterTwo) {
   EXPECT_LT(dropped, 280 * kMs);
 }
 
+TEST(Forecaster, ASlowSpellOfEvalsDoesNotShortenTheNextEvalsGuaranteedLength) {
+  // make demo on a loaded machine: evals of ~120 ms idle time, then 187,
+  // 170 and 128 ms. The three were taken for a new level of length (a
+  // rise) and the next eval was claimed from them alone, 53 ms; all nine
+  // lengths claim about the short ones' lower end.
+  ForecastOptions o = Opts(30'000);
+  o.eval = PeriodicEvent{20, 19, 0};
+  Forecaster fc = Make(o);
+  const std::vector<double> slow = {187, 170, 128};
+  const int64_t t = FeedWithEvals(fc, 180, 20, [&](int i, Jitter& j) {
+    const int k = i / 20;
+    return k < 6 ? j(120, 0.02) : static_cast<int64_t>(slow[static_cast<size_t>(k - 6)]);
+  });
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->step, 199);
+  EXPECT_GT(ev->guaranteed_ns, 100 * kMs);
+  EXPECT_LT(ev->guaranteed_ns, 120 * kMs);
+}
+
 TEST(Forecaster, HeavyTailedStepsAreCoveredAtLeastAtTheStatedRate) {
   Forecaster fc = Make(Opts(1000));
   std::mt19937_64 rng(11);
