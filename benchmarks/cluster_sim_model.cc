@@ -84,22 +84,15 @@ absl::StatusOr<StepProfile> ReplayStepLog(const std::string& path, const ReplayO
   double harvested_ns = 0;
   int64_t busy_until = 0;  // the end of the guest's last unit
   uint64_t id = 0;
-  for (const NoticeClaim& c : report->notice_claims) {
-    // The window the claim was made in: the last to open at or before it.
-    auto it = std::upper_bound(windows.begin(), windows.end(),
-                               std::make_pair(c.start_ns, std::numeric_limits<int64_t>::max()));
-    if (it == windows.begin()) continue;
-    --it;
-    const int64_t open = it->first, close = it->second;
-    const int64_t t0 =
-        std::max(c.start_ns + (c.start_ns == open ? options.notice_latency_ns : 0), busy_until);
-    if (t0 >= close || t0 >= c.end_ns) continue;
+  // The guest's work in [t0, claim end) of one window (open, close): a lease
+  // from the policy, then units while the gate lets it start them.
+  const auto work = [&](int64_t t0, int64_t claim_end, int64_t open, int64_t close) {
+    if (t0 >= close || t0 >= claim_end) return;
     clock.Set(t0);
-    const IdleWindowForecast w{c.start_ns, c.start_ns, c.end_ns - c.start_ns, c.end_ns - c.start_ns,
-                               options.confidence};
+    const IdleWindowForecast w{t0, t0, claim_end - t0, claim_end - t0, options.confidence};
     std::optional<colocate::Lease> lease = (*policy)->LeaseFor(w, t0);
     const uint64_t wid = id++;
-    if (!lease.has_value()) continue;
+    if (!lease.has_value()) return;
     OpenWindow ow;
     ow.open = true;
     ow.window_id = wid;
@@ -122,6 +115,21 @@ absl::StatusOr<StepProfile> ReplayStepLog(const std::string& path, const ReplayO
       }
       (*gate)->UnitDone(end);
       t = end;
+    }
+  };
+  // Each claim in each window it overlaps. The guest starts no earlier than
+  // a window's open, which it learns from the open notice (a forecast's
+  // claim that began before, in time still busy, waits for it), and uses
+  // the claim to its end.
+  for (const NoticeClaim& c :
+       options.use_forecasts ? report->combined_claims : report->notice_claims) {
+    auto it = std::upper_bound(windows.begin(), windows.end(),
+                               std::make_pair(c.start_ns, std::numeric_limits<int64_t>::max()));
+    if (it != windows.begin() && std::prev(it)->second > c.start_ns) --it;
+    for (; it != windows.end() && it->first < c.end_ns; ++it) {
+      const int64_t open = it->first, close = it->second;
+      const int64_t from = c.start_ns <= open ? open + options.notice_latency_ns : c.start_ns;
+      work(std::max(from, busy_until), c.end_ns, open, close);
     }
   }
   const colocate::GateStats st = (*gate)->Stats();

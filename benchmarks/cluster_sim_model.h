@@ -22,7 +22,9 @@ namespace omni::clustersim {
 // runtime's own format (omni.steplog v1): the claims the runtime's live
 // window notices made in each window (omni::Evaluate replays them, learned
 // online from the windows before and matched to the forecast's windows, as
-// omni eval scores them) replayed through Policy::LeaseFor and GuestGate.
+// omni eval scores them), with the forecasts' windows' own claims
+// (ReplayOptions::use_forecasts), replayed through Policy::LeaseFor and
+// GuestGate.
 struct StepProfile {
   std::string name;             // the log's file name
   double idle_fraction = 0;     // idle-phase time (innermost-phase rule) / step time
@@ -41,6 +43,10 @@ struct ReplayOptions {
   int64_t guest_unit_ns = 5'000'000;  // the guest's unit of work
   int64_t guard_ns = 1'000'000;       // GateOptions::guard
   int64_t notice_latency_ns = 0;      // window open → the guest learns of it
+  // The guest acts on the forecasts' windows as well as the notices (the
+  // union omni eval scores as "a guest acting on both"); false: the
+  // notices' claims only.
+  bool use_forecasts = true;
 };
 
 // Reads one step log (omni::ReadStepLog) and replays it. The reader's

@@ -58,9 +58,10 @@ struct EvaluateOptions {
   int stride_steps = 1;  // forecast at every stride-th boundary
   Scoring scoring = Scoring::kLive;
   NoticeReplayOptions notices;
-  // Whether the report keeps the notices' claims (EvaluationReport::
-  // notice_claims): what a guest reading the live notices was told, for a
-  // model of such a guest (benchmarks/cluster_sim_model.cc).
+  // Whether the report keeps the notices' claims and the union of them and
+  // the windows' (EvaluationReport::notice_claims, combined_claims): what a
+  // guest reading the live notices, or the notices and the forecasts, was
+  // told, for a model of such a guest (benchmarks/cluster_sim_model.cc).
   bool keep_notice_claims = false;
 };
 
@@ -75,9 +76,10 @@ struct ClaimedSpan {
   int64_t start_ns = 0, end_ns = 0;
 };
 
-// A stretch of time the replayed live notices claimed idle without a break
-// (each claim used to its end; it may run past its window's close), and the
-// kind of the window whose notices claimed it.
+// A stretch of time claimed idle without a break, and the kind of the
+// window whose claim began it: by the replayed live notices (each claim used
+// to its end; it may run past its window's close), or by them and the
+// forecasts' windows together (EvaluationReport::combined_claims).
 struct NoticeClaim {
   int64_t start_ns = 0, end_ns = 0;
   IdleKind kind = IdleKind::kNone;
@@ -143,6 +145,9 @@ struct OMNI_EXPORT EvaluationReport {
   // recall of each kind's real idle time by any claim.
   Score combined_total;
   std::array<Score, kNumIdleKinds> combined_by_kind;
+  // That union's claims, every kind's merged, in time order, cut to the
+  // logged time (EvaluateOptions::keep_notice_claims; else empty).
+  std::vector<NoticeClaim> combined_claims;
 
   std::string ToJson() const;
   std::string ToTable() const;

@@ -70,7 +70,7 @@ void MergeInPlace(std::vector<Interval>& v) {
 void ScoreCombined(const std::vector<Interval>& forecast_claims,
                    const std::vector<NoticeClaim>& notice_claims,
                    const std::vector<Interval>& truth, const std::vector<Interval>& known,
-                   int64_t from, EvaluationReport& report) {
+                   int64_t from, bool keep_claims, EvaluationReport& report) {
   // Each kind's claims merged, then cut to known time (`known` is sorted
   // and disjoint); `all`: every kind's together.
   std::array<std::vector<Interval>, kNumIdleKinds> by_kind;
@@ -97,6 +97,10 @@ void ScoreCombined(const std::vector<Interval>& forecast_claims,
     if (t.b > from) real.push_back({std::max(t.a, from), t.b, t.kind});
   }
   MergeInPlace(all);
+  if (keep_claims) {
+    report.combined_claims.reserve(all.size());
+    for (const Interval& c : all) report.combined_claims.push_back({c.a, c.b, c.kind});
+  }
   EvaluationReport::Score& total = report.combined_total;
   for (const Interval& c : all) total.forecast_ns += c.b - c.a;
   for (const Interval& r : real) {
@@ -383,7 +387,8 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
   report.notices =
       ReplayNotices(log, options.notices,
                     options.notices.match_forecast ? &outlook_claims : nullptr, &notice_claims);
-  ScoreCombined(forecast_claims, notice_claims, truth, known, scored_from, report);
+  ScoreCombined(forecast_claims, notice_claims, truth, known, scored_from,
+                options.keep_notice_claims, report);
   if (options.keep_notice_claims) report.notice_claims = std::move(notice_claims);
   report.next_step = all_bounds.Score();
   for (int k = 0; k < kNumStepKinds; ++k) report.next_step_by_kind[k] = kind_bounds[k].Score();

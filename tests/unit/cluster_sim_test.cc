@@ -64,12 +64,30 @@ TEST_F(ClusterSimTest, ReplayHarvestsWhatTheGateAllowsInEachWindowTheNoticesClai
   ReplayOptions o;
   o.guest_unit_ns = 10'000'000;  // 10 ms units, 1 ms guard, 100 ms windows: 9 units each
   o.guard_ns = 1'000'000;
+  o.use_forecasts = false;
   absl::StatusOr<StepProfile> p = ReplayStepLog(WriteEvalLog(dir_), o);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->windows, 20);
   EXPECT_EQ(p->guest_units, 17 * 9);
   EXPECT_NEAR(p->harvest_fraction, 17 * 9 * 10.0 / 2000.0, 1e-9);
   EXPECT_NEAR(p->idle_fraction, 2000.0 / (2000.0 + 2000.0), 1e-9);
+  EXPECT_EQ(p->deadline_misses, 0);
+  EXPECT_EQ(p->host_slowdown, 0);
+}
+
+// A guest that reads the forecasts too works in an eval the forecast claims
+// before the notices claim any (the forecaster claims an event from its
+// second occurrence, the notices from their fourth window), and nowhere the
+// host is busy.
+TEST_F(ClusterSimTest, ReplayWithTheForecastsAlsoHarvestsTheWindowsTheyClaimFirst) {
+  ReplayOptions o;
+  o.guest_unit_ns = 10'000'000;
+  o.guard_ns = 1'000'000;
+  absl::StatusOr<StepProfile> p = ReplayStepLog(WriteEvalLog(dir_), o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_GT(p->guest_units, 17 * 9);
+  EXPECT_LE(p->guest_units, 19 * 9);
+  EXPECT_NEAR(p->harvest_fraction, static_cast<double>(p->guest_units) * 10.0 / 2000.0, 1e-9);
   EXPECT_EQ(p->deadline_misses, 0);
   EXPECT_EQ(p->host_slowdown, 0);
 }
