@@ -268,6 +268,9 @@ class Forecaster::Impl {
   };
   std::optional<PriorRegime> prior_;
   int64_t transients_ = 0;
+  // The steps of spells taken back (Transient) and left out of the history,
+  // newest last, within the last history_steps steps.
+  std::deque<int64_t> spell_steps_;
   // The last steps judged by CheckRegime: (step, missed its bound clearly).
   std::deque<std::pair<int64_t, bool>> recent_;
   std::array<std::array<int, kNumSlots>, kNumStepKinds> slot_period_{};

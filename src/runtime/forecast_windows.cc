@@ -204,19 +204,20 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
   };
   std::vector<double> v;
   matching(dur_period_[kb]);
-  v.reserve(same.size());
-  for (const StepObs* o : same) v.push_back(static_cast<double>(o->duration()));
   if (combo && base == StepKind::kCheckpoint) {
     // A step with both events lasts as those measured did, not as a
     // checkpoint step alone (a 10 ms save among 270 ms saves with evals
     // bounded the next of those at 266 ms). Its windows keep the samples
-    // of every checkpoint step (the save's length is its own).
-    std::vector<double> both;
+    // of every checkpoint step (the save's length is its own; the slots
+    // below match again).
+    std::vector<const StepObs*> both;
     for (const StepObs& o : hist_) {
-      if (o.kind == base && has_eval(o)) both.push_back(static_cast<double>(o.duration()));
+      if (o.kind == base && has_eval(o)) both.push_back(&o);
     }
-    if (!both.empty()) v = std::move(both);
+    if (!both.empty()) same = std::move(both);
   }
+  v.reserve(same.size());
+  for (const StepObs* o : same) v.push_back(static_cast<double>(o->duration()));
   const std::vector<double> series = v;  // in step order (Summarize sorts v)
   const double bound_margin = bound_cal_[static_cast<int>(kind)].margin();
   Summarize(v, m.dur, bound_margin, Spread::kWhole, -1, kDurationLoShare);
@@ -541,7 +542,10 @@ bool Forecaster::Impl::DurationBound(int64_t step, double& lo, double& hi, bool*
   if (!m.ok || !m.kind_known) return false;
   const bool use_local = step <= m.local_until;
   const SampleSummary& s = use_local ? m.dur_local : m.dur;
-  lo = std::max(s.lo, 0.0);
+  // A level tells where the steps are now, not that they stay above it: a
+  // loader that falls behind for a spell (its steps long) catches up on
+  // any step.
+  lo = std::max(use_local ? std::min(s.lo, m.dur.lo) : s.lo, 0.0);
   hi = s.hi;
   if (local != nullptr) *local = use_local;
   return true;

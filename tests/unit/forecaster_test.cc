@@ -578,7 +578,10 @@ TEST(Forecaster, ACheckpointFollowedBySlowStepsIsLearnedFromItsFirstOccurrence) 
   EXPECT_EQ(at.front(), 599);
   for (const IdleWindow& w : f->windows) {
     if (w.kind != IdleKind::kCheckpoint || w.step != 599) continue;
-    EXPECT_GT(w.duration_ns, 0);  // measured more than once: its start is claimed too
+    // Claimed from its open; not by the clock: from the second spell on the
+    // slow steps (5% of all) stay in the history (Transient), and the
+    // checkpoint step's training part may be one of them as far as the
+    // forecaster can tell.
     EXPECT_GE(w.guaranteed_ns, 70 * kMs);
     EXPECT_LE(w.guaranteed_ns, 80 * kMs);
   }
@@ -750,6 +753,31 @@ TEST(Forecaster, ASlowSpellThatPassesIsTakenBackWithWhatItHadLearned) {
   auto b = fc.NextStepBounds(1);
   ASSERT_TRUE(b.ok());
   EXPECT_LT((*b)[0].hi_ns, 100 * kMs);
+}
+
+TEST(Forecaster, SpellsThatRecurStayInTheHistoryAndTheNextStepBoundCoversThem) {
+  // A loader that falls behind for 4 steps at irregular times (8% of the
+  // steps at 330 ms against 200 ms): each spell began a regime that was
+  // taken back without its steps, so the bounds never saw one and every
+  // spell's first steps missed them (fresh draws of bursty_stalls: next-step
+  // coverage as low as 0.921). From the second spell on they stay.
+  Forecaster fc = Make(Opts(30'000));
+  Jitter j;
+  const std::vector<int> starts = {37, 81, 139, 170, 226, 290, 331, 379, 440};
+  int64_t t = 0;
+  for (int i = 0; i < 470; ++i) {
+    bool spell = false;
+    for (const int s : starts) spell = spell || (i >= s && i < s + 4);
+    const int64_t dw = spell ? j(130, 0.05) : j(2, 0.2);
+    const int64_t c = j(190, 0.02);
+    Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
+    t += dw + c;
+  }
+  auto b = fc.NextStepBounds(1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->size(), 1u);
+  EXPECT_GE((*b)[0].hi_ns, 300 * kMs);
+  EXPECT_LE((*b)[0].lo_ns, 200 * kMs);
 }
 
 TEST(Forecaster, ASlowdownThatStaysIsNotTakenBack) {
@@ -979,6 +1007,32 @@ TEST(Forecaster, BoundsLeanOnTheRecentLevelWhenStepTimesDrift) {
   // Measured: 1.10 against 1.41.
   EXPECT_LT(drift_slack, 1.2);
   EXPECT_LT(drift_slack, shuf_slack - 0.15);
+}
+
+TEST(Forecaster, ABoundOnTheRecentLevelKeepsTheWholeSeriesLowerEnd) {
+  // Steps of a slow spell of contention: the bound leans on the recent
+  // (high) level above, but its lower end stays where the whole series'
+  // is: the contention can end at any step. It was the level's own (a step
+  // back at the usual speed fell below it and counted as a miss).
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> noise(0, 0.02);
+  std::vector<int64_t> dw;
+  double level = 0;
+  for (int i = 0; i < 800; ++i) {
+    level = 0.9 * level + noise(rng) + (i >= 700 ? 0.04 : 0.0);  // ~+0.4 from step 700
+    dw.push_back(static_cast<int64_t>(std::llround(60 * std::exp(level))));
+  }
+  Forecaster fc = Make(Opts(1000));
+  int64_t t = 0;
+  for (size_t i = 0; i < dw.size(); ++i) {
+    Feed(fc, Step(static_cast<int64_t>(i), t, dw[i]));
+    t += dw[i] + 60;
+  }
+  auto b = fc.NextStepBounds(1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->size(), 1u);
+  EXPECT_LT((*b)[0].lo_ns, 125 * kMs);  // the usual steps: 120 ms, ±2%
+  EXPECT_GT((*b)[0].hi_ns, 140 * kMs);  // the spell's: ~150 ms
 }
 
 TEST(Forecaster, PipelineBubblesMatchTheScheduleFraction) {
