@@ -986,17 +986,26 @@ std::pair<double, double> ReplayBounds(const std::vector<int64_t>& dw) {
           slack[slack.size() / 2]};
 }
 
+// 800 data waits of 60·e^level (+ `plus`) ms, the level an AR(1) of
+// coefficient `phi` and noise sd `sd`, pushed up by `push` a step from step
+// `from` on.
+std::vector<int64_t> ArWaits(std::mt19937_64& rng, double phi, double sd, int64_t plus,
+                             int from = 800, double push = 0) {
+  std::normal_distribution<double> noise(0, sd);
+  std::vector<int64_t> dw;
+  double level = 0;
+  for (int i = 0; i < 800; ++i) {
+    level = phi * level + noise(rng) + (i >= from ? push : 0.0);
+    dw.push_back(static_cast<int64_t>(std::llround(60 * std::exp(level))) + plus);
+  }
+  return dw;
+}
+
 TEST(Forecaster, BoundsLeanOnTheRecentLevelWhenStepTimesDrift) {
   // Contention that comes and goes slowly (AR(1), φ 0.98): the next step is
   // close to the last few, though the whole series spreads widely.
   std::mt19937_64 rng(5);
-  std::normal_distribution<double> noise(0, 0.05);
-  std::vector<int64_t> drifting;
-  double level = 0;
-  for (int i = 0; i < 800; ++i) {
-    level = 0.98 * level + noise(rng);
-    drifting.push_back(static_cast<int64_t>(std::llround(60 * std::exp(level))) + 1);
-  }
+  const std::vector<int64_t> drifting = ArWaits(rng, 0.98, 0.05, 1);
   // The same durations in random order: no memory to lean on.
   std::vector<int64_t> shuffled = drifting;
   std::shuffle(shuffled.begin(), shuffled.end(), rng);
@@ -1015,13 +1024,7 @@ TEST(Forecaster, ABoundOnTheRecentLevelKeepsTheWholeSeriesLowerEnd) {
   // is: the contention can end at any step. It was the level's own (a step
   // back at the usual speed fell below it and counted as a miss).
   std::mt19937_64 rng(7);
-  std::normal_distribution<double> noise(0, 0.02);
-  std::vector<int64_t> dw;
-  double level = 0;
-  for (int i = 0; i < 800; ++i) {
-    level = 0.9 * level + noise(rng) + (i >= 700 ? 0.04 : 0.0);  // ~+0.4 from step 700
-    dw.push_back(static_cast<int64_t>(std::llround(60 * std::exp(level))));
-  }
+  const std::vector<int64_t> dw = ArWaits(rng, 0.9, 0.02, 0, 700, 0.04);  // ~+0.4 from step 700
   Forecaster fc = Make(Opts(1000));
   int64_t t = 0;
   for (size_t i = 0; i < dw.size(); ++i) {
