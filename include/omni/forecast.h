@@ -208,7 +208,10 @@ class OMNI_EXPORT Forecaster {
   // windows.
   absl::StatusOr<Forecast> Predict(int64_t now_ns);
 
-  // Bounds of the durations of the next `n` steps (n ≥ 1), in step order.
+  // Bounds of the durations of the next `n` steps (n ≥ 1), in step order;
+  // fewer (possibly none) where they stop before a step whose length is
+  // unknown: an event of a kind not measured in the current regime and not
+  // declared with a length (PeriodicEvent::expected_ns).
   // FailedPrecondition like Predict; InvalidArgument for n < 1.
   absl::StatusOr<std::vector<StepBound>> NextStepBounds(int n) const;
 
