@@ -481,7 +481,7 @@ class MembershipImpl final : public Membership {
     // without waiting the full peer_timeout. A live member keeps beating
     // (even while it computes) and reports in once its own collective fails;
     // one dropped wrongly (a starved heartbeat thread) joins again.
-    const absl::Duration recover_silence = std::min(o_.peer_timeout, 3 * o_.heartbeat);
+    const absl::Duration recover_silence = RecoverSilence();
     {
       const std::string key = prefix + o_.self.id;
       if (auto st = Retry(key, [&] { return store_.Set(key, std::to_string(completed)); });
@@ -797,6 +797,15 @@ class MembershipImpl final : public Membership {
     }
   }
 
+  // A gap between two of this observer's reads of a heartbeat over which
+  // it observed nothing: as long as the shortest silence anything is
+  // decided on (Recover's, 3 heartbeat periods), or half a peer timeout.
+  int64_t UnobservedGapNs() const {
+    return std::min(absl::ToInt64Nanoseconds(o_.peer_timeout) / 2,
+                    absl::ToInt64Nanoseconds(RecoverSilence()));
+  }
+  absl::Duration RecoverSilence() const { return std::min(o_.peer_timeout, 3 * o_.heartbeat); }
+
   // How long `o` has been observed not to change: from when its value was
   // first seen to the heartbeat thread's latest read of it, never to "now".
   // A heartbeat thread that stopped reading (blocked behind a slow store,
@@ -1036,15 +1045,19 @@ class MembershipImpl final : public Membership {
             // been silent for at least peer_timeout) or it was deleted.
             o.value = value;
             o.since_ns = std::min(o.since_ns, now - absl::ToInt64Nanoseconds(o_.peer_timeout));
-          } else if (now - o.read_ns >= absl::ToInt64Nanoseconds(o_.peer_timeout) / 2) {
-            // This observer did not look for half a peer timeout or longer
-            // (it was frozen or starved, or its own heartbeat write waited
-            // for a slow store, as every replica's did): it knows nothing of
-            // that time. A change may be older than that, e.g. the last
-            // beats of a replica killed meanwhile, so it is no sign of life;
-            // no change is no sign of death either, since the peer's write
-            // may be queued behind the same slow store. A new start, from
-            // which silence (or a change) must be observed again.
+          } else if (now - o.read_ns >= UnobservedGapNs()) {
+            // This observer did not look for as long as Recover's silence,
+            // or half a peer timeout (it was frozen or starved, or its own
+            // heartbeat write waited for a slow store, as every replica's
+            // did): it knows nothing of that time. A silence must be
+            // observed through reads closer together than it (found by the
+            // soak test: after a 0.25 s store stall a member whose write was
+            // still queued looked silent for 3 heartbeat periods on one read
+            // either side of the stall, and Recover dropped it). A change may be older than that,
+            // e.g. the last beats of a replica killed meanwhile, so it is no sign of life; no
+            // change is no sign of death either, since the peer's write may be queued behind the
+            // same slow store. A new start, from which silence (or a change) must be observed
+            // again.
             o.value = value;
             o.since_ns = now;
             o.changes = 0;

@@ -884,6 +884,44 @@ TEST(Membership, AJoinerDoesNotTakeLiveMembersForDeadWhileTheStoreStallsEveryWri
   EndTheStallAndExpectTheJoinerAdmitted(fake, gate, *a, joiner, joined);
 }
 
+// Found by the soak test (make test's soak.short, 2026-12-04): the store
+// stalled every write for 0.25 s (under half the peer timeout) while a
+// collective failed. When it served them again, r1's heartbeat thread read
+// r0's heartbeat before r0's queued write had landed: unchanged since before
+// the stall, longer than the 3 heartbeat periods Recover waits for a member
+// that has not reported in. r1 dropped r0 (and the frozen r2) and went on
+// alone; r0 and r2 formed a later generation without r1's steps (1 committed
+// step lost). A silence as long as Recover's must be observed through reads
+// closer together than it, not across one gap of the observer's own.
+TEST(Membership, RecoverDoesNotDropALiveMemberWhoseBeatsWaitedBehindAStall) {
+  FakeTime fake;
+  TempDir dir;
+  auto store = OpenFileStore(dir);
+  WriteGate gate;
+  GatedWrites a_view(*store, gate, "a");
+  GatedWrites b_view(*store, gate, "b");
+  auto a = MustCreate(a_view, Opts(fake, "a", 1, 3));
+  auto b = MustCreate(b_view, Opts(fake, "b", 1, 3));
+  JoinAll({a.get(), b.get()});
+  fake.Sleep(absl::Milliseconds(100));  // both watch each other's beats
+  gate.Close();
+  fake.Sleep(absl::Milliseconds(100));  // 5 heartbeat periods, under half the peer timeout
+  // The store serves a's queued writes first; a's collective has failed.
+  gate.Open("a");
+  absl::StatusOr<Generation> ga, gb;
+  std::thread ta([&] { ga = a->Recover(7); });
+  fake.Sleep(absl::Milliseconds(10));
+  gate.OpenAll();  // then b's
+  std::thread tb([&] { gb = b->Recover(7); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(ga.ok()) << ga.status();
+  ASSERT_TRUE(gb.ok()) << gb.status();
+  EXPECT_EQ(Ids(*ga), (std::vector<std::string>{"a", "b"})) << ga->ToString();
+  EXPECT_EQ(Ids(*gb), (std::vector<std::string>{"a", "b"})) << gb->ToString();
+  EXPECT_EQ(ga->number, gb->number);
+}
+
 // The same stall, as the soak test met it the second time: the joiner wrote
 // its ticket and asked to watch the members while its heartbeat thread was
 // already blocked in its own heartbeat write. Its first read of a member's
