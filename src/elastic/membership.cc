@@ -1053,11 +1053,12 @@ class MembershipImpl final : public Membership {
             // observed through reads closer together than it (found by the
             // soak test: after a 0.25 s store stall a member whose write was
             // still queued looked silent for 3 heartbeat periods on one read
-            // either side of the stall, and Recover dropped it). A change may be older than that,
-            // e.g. the last beats of a replica killed meanwhile, so it is no sign of life; no
-            // change is no sign of death either, since the peer's write may be queued behind the
-            // same slow store. A new start, from which silence (or a change) must be observed
-            // again.
+            // either side of the stall, and Recover dropped it). A change
+            // may be older than that, e.g. the last beats of a replica
+            // killed meanwhile, so it is no sign of life; no change is no
+            // sign of death either, since the peer's write may be queued
+            // behind the same slow store. A new start, from which silence
+            // (or a change) must be observed again.
             o.value = value;
             o.since_ns = now;
             o.changes = 0;

@@ -525,12 +525,11 @@ bool Forecaster::Impl::Transient(const StepObs& obs) {
   while (!spell_steps_.empty() && spell_steps_.front() < obs.step - opt_.history_steps) {
     spell_steps_.pop_front();
   }
+  const int64_t steps = p.regime_steps + (obs.step - p.since);
   const auto spell = static_cast<double>(spell_steps_.size() + p.missed.size());
   const bool recurring_spells =
       !spell_steps_.empty() &&
-      spell > alpha_ / 2 *
-                  static_cast<double>(
-                      std::min<int64_t>(opt_.history_steps, p.regime_steps + (obs.step - p.since)));
+      spell > alpha_ / 2 * static_cast<double>(std::min<int64_t>(opt_.history_steps, steps));
   std::deque<StepObs> merged = std::move(p.hist);
   for (const StepObs& o : hist_) {
     if ((merged.empty() || o.step > merged.back().step) &&
@@ -541,7 +540,6 @@ bool Forecaster::Impl::Transient(const StepObs& obs) {
   }
   spell_steps_.insert(spell_steps_.end(), p.missed.begin(), p.missed.end());
   while (static_cast<int>(merged.size()) > opt_.history_steps) merged.pop_front();
-  const int64_t steps = p.regime_steps + (obs.step - p.since);
   hist_ = std::move(merged);
   prior_.reset();
   --regimes_;
