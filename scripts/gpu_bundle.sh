@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Collects the Debian-packaged build dependencies that the GPU host lacks
-# (abseil, nlohmann-json, xxhash, and GoogleTest for the NCCL checks in
+# (abseil, nlohmann-json, xxhash, libsodium, and GoogleTest for the NCCL checks in
 # omni_core_tests) into .gpu-deps/ (git-ignored), so that the device tool can
 # carry them: run(carry=[".gpu-deps"], "bash tests/gpu/run.sh").
 set -euo pipefail
@@ -22,6 +22,13 @@ cp -a /usr/lib/x86_64-linux-gnu/libabsl_*.so* "$D/lib/x86_64-linux-gnu/"
 cp -r /usr/lib/x86_64-linux-gnu/cmake/absl "$D/lib/x86_64-linux-gnu/cmake/"
 cp -r /usr/share/cmake/nlohmann_json "$D/share/cmake/" 2>/dev/null || \
   cp -r /usr/lib/x86_64-linux-gnu/cmake/nlohmann_json "$D/lib/cmake/"
+# libsodium (the authenticated store's MAC): found through pkg-config, whose
+# file names its prefix relative to itself so that the bundle can move.
+cp -r /usr/include/sodium /usr/include/sodium.h "$D/include/"
+cp -a /usr/lib/x86_64-linux-gnu/libsodium.so* "$D/lib/"
+mkdir -p "$D/lib/pkgconfig"
+sed -e 's|^prefix=.*|prefix=${pcfiledir}/../..|' -e 's|^libdir=.*|libdir=${prefix}/lib|' \
+  /usr/lib/x86_64-linux-gnu/pkgconfig/libsodium.pc >"$D/lib/pkgconfig/libsodium.pc"
 # GoogleTest: static libraries; its CMake files find the prefix from their own
 # location (4 levels up), so keep Debian's lib/<arch>/cmake layout.
 cp -r /usr/include/gtest /usr/include/gmock "$D/include/"

@@ -3,7 +3,7 @@
 #   (here)       bash scripts/gpu_bundle.sh
 #   (device)     bash tests/gpu/run.sh          with .gpu-deps carried
 # The GPU host has CMake, nvcc, NCCL and PyTorch 2.x but no Debian packages;
-# .gpu-deps/ brings abseil, nlohmann-json, xxhash and GoogleTest. Both builds
+# .gpu-deps/ brings abseil, nlohmann-json, xxhash, libsodium and GoogleTest. Both builds
 # are without Gloo: NCCL carries the collectives, the store the membership.
 # Checks, in order of value (the later ones are skipped when time runs out):
 #   1. the NCCL path builds against the host's CUDA/NCCL, and `omni info`
@@ -37,7 +37,16 @@ cd "$(dirname "$0")/../.."
 DEPS="$PWD/.gpu-deps"
 OUT="${OUT:-$PWD/build-gpu/out}"
 BUDGET_S="${OMNI_GPU_BUDGET_S:-540}"
-mkdir -p "$OUT"
+# Every log goes to LOG; on exit they come back as one archive in OUT (the
+# device tool returns at most 8 files), the elastic run's checkpoints and
+# stores left out.
+LOG="$PWD/build-gpu-logs"
+rm -rf "$LOG"
+mkdir -p "$OUT" "$LOG"
+pack_logs() {
+  tar -czf "$OUT/gpu-logs.tar.gz" -C "$LOG" --exclude=ckpt --exclude='*store' . || true
+}
+trap pack_logs EXIT
 
 passed=0
 failed=0
@@ -80,7 +89,7 @@ count_gtest() {
   fi
 }
 
-nvidia-smi -L | tee "$OUT/devices.txt" || true
+nvidia-smi -L | tee "$LOG/devices.txt" || true
 CUDA_ROOT="${CUDA_HOME:-/usr/local/cuda}"
 # NCCL: the toolkit's, else the pip wheel's (nvidia-nccl-cu*), wherever the
 # wheel puts include/nccl.h.
@@ -94,13 +103,15 @@ if [ -z "${NCCL_HOME:-}" ] && [ ! -f "$CUDA_ROOT/include/nccl.h" ]; then
   done
 fi
 export NCCL_HOME="${NCCL_HOME:-}"
-echo "CUDA_ROOT=$CUDA_ROOT NCCL_HOME=$NCCL_HOME" | tee "$OUT/env.txt"
+echo "CUDA_ROOT=$CUDA_ROOT NCCL_HOME=$NCCL_HOME" | tee "$LOG/env.txt"
 {
   c++ --version | head -n 1
   cmake --version | head -n 1
   nvcc --version | tail -n 1
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
-} >>"$OUT/env.txt" 2>&1 || true
+} >>"$LOG/env.txt" 2>&1 || true
+# The bundle's pkg-config files (libsodium).
+export PKG_CONFIG_PATH="$DEPS/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 GEN=()
 if command -v ninja >/dev/null; then GEN=(-G Ninja); fi
 COMMON=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_Gloo=ON -DOMNI_BUILD_PYTHON=OFF
@@ -111,21 +122,21 @@ COMMON=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_Gloo=ON -DOMNI_B
 
 # ---- 1. the core without Gloo
 cmake -S . -B build-gpu "${GEN[@]}" "${COMMON[@]}" -DOMNI_BUILD_TORCH=OFF \
-  -DCMAKE_PREFIX_PATH="$DEPS" 2>&1 | tee "$OUT/configure.log"
-grep -q "OMNI_HAVE_NCCL=1" "$OUT/configure.log" || {
+  -DCMAKE_PREFIX_PATH="$DEPS" 2>&1 | tee "$LOG/configure.log"
+grep -q "OMNI_HAVE_NCCL=1" "$LOG/configure.log" || {
   echo "FAIL: NCCL not found"
   exit 1
 }
-bounded 300 cmake --build build-gpu -j "$(nproc)" --target omni omni_core_tests >"$OUT/build.log" 2>&1 || {
-  tail -n 40 "$OUT/build.log"
+bounded 300 cmake --build build-gpu -j "$(nproc)" --target omni omni_core_tests >"$LOG/build.log" 2>&1 || {
+  tail -n 40 "$LOG/build.log"
   echo "FAIL: the core did not build"
   exit 1
 }
-echo "core build: $(grep -c 'warning:' "$OUT/build.log" || true) warning(s) with this compiler"
+echo "core build: $(grep -c 'warning:' "$LOG/build.log" || true) warning(s) with this compiler"
 export LD_LIBRARY_PATH="$DEPS/lib:$DEPS/lib/x86_64-linux-gnu:${NCCL_HOME:+$NCCL_HOME/lib:}${LD_LIBRARY_PATH:-}"
 
-./build-gpu/bin/omni info | tee "$OUT/info.txt" || true
-if grep -q "CUDA device(s)" "$OUT/info.txt"; then
+./build-gpu/bin/omni info | tee "$LOG/info.txt" || true
+if grep -q "CUDA device(s)" "$LOG/info.txt"; then
   pass "omni info finds NCCL and a CUDA device"
 else
   fail "omni info found no CUDA device"
@@ -136,13 +147,13 @@ fi
 # (and bounded: a hang is a failure).
 set +e
 bounded 300 ./build-gpu/bin/omni_core_tests --gtest_filter='CommNccl*:CommStaging*:*ElasticBackend*/nccl' \
-  --gtest_output="xml:$OUT/comm_nccl.xml" 2>&1 | tee "$OUT/comm_nccl.log"
+  --gtest_output="xml:$LOG/comm_nccl.xml" 2>&1 | tee "$LOG/comm_nccl.log"
 rc=${PIPESTATUS[0]}
 set -e
-count_gtest "$OUT/comm_nccl.log" "$rc" "comm_nccl + elastic over nccl"
+count_gtest "$LOG/comm_nccl.log" "$rc" "comm_nccl + elastic over nccl"
 for t in CommNcclGpu.SingleGpuCollectivesOnDeviceAndHostMemoryAbortAndReinit \
   Backends/ElasticBackend.OneReplicaRecoversFromAnAbortedCommunicatorAndRejoinsAfterARestart/nccl; do
-  grep -q "^\[       OK \] ${t} " "$OUT/comm_nccl.log" || fail "${t} did not pass (or did not run)"
+  grep -q "^\[       OK \] ${t} " "$LOG/comm_nccl.log" || fail "${t} did not pass (or did not run)"
 done
 
 # ---- 4 to 7. The LibTorch adapters and omni_train against the host's
@@ -157,13 +168,13 @@ elif [ "$TORCH_ABI" != "1" ]; then
 else
   set +e
   cmake -S . -B build-gpu-torch "${GEN[@]}" "${COMMON[@]}" -DOMNI_BUILD_TORCH=ON \
-    -DCMAKE_PREFIX_PATH="$DEPS;$TORCH_PREFIX" >"$OUT/configure_torch.log" 2>&1 &&
+    -DCMAKE_PREFIX_PATH="$DEPS;$TORCH_PREFIX" >"$LOG/configure_torch.log" 2>&1 &&
     bounded 300 cmake --build build-gpu-torch -j "$(nproc)" --target omni_torch_tests omni_train omni \
-      >"$OUT/build_torch.log" 2>&1
+      >"$LOG/build_torch.log" 2>&1
   rc=$?
   set -e
   if [ "$rc" -ne 0 ]; then
-    tail -n 30 "$OUT/configure_torch.log" "$OUT/build_torch.log"
+    tail -n 30 "$LOG/configure_torch.log" "$LOG/build_torch.log"
     fail "omni_torch_tests / omni_train did not build against PyTorch (exit ${rc})"
   else
     T=./build-gpu-torch/bin/omni_train
@@ -186,7 +197,7 @@ else
     #    at the next boundary, whatever the step time), exit 75; started
     #    again, it rejoins the job's store under its id, resumes from the
     #    job-level checkpoint and ends where a straight run ends.
-    E="$OUT/elastic_cuda"
+    E="$LOG/elastic_cuda"
     rm -rf "$E"
     mkdir -p "$E"
     ELASTIC=("$T" --device cuda --dropout 0.1 --steps 120 --eval-every 0 --quiet --max-replicas 1
@@ -234,11 +245,11 @@ else
     # 6. omni_torch_tests on LibTorch 2.x, with every CUDA device's
     #    generator saved and restored (TorchState.*Cuda*).
     set +e
-    bounded 180 ./build-gpu-torch/bin/omni_torch_tests 2>&1 | tee "$OUT/torch.log"
+    bounded 180 ./build-gpu-torch/bin/omni_torch_tests 2>&1 | tee "$LOG/torch.log"
     rc=${PIPESTATUS[0]}
     set -e
-    count_gtest "$OUT/torch.log" "$rc" "torch"
-    grep -q '^\[       OK \] TorchState.RngStateRestoresEveryCudaGenerator' "$OUT/torch.log" ||
+    count_gtest "$LOG/torch.log" "$rc" "torch"
+    grep -q '^\[       OK \] TorchState.RngStateRestoresEveryCudaGenerator' "$LOG/torch.log" ||
       fail "the CUDA generator check did not pass"
 
     # 7. The preemption tests (SIGTERM at several steps, SIGKILL at random
@@ -247,13 +258,13 @@ else
     set +e
     OMNI_BIN_DIR="$PWD/build-gpu-torch/bin" OMNI_TRAIN_EXTRA="--device cuda" PYTHONUNBUFFERED=1 \
       bounded 400 python3 -m pytest -q -p no:cacheprovider -rs \
-      --junitxml="$OUT/preemption_cuda.xml" tests/integration/test_preemption.py 2>&1 |
-      tee "$OUT/preemption_cuda.log"
+      --junitxml="$LOG/preemption_cuda.xml" tests/integration/test_preemption.py 2>&1 |
+      tee "$LOG/preemption_cuda.log"
     rc=${PIPESTATUS[0]}
     set -e
-    n_all=$(grep -o '<testcase ' "$OUT/preemption_cuda.xml" 2>/dev/null | wc -l || true)
-    n_bad=$(grep -Eo '<(failure|error)' "$OUT/preemption_cuda.xml" 2>/dev/null | wc -l || true)
-    n_skip=$(grep -o '<skipped' "$OUT/preemption_cuda.xml" 2>/dev/null | wc -l || true)
+    n_all=$(grep -o '<testcase ' "$LOG/preemption_cuda.xml" 2>/dev/null | wc -l || true)
+    n_bad=$(grep -Eo '<(failure|error)' "$LOG/preemption_cuda.xml" 2>/dev/null | wc -l || true)
+    n_skip=$(grep -o '<skipped' "$LOG/preemption_cuda.xml" 2>/dev/null | wc -l || true)
     n_ok=$((n_all - n_bad - n_skip))
     echo "preemption on cuda: ${n_ok} ok, ${n_bad} failed, ${n_skip} skipped (exit ${rc})"
     if [ "$rc" -eq 0 ]; then
