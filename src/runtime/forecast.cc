@@ -168,7 +168,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     }
     if (s->has_phase) slot_phase_[key] = catalog_.name(s->phase);
     o.steps.push_back(rec.step);
-    ++o.total;
+    if (o.total++ == 0) o.first = rec.step;
     if (o.steps.size() > kMaxOccurrences) o.steps.erase(o.steps.begin());
     o.lengths.push_back(static_cast<double>(s->b - s->a));
     if (o.lengths.size() > kMaxLengths) o.lengths.pop_front();

@@ -99,6 +99,7 @@ class Forecaster::Impl {
   struct Occurrences {
     std::vector<int64_t> steps;  // newest last, at most 8
     int64_t total = 0;           // occurrences since the first observed step
+    int64_t first = -1;          // the step of the first of them
     std::deque<double> lengths;  // newest last, at most 32 (across regimes)
     SpacingRule rule;
     bool rule_valid = false;
@@ -164,7 +165,9 @@ class Forecaster::Impl {
   bool MarginalBound(int64_t step, double& lo, double& hi) const;
   const StepModel& ModelFor(int64_t step) const;
   // `combo`: a checkpoint and an eval are both predicted at `step`.
-  StepModel BuildModel(int64_t step, StepKind kind, bool combo) const;
+  // `next`: `step` is the next logged step (an event's start then follows
+  // the normal steps' recent level where their durations have memory).
+  StepModel BuildModel(int64_t step, StepKind kind, bool combo, bool next = false) const;
   // A window of every step (Recurring) in an event step measured a few
   // times: what the normal steps of its rhythm class show of the same slot.
   // False when the slot is missing in more of them than the error budget

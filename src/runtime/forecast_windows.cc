@@ -27,6 +27,10 @@ constexpr double kMaxPull = 0.5;
 // the least spread in linear space).
 constexpr double kMinLogSpread = 0.02;
 
+// How much longer than every later one an event's first occurrence is
+// when it ran cold (BuildModel).
+constexpr double kColdFactor = 1.25;
+
 double Mean(std::vector<double>::const_iterator first, std::vector<double>::const_iterator last) {
   return first == last ? 0.0
                        : std::accumulate(first, last, 0.0) / static_cast<double>(last - first);
@@ -129,7 +133,7 @@ void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, doubl
       std::min(s.low_tail, lower(std::exp(lmean - SmallSampleFactor(z1_, n) * lsd * root)));
 }
 
-StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) const {
+StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, bool next) const {
   StepModel m;
   m.rule_bits = RuleBits(step);
   m.spike_bits = SpikeBits(step);
@@ -280,6 +284,53 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       normal.hi = QuantileSorted(res, 1 - alpha_ / 4);
     }
   }
+  // The next step's event starts where its step's training work ends now:
+  // where the normal steps' durations have memory (a slow drift, contention
+  // that comes and goes: ChooseLevelWindow chose a level window k), that is
+  // the median of the last k normal steps of its class plus the event's own
+  // lead over the same level before each past occurrence, give or take a
+  // normal step's residual about its own preceding level. Over the whole
+  // history the class mean is a level of long ago and the residuals spread
+  // with the drift (an eval claimed to start anywhere in 130 ms of a
+  // 1% contention's steps).
+  const int nk = local_window_[static_cast<int>(StepKind::kNormal)];
+  std::vector<std::vector<int64_t>> level_steps;
+  std::vector<std::vector<double>> level_durs;
+  double level_res_lo = 0, level_res_hi = 0;
+  bool level_ok = false;
+  if (next && base != StepKind::kNormal && nk > 0) {
+    level_steps.resize(static_cast<size_t>(np_period));
+    level_durs.resize(static_cast<size_t>(np_period));
+    for (const StepObs& o : hist_) {
+      if (o.kind != StepKind::kNormal) continue;
+      const auto r = static_cast<size_t>(o.step % np_period);
+      level_steps[r].push_back(o.step);
+      level_durs[r].push_back(static_cast<double>(o.duration()));
+    }
+    std::vector<double> res, one;
+    for (const std::vector<double>& c : level_durs) {
+      if (c.size() <= static_cast<size_t>(nk)) continue;
+      LevelResiduals(c, nk, one);
+      res.insert(res.end(), one.begin(), one.end());
+    }
+    const auto r = static_cast<size_t>(step % np_period);
+    if (res.size() >= static_cast<size_t>(std::ceil(2 / alpha_)) &&
+        level_durs[r].size() >= static_cast<size_t>(nk)) {
+      std::sort(res.begin(), res.end());
+      level_res_lo = QuantileSorted(res, alpha_ / 4);
+      level_res_hi = QuantileSorted(res, 1 - alpha_ / 4);
+      level_ok = true;
+    }
+  }
+  // The level of step `st`'s class before it; NaN with fewer than k normal
+  // steps of the class before it.
+  const auto level_before = [&](int64_t st) {
+    const auto r = static_cast<size_t>(st % np_period);
+    const std::vector<int64_t>& at = level_steps[r];
+    const auto end = static_cast<size_t>(std::lower_bound(at.begin(), at.end(), st) - at.begin());
+    return end >= static_cast<size_t>(nk) ? LevelBefore(level_durs[r], end, nk)
+                                          : std::numeric_limits<double>::quiet_NaN();
+  };
   std::array<bool, kNumSlots> candidates{};
   for (const StepObs& o : hist_) {
     if (o.kind != base) continue;
@@ -288,7 +339,8 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
   for (int key = 0; key < kNumSlots; ++key) {
     if ((m.rule_bits >> key) & 1) candidates[key] = true;
   }
-  std::vector<double> a, b, d, lead;
+  std::vector<double> a, b, d, lead, lead_level;
+  std::vector<int64_t> d_step;  // the step of each length in d
   for (int key = 0; key < kNumSlots; ++key) {
     if (!candidates[key]) continue;
     const Occurrences& oc = occ_[key];
@@ -296,6 +348,8 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
     b.clear();
     d.clear();
     lead.clear();
+    lead_level.clear();
+    d_step.clear();
     if (oc.rule_valid) {
       // A learned event: it occurs exactly where its rule says.
       if (!oc.rule.OccursAt(step)) continue;
@@ -305,9 +359,11 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
         const SlotObs* s = o.Find(key);
         if (s == nullptr || (measured && !usable(o)) || !alike(o)) return;
         lead.push_back(static_cast<double>(s->a) - class_mean(o.step));
+        if (level_ok) lead_level.push_back(static_cast<double>(s->a) - level_before(o.step));
         a.push_back(static_cast<double>(s->a));
         b.push_back(static_cast<double>(s->b));
         d.push_back(static_cast<double>(s->b - s->a));
+        d_step.push_back(o.step);
       };
       if (m.spike_bits != 0) {
         for (const StepObs& o : spikes_[static_cast<size_t>(__builtin_ctzll(m.spike_bits))].kept) {
@@ -315,6 +371,8 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
         }
         if (a.size() < 3) {
           lead.clear();
+          lead_level.clear();
+          d_step.clear();
           a.clear();
           b.clear();
           d.clear();
@@ -331,9 +389,11 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
         const SlotObs* s = o->Find(key);
         if (s == nullptr) continue;
         lead.push_back(static_cast<double>(s->a) - class_mean(o->step));
+        if (level_ok) lead_level.push_back(static_cast<double>(s->a) - level_before(o->step));
         a.push_back(static_cast<double>(s->a));
         b.push_back(static_cast<double>(s->b));
         d.push_back(static_cast<double>(s->b - s->a));
+        d_step.push_back(o->step);
       }
       // Published only where the slot occurs in (nearly) every matching
       // step, and for normal steps once there are three of them.
@@ -342,6 +402,15 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
     }
     const bool recurring = Recurring(key);
     std::vector<double> before_rise;
+    if (!recurring && d.size() >= 2 && d_step.front() == oc.first &&
+        d.front() > kColdFactor * *std::max_element(d.begin() + 1, d.end())) {
+      // The job's first occurrence of an event ran cold (kernels compiled,
+      // caches and lazy state filled), far longer than every later one: no
+      // sample of their lengths. Kept, it spread the few lengths so that
+      // nothing was guaranteed (the DataLoader recording's first eval took
+      // 193 ms, the next 119: no claim for the third).
+      d.erase(d.begin());
+    }
     if (!recurring) {
       // An event's lengths from their latest level on (LevelShiftStart).
       // Where it starts and ends keeps the whole sample: a level of length
@@ -406,6 +475,26 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo) 
       sl.a.lo = a_mean - std::max(-normal.lo, own);
       sl.a.hi = a_mean + std::max(normal.hi, own) + std::max(wm, 0.0) * sl.a.spread_hi;
       sl.a.mean = sl.a.median = a_mean;
+      if (level_ok && !lead_level.empty() && lead_level.size() == lead.size() &&
+          std::none_of(lead_level.begin(), lead_level.end(),
+                       [](double x) { return std::isnan(x); })) {
+        // The same at the normal steps' recent level (above), where that
+        // is tighter.
+        SampleSummary lv;
+        Summarize(lead_level, lv, wm, Spread::kPerSide, sl.d.median);
+        const double lv_mean =
+            RecentLevel(level_durs[static_cast<size_t>(step % np_period)], nk) + lv.mean;
+        const double lv_own =
+            np > 1 ? SmallSampleFactor(z_, np) * std::sqrt(lv.var * np / (np - 1) * (1 + 1 / np))
+                   : 0.0;
+        const double lv_lo = lv_mean - std::max(-level_res_lo, lv_own);
+        const double lv_hi = lv_mean + std::max(level_res_hi, lv_own);
+        if (lv_hi - lv_lo < sl.a.hi - sl.a.lo - std::max(wm, 0.0) * sl.a.spread_hi) {
+          sl.a.lo = lv_lo;
+          sl.a.hi = lv_hi + std::max(wm, 0.0) * sl.a.spread_hi;
+          sl.a.mean = sl.a.median = lv_mean;
+        }
+      }
       const double sd = std::max(sl.d.sd_lo, np < 5 ? 0.05 * sl.d.mean : 0.0);
       const double low = recurring ? sl.d.lo
                                    : std::min(sl.d.mean, sl.d.median) -
@@ -487,7 +576,9 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
   const bool combo = EventAt(IdleKind::kCheckpoint, step) && EventAt(IdleKind::kEval, step);
   // Steps with the same kind and the same residues modulo every period in
   // use look alike: one model each.
-  uint64_t h = static_cast<uint64_t>(kind) * 2 + (combo ? 1 : 0);
+  // The next logged step's event has a model of its own (BuildModel).
+  const bool next = kind != StepKind::kNormal && step > last_step_ && step <= last_step_ + stride_;
+  uint64_t h = (static_cast<uint64_t>(kind) * 2 + (combo ? 1 : 0)) * 2 + (next ? 1 : 0);
   for (const int p : periods_) h = h * 1'000'003 + static_cast<uint64_t>(step % p);
   const uint64_t spikes = SpikeBits(step);
   h = h * 1'000'003 + spikes;
@@ -497,7 +588,7 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
   if (it != cache_.end() && it->second.rule_bits == bits && it->second.spike_bits == spikes) {
     return it->second;
   }
-  StepModel m = BuildModel(step, kind, combo);
+  StepModel m = BuildModel(step, kind, combo, next);
   bool seen = false;
   for (size_t i = 0; combo && !seen && i < hist_.size(); ++i) {
     seen = hist_[i].Find(SlotKey(IdleKind::kCheckpoint, 0)) != nullptr &&
@@ -509,7 +600,7 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
     // their sure parts; the others, and the eval's own, are claimed by their
     // guaranteed lengths only (the events' order and offsets are unknown,
     // their lengths are their own).
-    const StepModel ev = BuildModel(step, StepKind::kEval, false);
+    const StepModel ev = BuildModel(step, StepKind::kEval, false, next);
     const StepModel normal = BuildModel(step, StepKind::kNormal, false);
     m.kind_known = m.kind_known && ev.kind_known;  // no length for an eval never measured
     if (ev.ok && normal.ok) {

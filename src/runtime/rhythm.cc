@@ -104,8 +104,10 @@ void LevelResiduals(const std::vector<double>& x, int k, std::vector<double>& ou
   for (size_t i = ku; i < x.size(); ++i) out.push_back(x[i] - WindowMedian(x, i - ku, i));
 }
 
-double RecentLevel(const std::vector<double>& x, int k) {
-  return WindowMedian(x, x.size() - static_cast<size_t>(k), x.size());
+double RecentLevel(const std::vector<double>& x, int k) { return LevelBefore(x, x.size(), k); }
+
+double LevelBefore(const std::vector<double>& x, size_t end, int k) {
+  return WindowMedian(x, end - static_cast<size_t>(k), end);
 }
 
 int ChooseLevelWindow(const std::vector<std::vector<double>>& classes, double lo, double hi,

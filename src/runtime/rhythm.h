@@ -73,5 +73,7 @@ int ChooseLevelWindow(const std::vector<std::vector<double>>& classes, double lo
 void LevelResiduals(const std::vector<double>& x, int k, std::vector<double>& out);
 // The median of the last k values. REQUIRES: 1 ≤ k ≤ 16, x.size() ≥ k.
 double RecentLevel(const std::vector<double>& x, int k);
+// The median of the k values before x[end]. REQUIRES: 1 ≤ k ≤ 16, k ≤ end ≤ x.size().
+double LevelBefore(const std::vector<double>& x, size_t end, int k);
 
 }  // namespace omni

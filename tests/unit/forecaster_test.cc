@@ -230,6 +230,65 @@ TEST(Forecaster, ACertainEvalFarAheadKeepsItsFullLength) {
   EXPECT_NEAR(static_cast<double>(ev->expected_ns), 500.0 * kMs, 25.0 * kMs);
 }
 
+// The DataLoader recording's first eval took 193 ms (kernels compiled,
+// caches cold), its second 119: two lengths that far apart guaranteed
+// nothing of the third. The first, far longer than every later one, is no
+// sample of their lengths.
+TEST(Forecaster, AnEventsFirstOccurrenceThatRanColdDoesNotVoidTheNextOnesGuarantee) {
+  Forecaster fc = Make(Opts(30'000));  // the eval is not declared
+  const int64_t t = FeedWithEvals(
+      fc, 179, 60, [](int step, Jitter& j) { return step == 59 ? j(193, 0.01) : j(119, 0.02); });
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
+  ASSERT_NE(ev, nullptr) << "no eval window for step 179";
+  EXPECT_EQ(ev->step, 179);
+  EXPECT_GT(ev->guaranteed_ns, 95 * kMs);
+  EXPECT_LT(ev->guaranteed_ns, 119 * kMs);
+}
+
+// A sequence-length curriculum: the training work grows 0.3% a step, so
+// the next eval (after the training work of its step) starts where the
+// last few steps' work ends, not where the history's mean would put it.
+// From the class mean, the past evals' leads over it spread with the drift
+// and the start was claimed anywhere in ~100 ms; from the recent level it
+// is claimed within a normal step's noise.
+TEST(Forecaster, TheNextEventsStartFollowsTheNormalStepsRecentLevel) {
+  Forecaster fc = Make(Opts(30'000));
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> noise(0, 0.01);
+  const auto work = [&](int i) { return std::llround(100 * (1 + 0.003 * i) * (1 + noise(rng))); };
+  int64_t t = 0;
+  int64_t next_start = 0;  // where step 399's eval starts (ms after the step's start)
+  for (int i = 0; i < 400; ++i) {
+    const int64_t c = work(i), dw = 10;
+    if (i == 399) {
+      next_start = dw + c;
+      break;
+    }
+    if (i % 25 == 24) {
+      const int64_t ev = std::llround(300 * (1 + noise(rng)));
+      Feed(fc, MakeStep(i, t, dw + c + ev,
+                        {{phase::kDataWait, 0, dw},
+                         {phase::kCompute, dw, dw + c},
+                         {phase::kEval, dw + c, dw + c + ev}}));
+      t += dw + c + ev;
+    } else {
+      Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
+      t += dw + c;
+    }
+  }
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->step, 399);
+  EXPECT_LT(ev->latest_start_ns - ev->earliest_start_ns, 30 * kMs);
+  EXPECT_LE(ev->earliest_start_ns, (t + next_start) * kMs);
+  EXPECT_GE(ev->latest_start_ns, (t + next_start) * kMs);
+  EXPECT_GT(ev->duration_ns, 200 * kMs);  // its sure part by the clock
+}
+
 // A short eval every 50 steps (~300 ms idle) and a full one every 500
 // (~3 s): the eval steps' lengths had no class of their own (500 is beyond
 // max_period), so every eval was claimed at the short ones' length and
