@@ -130,6 +130,14 @@ uint64_t Forecaster::Impl::RuleBits(int64_t step) const {
   return bits;
 }
 
+double Forecaster::Impl::NormalLevel() const {
+  std::vector<double> v;
+  for (const StepObs& o : hist_) {
+    if (o.kind == StepKind::kNormal) v.push_back(static_cast<double>(o.duration()));
+  }
+  return v.empty() ? std::nan("") : QuantileInPlace(v, 0.5);
+}
+
 double Forecaster::Impl::GapMean() const {
   if (gaps_.empty()) return 0;
   return std::accumulate(gaps_.begin(), gaps_.end(), 0.0) / static_cast<double>(gaps_.size());
@@ -171,7 +179,12 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     if (o.total++ == 0) o.first = rec.step;
     if (o.steps.size() > kMaxOccurrences) o.steps.erase(o.steps.begin());
     o.lengths.push_back(static_cast<double>(s->b - s->a));
-    if (o.lengths.size() > kMaxLengths) o.lengths.pop_front();
+    const bool event = SlotKind(key) == IdleKind::kEval || SlotKind(key) == IdleKind::kCheckpoint;
+    o.levels.push_back(event ? NormalLevel() : std::nan(""));
+    if (o.lengths.size() > kMaxLengths) {
+      o.lengths.pop_front();
+      o.levels.pop_front();
+    }
     o.rule = LearnSpacing(o.steps);
     if (o.rule.every == 0 && o.total == 2) o.rule = SpacingFromTwo(o.steps, first_step_);
     if (o.rule.every == 0) o.rule = SkippingOnlyUnloggedSteps(key, SpacingAcrossGaps(o.steps));

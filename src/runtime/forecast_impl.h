@@ -101,6 +101,9 @@ class Forecaster::Impl {
     int64_t total = 0;           // occurrences since the first observed step
     int64_t first = -1;          // the step of the first of them
     std::deque<double> lengths;  // newest last, at most 32 (across regimes)
+    // The normal steps' median duration in the history when each length
+    // was measured (NormalLevel; NaN: none), beside `lengths`.
+    std::deque<double> levels;
     SpacingRule rule;
     bool rule_valid = false;
   };
@@ -221,6 +224,8 @@ class Forecaster::Impl {
   void ScoreClaims(const StepRecord& rec, const StepObs& obs, const PhaseCatalog& catalog);
   void TrimWarmup();
   double GapMean() const;
+  // The median duration of the normal steps in the history; NaN when none.
+  double NormalLevel() const;
   // `rule` when every step it puts slot `key` at, between the third-last
   // occurrence and the last, either is not in the log or has the slot (all
   // such steps must be within the regime's history); else no rule.

@@ -506,9 +506,46 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
     }
     m.slots.push_back(std::move(sl));
   }
+  // An event step not measured in this regime (a change cut the history)
+  // whose event was measured before: the event at the end of a normal step
+  // of now, its lengths those measured before, each scaled down where the
+  // normal steps are now faster than when it was measured (never up: a
+  // slower machine or loader does not shorten an eval). Claimed by its
+  // guaranteed length from the window's open only; the step gets no
+  // duration bound until one is measured. Without it the first event after
+  // every change went unclaimed (the demo's last eval, after its machine
+  // slowed down 9 steps before).
+  bool carried = false;
+  if (!measured && kind != StepKind::kNormal && !combo) {
+    const int key =
+        SlotKey(kind == StepKind::kCheckpoint ? IdleKind::kCheckpoint : IdleKind::kEval, 0);
+    const Occurrences& oc = occ_[key];
+    const double now_level = NormalLevel();
+    std::vector<double> lengths;
+    for (size_t i = 0; i < oc.lengths.size() && now_level > 0; ++i) {
+      if (oc.levels[i] > 0)
+        lengths.push_back(oc.lengths[i] * std::min(1.0, now_level / oc.levels[i]));
+    }
+    if (lengths.size() >= 2) {
+      StepModel::Slot sl;
+      sl.key = key;
+      sl.phase = slot_phase_[key];
+      sl.anchored_only = true;
+      Summarize(lengths, sl.d, window_cal_[static_cast<int>(SlotKind(key))].margin(),
+                Spread::kPerSide);
+      sl.a = m.dur;
+      sl.b = m.dur;
+      sl.b.lo = m.dur.lo + std::max(sl.d.low_tail, 0.0);
+      sl.b.median = m.dur.median + sl.d.median;
+      if (sl.d.low_tail > 0) {
+        m.slots.push_back(std::move(sl));
+        carried = true;
+      }
+    }
+  }
   // A declared event step not measured yet: the declared duration at the
   // end of a normal step, its guaranteed length 80% of it.
-  if (!measured && kind != StepKind::kNormal) {
+  if (!measured && kind != StepKind::kNormal && !carried) {
     const PeriodicEvent& ev = kind == StepKind::kCheckpoint ? opt_.checkpoint : opt_.eval;
     if (ev.expected_ns > 0) {
       const auto e = static_cast<double>(ev.expected_ns);

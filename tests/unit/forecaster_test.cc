@@ -289,6 +289,67 @@ TEST(Forecaster, TheNextEventsStartFollowsTheNormalStepsRecentLevel) {
   EXPECT_GT(ev->duration_ns, 200 * kMs);  // its sure part by the clock
 }
 
+// Feeds 350 steps of data wait 20 ms and compute `before` ms, `after` ms
+// from step 330 on, with a 200 ms eval every 40 steps; returns the end (ms).
+int64_t FeedAChangeBeforeAnEval(Forecaster& fc, double before, double after) {
+  Jitter j;
+  int64_t t = 0;
+  for (int i = 0; i < 350; ++i) {
+    const int64_t dw = j(20, 0.05), c = j(i < 330 ? before : after, 0.03);
+    if (i % 40 == 39) {
+      const int64_t ev = j(200, 0.03);
+      Feed(fc, MakeStep(i, t, dw + c + ev,
+                        {{phase::kDataWait, 0, dw},
+                         {phase::kCompute, dw, dw + c},
+                         {phase::kEval, dw + c, dw + c + ev}}));
+      t += dw + c + ev;
+    } else {
+      Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
+      t += dw + c;
+    }
+  }
+  return t;
+}
+
+// The demo's machine slowed down 9 steps before its last eval: a new
+// regime, whose steps had no eval yet, and the eval went unclaimed, as the
+// first event after every change did. The eval measured before the change
+// is claimed by its guaranteed length from the open (no sure part by the
+// clock: its start in the new steps is unknown).
+TEST(Forecaster, TheFirstEventAfterARegimeChangeIsClaimedFromItsLengthsBeforeIt) {
+  Forecaster fc = Make(Opts(30'000));  // the eval every 40 steps is learned
+  const int64_t t = FeedAChangeBeforeAnEval(fc, 50, 90);
+  ASSERT_GE(fc.regime_changes(), 1);
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
+  ASSERT_NE(ev, nullptr) << "no eval window after the change";
+  EXPECT_EQ(ev->step, 359);
+  EXPECT_GT(ev->guaranteed_ns, 170 * kMs);  // a slower step: its length as before
+  EXPECT_LT(ev->guaranteed_ns, 200 * kMs);
+  EXPECT_EQ(ev->duration_ns, 0);  // claimed from its open only
+  // Its step has no duration bound until an eval step is measured again.
+  auto b = fc.NextStepBounds(10);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->size(), 9u);  // up to step 358
+}
+
+// Faster steps (the machine's other load went away) may come with a
+// faster eval: its lengths from before are claimed scaled down by the
+// normal steps' speed-up (110 -> 40 ms: 0.36x), never up.
+TEST(Forecaster, AnEventCarriedOverAChangeToFasterStepsIsClaimedShorter) {
+  Forecaster fc = Make(Opts(30'000));
+  const int64_t t = FeedAChangeBeforeAnEval(fc, 90, 20);
+  ASSERT_GE(fc.regime_changes(), 1);
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->step, 359);
+  EXPECT_GT(ev->guaranteed_ns, 55 * kMs);
+  EXPECT_LT(ev->guaranteed_ns, 200 * 40 / 110 * kMs + 5 * kMs);
+}
+
 // A short eval every 50 steps (~300 ms idle) and a full one every 500
 // (~3 s): the eval steps' lengths had no class of their own (500 is beyond
 // max_period), so every eval was claimed at the short ones' length and
