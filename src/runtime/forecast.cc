@@ -162,7 +162,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     if (static_cast<int>(gaps_.size()) > kMaxGaps) gaps_.pop_front();
   }
   hist_.push_back(obs);
-  if (static_cast<int>(hist_.size()) > opt_.history_steps) hist_.pop_front();
+  if (static_cast<int>(hist_.size()) > opt_.history_steps) EvictOldest();
   LearnSpikes(obs);
   ++regime_steps_;
   Transient(obs);
@@ -362,9 +362,9 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
   // Counted, an undeclared checkpoint followed by two slow steps (the write
   // contending with training) made a "change" whose steps the transient
   // rule then dropped, the checkpoint with them: it was never learned.
-  if (obs.kind != StepKind::kNormal &&
-      std::none_of(hist_.begin(), hist_.end(),
-                   [&](const StepObs& o) { return o.kind == obs.kind; })) {
+  const auto of_kind = [&](const StepObs& o) { return o.kind == obs.kind; };
+  if (obs.kind != StepKind::kNormal && std::none_of(hist_.begin(), hist_.end(), of_kind) &&
+      std::none_of(kept_events_.begin(), kept_events_.end(), of_kind)) {
     return;
   }
   const auto d = static_cast<double>(obs.duration());
@@ -488,6 +488,7 @@ void Forecaster::Impl::KeepPriorRegime(int64_t at, std::vector<int64_t> missed) 
   for (const StepObs& o : hist_) {
     if (o.step < first_missed) p.hist.push_back(o);
   }
+  p.kept_events = kept_events_;
   p.regime_steps = regime_steps_;
   p.since = at;
   p.missed = std::move(missed);
@@ -552,8 +553,9 @@ bool Forecaster::Impl::Transient(const StepObs& obs) {
     }
   }
   spell_steps_.insert(spell_steps_.end(), p.missed.begin(), p.missed.end());
-  while (static_cast<int>(merged.size()) > opt_.history_steps) merged.pop_front();
   hist_ = std::move(merged);
+  kept_events_ = std::move(p.kept_events);
+  while (static_cast<int>(hist_.size()) > opt_.history_steps) EvictOldest();
   prior_.reset();
   --regimes_;
   ++transients_;
@@ -564,7 +566,16 @@ bool Forecaster::Impl::Transient(const StepObs& obs) {
 
 void Forecaster::Impl::BeginRegime() {
   ++regimes_;
+  kept_events_.clear();  // their lengths still count across (NormalLevel)
   ResetRegimeState();
+}
+
+void Forecaster::Impl::EvictOldest() {
+  if (hist_.front().kind != StepKind::kNormal) {
+    kept_events_.push_back(hist_.front());
+    if (kept_events_.size() > kKeptEvents) kept_events_.pop_front();
+  }
+  hist_.pop_front();
 }
 
 void Forecaster::Impl::ResetRegimeState() {

@@ -238,8 +238,16 @@ class Forecaster::Impl {
   const double z1_;     // ... of the one-sided confidence
   PhaseCatalog catalog_;
   std::deque<StepObs> hist_;  // current regime, oldest first
-  std::deque<double> gaps_;   // between consecutive steps
-  int64_t first_step_ = -1;   // the first step ever observed
+  // The event steps (eval, checkpoint) of the current regime that left the
+  // history by age, oldest first, at most kKeptEvents: an event rarer than
+  // the history (a checkpoint every 1,000 steps, a history of 512) is
+  // still predicted from its own steps. BuildModel reads them with hist_.
+  std::deque<StepObs> kept_events_;
+  static constexpr size_t kKeptEvents = 16;
+  // Pops the oldest step of the history, keeping it if an event step.
+  void EvictOldest();
+  std::deque<double> gaps_;  // between consecutive steps
+  int64_t first_step_ = -1;  // the first step ever observed
   int64_t last_step_ = -1, last_end_ns_ = 0;
   int64_t stride_ = 1;  // steps between the last two observed (10 in a log of every 10th)
   int64_t regimes_ = 0;
@@ -256,6 +264,7 @@ class Forecaster::Impl {
   // that missed them.
   struct PriorRegime {
     std::deque<StepObs> hist;
+    std::deque<StepObs> kept_events;
     int64_t regime_steps = 0;
     std::vector<std::pair<double, double>> bound;
     // What the old regime claimed of each recurring window (Recurring) of

@@ -137,8 +137,16 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
   StepModel m;
   m.rule_bits = RuleBits(step);
   m.spike_bits = SpikeBits(step);
+  // The steps an event step is predicted from: the event steps kept beyond
+  // the history, then the history.
+  std::vector<const StepObs*> pool;
+  pool.reserve(hist_.size() + kept_events_.size());
+  if (kind != StepKind::kNormal) {
+    for (const StepObs& o : kept_events_) pool.push_back(&o);
+  }
+  for (const StepObs& o : hist_) pool.push_back(&o);
   bool measured = false;
-  for (const StepObs& o : hist_) measured = measured || o.kind == kind;
+  for (const StepObs* o : pool) measured = measured || o->kind == kind;
   const StepKind base = measured ? kind : StepKind::kNormal;
   m.kind_known = measured;
   const auto kb = static_cast<int>(base);
@@ -166,19 +174,19 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       if (same.size() >= 3) return;
       same.clear();
     }
-    for (const StepObs& o : hist_) {
-      if (usable(o) && alike(o) && o.step % period == step % period) same.push_back(&o);
+    for (const StepObs* o : pool) {
+      if (usable(*o) && alike(*o) && o->step % period == step % period) same.push_back(o);
     }
     if (same.size() < 3 && period > 1) {
       same.clear();
-      for (const StepObs& o : hist_) {
-        if (usable(o) && alike(o)) same.push_back(&o);
+      for (const StepObs* o : pool) {
+        if (usable(*o) && alike(*o)) same.push_back(o);
       }
     }
     if (same.size() < 3 && m.spike_bits != 0) {
       same.clear();
-      for (const StepObs& o : hist_) {
-        if (usable(o)) same.push_back(&o);
+      for (const StepObs* o : pool) {
+        if (usable(*o)) same.push_back(o);
       }
     }
   };
@@ -215,8 +223,8 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
     // of every checkpoint step (the save's length is its own; the slots
     // below match again).
     std::vector<const StepObs*> both;
-    for (const StepObs& o : hist_) {
-      if (o.kind == base && has_eval(o)) both.push_back(&o);
+    for (const StepObs* o : pool) {
+      if (o->kind == base && has_eval(*o)) both.push_back(o);
     }
     if (!both.empty()) same = std::move(both);
   }
@@ -332,9 +340,9 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
                                           : std::numeric_limits<double>::quiet_NaN();
   };
   std::array<bool, kNumSlots> candidates{};
-  for (const StepObs& o : hist_) {
-    if (o.kind != base) continue;
-    for (int i = 0; i < o.num_slots; ++i) candidates[o.slots[i].key] = true;
+  for (const StepObs* o : pool) {
+    if (o->kind != base) continue;
+    for (int i = 0; i < o->num_slots; ++i) candidates[o->slots[i].key] = true;
   }
   for (int key = 0; key < kNumSlots; ++key) {
     if ((m.rule_bits >> key) & 1) candidates[key] = true;
@@ -379,7 +387,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
         }
       }
       if (a.empty()) {
-        for (const StepObs& o : hist_) take(o);
+        for (const StepObs* o : pool) take(*o);
       }
       if (a.empty()) continue;
     } else {

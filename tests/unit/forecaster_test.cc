@@ -350,6 +350,28 @@ TEST(Forecaster, AnEventCarriedOverAChangeToFasterStepsIsClaimedShorter) {
   EXPECT_LT(ev->guaranteed_ns, 200 * 40 / 110 * kMs + 5 * kMs);
 }
 
+// A checkpoint every 1,000 steps never shares a history of 512 steps with
+// the last one: such an event was not forecast at all. Its steps are kept
+// beyond the history (here: a history of 64 steps, an eval every 100), so
+// it is forecast from its own steps, with a sure part and a bound.
+TEST(Forecaster, AnEventRarerThanTheHistoryIsForecastFromItsOwnSteps) {
+  ForecastOptions o = Opts(30'000);
+  o.history_steps = 64;
+  Forecaster fc = Make(o);
+  const int64_t t = FeedWithEvals(fc, 299, 100, [](int, Jitter& j) { return j(500, 0.02); });
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
+  ASSERT_NE(ev, nullptr) << "no eval window for step 299";
+  EXPECT_EQ(ev->step, 299);
+  EXPECT_GT(ev->guaranteed_ns, 400 * kMs);
+  EXPECT_GT(ev->duration_ns, 300 * kMs);  // its sure part by the clock
+  auto b = fc.NextStepBounds(1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->size(), 1u);
+  EXPECT_GE((*b)[0].hi_ns, (70 + 510) * kMs);
+}
+
 // A short eval every 50 steps (~300 ms idle) and a full one every 500
 // (~3 s): the eval steps' lengths had no class of their own (500 is beyond
 // max_period), so every eval was claimed at the short ones' length and
