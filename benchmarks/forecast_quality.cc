@@ -53,6 +53,7 @@ std::vector<Trace> Corpus() {
       {"rhythm_change.jsonl", {K::kDataStall}},
       {"events_on_rhythm.jsonl", {K::kDataStall, K::kEval, K::kCheckpoint}},
       {"slow_spells.jsonl", {K::kDataStall, K::kEval}},
+      {"rare_events.jsonl", {K::kEval, K::kCheckpoint}},
       // Held out (tests/data/README.md): not tuned on.
       {"drift.jsonl", {K::kEval}, true},
       {"contention.jsonl", {K::kCheckpoint}, true},

@@ -271,6 +271,18 @@ void AddRegressions(std::map<std::string, Scenario>& m) {
         const double idle = s == 519 ? 800 : 400;
         return WithEvents(b.Finish(), n, s % 40 == 39, 150 * slow, 150 * slow + idle * slow, 0.0);
       }};
+  // Events rarer than the forecaster's history of 512 steps: an undeclared
+  // eval every 300 steps (~100 ms forward pass, ~500 ms idle), an
+  // undeclared ~2 s checkpoint every 700 (offset 649); from step 1500 the work
+  // runs 1.3x slower (a new regime before the next events).
+  m["rare_events"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+                        StepBuilder b(s, t);
+                        b.Phase(phase::kDataWait, n.LogN(5, 0.3));
+                        b.Phase(phase::kCompute, (s < 1500 ? 1.0 : 1.3) * n.Jit(90, 0.02));
+                        b.Phase(phase::kOptimizer, n.Jit(5, 0.04));
+                        return WithEvents(b.Finish(), n, s % 300 == 299, 100, 600,
+                                          s % 700 == 649 ? n.LogN(2000, 0.04) : 0.0);
+                      }};
 }
 
 std::map<std::string, Scenario> Scenarios() {
