@@ -16,6 +16,9 @@ namespace {
 constexpr double kMinSpreadNs = 50'000;  // 50 µs
 constexpr int kBoundsInForecast = 8;
 constexpr int kClaimSteps = 64;
+// How many occurrences ahead a residue class's window that stands out of
+// its slot's other steps is listed without a sure part (Predict).
+constexpr int kResidueAhead = 16;
 // Predict jumps over runs of normal steps by their cycle when it is at most
 // this long (else it walks every step).
 constexpr int64_t kMaxCycle = 4096;
@@ -769,6 +772,7 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
   f.confidence = conf_;
   claims_.clear();
 
+  std::array<int, kNumSlots> residue_listed{};  // far-ahead residue windows, per slot
   std::vector<double> g(gaps_.begin(), gaps_.end());
   double gap_lo = 0, gap_hi = 0, gap_var = 0;
   const double gap_mean = GapMean();
@@ -854,12 +858,24 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
       } else {
         // Start too uncertain for a sure part: listed (with its guaranteed
         // length, usable from the window-open notice on) for events
-        // (declared or learned), a spike rule's spikes and the next observed
-        // step, not for the idle time of every normal step further ahead.
+        // (declared or learned), a spike rule's spikes, the next observed
+        // step and the next kResidueAhead occurrences of a residue class's
+        // window that stands out of its slot's other steps (a shard fetched
+        // every 10th step, a buffer refilled every 3rd: kSpikeFactor times
+        // the slot's median), not for the idle time of every normal step
+        // further ahead.
+        const auto key = static_cast<size_t>(sl.key);
+        const bool residue =
+            !event_step && slot_period_[static_cast<int>(StepKind::kNormal)][key] > 1 &&
+            spikes_[key].reference > 0 &&
+            static_cast<double>(w.guaranteed_ns) >= kSpikeFactor * spikes_[key].reference &&
+            static_cast<double>(w.guaranteed_ns) >= min_window &&
+            residue_listed[key] < kResidueAhead;
         if (!event_step && !occ_[sl.key].rule_valid && ((m.spike_bits >> sl.key) & 1) == 0 &&
-            s > last_step_ + stride_) {
+            s > last_step_ + stride_ && !residue) {
           continue;
         }
+        if (residue && s > last_step_ + stride_) ++residue_listed[key];
         w.start_ns = std::max(w.latest_start_ns, now_ns);
         w.duration_ns = 0;
         if (static_cast<double>(w.guaranteed_ns) < min_window) continue;

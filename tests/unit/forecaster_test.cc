@@ -372,6 +372,38 @@ TEST(Forecaster, AnEventRarerThanTheHistoryIsForecastFromItsOwnSteps) {
   EXPECT_GE((*b)[0].hi_ns, (70 + 510) * kMs);
 }
 
+// A shard fetched every 10th step (the demo's loader): its stall was
+// listed while its start was sure enough for a sure part (8 occurrences
+// here), then no more, as the idle time of every normal step further ahead
+// is not. A residue class's window that stands out of its slot's other
+// steps is now listed for its next 16 occurrences after that, by its
+// guaranteed length; the tiny waits of the other steps still are not.
+TEST(Forecaster, AStallEveryTenthStepIsListedForItsNextOccurrences) {
+  Forecaster fc = Make(Opts(30'000));
+  Jitter j;
+  int64_t t = 0;
+  for (int i = 0; i < 301; ++i) {
+    const int64_t dw = i % 10 == 0 ? j(60, 0.05) : 1, c = j(10, 0.05);
+    Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
+    t += dw + c;
+  }
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  int sure = 0, listed = 0;
+  int64_t last = 0;
+  for (const IdleWindow& w : f->windows) {
+    ASSERT_EQ(w.kind, IdleKind::kDataStall);
+    if (w.step == 301) continue;  // the next step's wait (1 ms) is listed, as before
+    EXPECT_EQ(w.step % 10, 0) << "step " << w.step;
+    EXPECT_GT(w.guaranteed_ns, 45 * kMs) << "step " << w.step;
+    ++(w.duration_ns > 0 ? sure : listed);
+    last = std::max(last, w.step);
+  }
+  EXPECT_GE(sure, 5);
+  EXPECT_EQ(listed, 16);
+  EXPECT_EQ(last, 300 + 10 * (sure + listed));
+}
+
 // A short eval every 50 steps (~300 ms idle) and a full one every 500
 // (~3 s): the eval steps' lengths had no class of their own (500 is beyond
 // max_period), so every eval was claimed at the short ones' length and
