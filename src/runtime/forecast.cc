@@ -181,9 +181,11 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     o.lengths.push_back(static_cast<double>(s->b - s->a));
     const bool event = SlotKind(key) == IdleKind::kEval || SlotKind(key) == IdleKind::kCheckpoint;
     o.levels.push_back(event ? NormalLevel() : std::nan(""));
+    o.starts.push_back(static_cast<double>(s->a));
     if (o.lengths.size() > kMaxLengths) {
       o.lengths.pop_front();
       o.levels.pop_front();
+      o.starts.pop_front();
     }
     o.rule = LearnSpacing(o.steps);
     if (o.rule.every == 0 && o.total == 2) o.rule = SpacingFromTwo(o.steps, first_step_);

@@ -102,8 +102,9 @@ class Forecaster::Impl {
     int64_t first = -1;          // the step of the first of them
     std::deque<double> lengths;  // newest last, at most 32 (across regimes)
     // The normal steps' median duration in the history when each length
-    // was measured (NormalLevel; NaN: none), beside `lengths`.
-    std::deque<double> levels;
+    // was measured (NormalLevel; NaN: none), and where in its step the
+    // occurrence started, beside `lengths`.
+    std::deque<double> levels, starts;
     SpacingRule rule;
     bool rule_valid = false;
   };

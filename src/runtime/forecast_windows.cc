@@ -528,30 +528,40 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
   // slowed down 9 steps before).
   bool carried = false;
   if (!measured && kind != StepKind::kNormal && !combo) {
-    const int key =
-        SlotKey(kind == StepKind::kCheckpoint ? IdleKind::kCheckpoint : IdleKind::kEval, 0);
-    const Occurrences& oc = occ_[key];
+    const IdleKind ik = kind == StepKind::kCheckpoint ? IdleKind::kCheckpoint : IdleKind::kEval;
     const double now_level = NormalLevel();
-    std::vector<double> lengths;
-    for (size_t i = 0; i < oc.lengths.size() && now_level > 0; ++i) {
-      if (oc.levels[i] > 0)
-        lengths.push_back(oc.lengths[i] * std::min(1.0, now_level / oc.levels[i]));
-    }
-    if (lengths.size() >= 2) {
+    std::vector<double> lengths, starts;
+    for (int ordinal = 0; ordinal < kMaxOrdinal && now_level > 0; ++ordinal) {
+      const int key = SlotKey(ik, ordinal);
+      const Occurrences& oc = occ_[key];
+      lengths.clear();
+      starts.clear();
+      for (size_t i = 0; i < oc.lengths.size(); ++i) {
+        if (!(oc.levels[i] > 0)) continue;
+        // Where it starts moves with the steps' speed, both ways.
+        const double speed = now_level / oc.levels[i];
+        lengths.push_back(oc.lengths[i] * std::min(1.0, speed));
+        starts.push_back(oc.starts[i] * speed);
+      }
+      if (lengths.size() < 2) continue;
       StepModel::Slot sl;
       sl.key = key;
       sl.phase = slot_phase_[key];
       sl.anchored_only = true;
-      Summarize(lengths, sl.d, window_cal_[static_cast<int>(SlotKind(key))].margin(),
-                Spread::kPerSide);
+      Summarize(lengths, sl.d, window_cal_[static_cast<int>(ik)].margin(), Spread::kPerSide);
+      if (sl.d.low_tail <= 0) continue;
+      // Its start: as far apart as the scaled starts and a normal step's
+      // spread about its median.
+      std::sort(starts.begin(), starts.end());
       sl.a = m.dur;
-      sl.b = m.dur;
-      sl.b.lo = m.dur.lo + std::max(sl.d.low_tail, 0.0);
-      sl.b.median = m.dur.median + sl.d.median;
-      if (sl.d.low_tail > 0) {
-        m.slots.push_back(std::move(sl));
-        carried = true;
-      }
+      sl.a.lo = starts.front() - std::max(m.dur.median - m.dur.lo, 0.0);
+      sl.a.hi = starts.back() + std::max(m.dur.hi - m.dur.median, 0.0);
+      sl.a.median = sl.a.mean = QuantileSorted(starts, 0.5);
+      sl.b = sl.a;
+      sl.b.lo = sl.a.lo + sl.d.low_tail;
+      sl.b.median = sl.a.median + sl.d.median;
+      m.slots.push_back(std::move(sl));
+      carried = true;
     }
   }
   // A declared event step not measured yet: the declared duration at the
