@@ -530,18 +530,24 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
   if (!measured && kind != StepKind::kNormal && !combo) {
     const IdleKind ik = kind == StepKind::kCheckpoint ? IdleKind::kCheckpoint : IdleKind::kEval;
     const double now_level = NormalLevel();
-    std::vector<double> lengths, starts;
+    std::vector<double> lengths, start_lo, start_hi;
     for (int ordinal = 0; ordinal < kMaxOrdinal && now_level > 0; ++ordinal) {
       const int key = SlotKey(ik, ordinal);
       const Occurrences& oc = occ_[key];
       lengths.clear();
-      starts.clear();
+      start_lo.clear();
+      start_hi.clear();
       for (size_t i = 0; i < oc.lengths.size(); ++i) {
         if (!(oc.levels[i] > 0)) continue;
-        // Where it starts moves with the steps' speed, both ways.
         const double speed = now_level / oc.levels[i];
         lengths.push_back(oc.lengths[i] * std::min(1.0, speed));
-        starts.push_back(oc.starts[i] * speed);
+        // It starts after a normal step's work of now plus its lead over
+        // the work then (a forward pass before an eval's idle time), the
+        // lead as it was or scaled by the steps' speed: only the training
+        // work, or all of it, may have changed speed.
+        const double ahead = oc.starts[i] - oc.levels[i];
+        start_lo.push_back(now_level + ahead * std::min(1.0, speed));
+        start_hi.push_back(now_level + ahead * std::max(1.0, speed));
       }
       if (lengths.size() < 2) continue;
       StepModel::Slot sl;
@@ -550,13 +556,15 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       sl.anchored_only = true;
       Summarize(lengths, sl.d, window_cal_[static_cast<int>(ik)].margin(), Spread::kPerSide);
       if (sl.d.low_tail <= 0) continue;
-      // Its start: as far apart as the scaled starts and a normal step's
-      // spread about its median.
-      std::sort(starts.begin(), starts.end());
+      // Its start: within those, widened by a normal step's spread about
+      // its median.
       sl.a = m.dur;
-      sl.a.lo = starts.front() - std::max(m.dur.median - m.dur.lo, 0.0);
-      sl.a.hi = starts.back() + std::max(m.dur.hi - m.dur.median, 0.0);
-      sl.a.median = sl.a.mean = QuantileSorted(starts, 0.5);
+      sl.a.lo = *std::min_element(start_lo.begin(), start_lo.end()) -
+                std::max(m.dur.median - m.dur.lo, 0.0);
+      sl.a.hi = *std::max_element(start_hi.begin(), start_hi.end()) +
+                std::max(m.dur.hi - m.dur.median, 0.0);
+      std::sort(start_lo.begin(), start_lo.end());
+      sl.a.median = sl.a.mean = QuantileSorted(start_lo, 0.5);
       sl.b = sl.a;
       sl.b.lo = sl.a.lo + sl.d.low_tail;
       sl.b.median = sl.a.median + sl.d.median;

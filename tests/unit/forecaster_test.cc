@@ -291,18 +291,30 @@ TEST(Forecaster, TheNextEventsStartFollowsTheNormalStepsRecentLevel) {
 
 // Feeds 350 steps of data wait 20 ms and compute `before` ms, `after` ms
 // from step 330 on, with a 200 ms eval every 40 steps; returns the end (ms).
-int64_t FeedAChangeBeforeAnEval(Forecaster& fc, double before, double after) {
+// With `forward_ms`, the eval nests a forward pass of that length first
+// (its idle time after it).
+int64_t FeedAChangeBeforeAnEval(Forecaster& fc, double before, double after, double forward_ms = 0,
+                                int steps = 350) {
   Jitter j;
   int64_t t = 0;
-  for (int i = 0; i < 350; ++i) {
+  for (int i = 0; i < steps; ++i) {
     const int64_t dw = j(20, 0.05), c = j(i < 330 ? before : after, 0.03);
     if (i % 40 == 39) {
       const int64_t ev = j(200, 0.03);
-      Feed(fc, MakeStep(i, t, dw + c + ev,
-                        {{phase::kDataWait, 0, dw},
-                         {phase::kCompute, dw, dw + c},
-                         {phase::kEval, dw + c, dw + c + ev}}));
-      t += dw + c + ev;
+      const int64_t fwd = forward_ms > 0 ? j(forward_ms, 0.03) : 0;
+      if (fwd > 0) {
+        Feed(fc, MakeStep(i, t, dw + c + fwd + ev,
+                          {{phase::kDataWait, 0, dw},
+                           {phase::kCompute, dw, dw + c},
+                           {phase::kEval, dw + c, dw + c + fwd + ev},
+                           {phase::kCompute, dw + c, dw + c + fwd, 1}}));
+      } else {
+        Feed(fc, MakeStep(i, t, dw + c + ev,
+                          {{phase::kDataWait, 0, dw},
+                           {phase::kCompute, dw, dw + c},
+                           {phase::kEval, dw + c, dw + c + ev}}));
+      }
+      t += dw + c + fwd + ev;
     } else {
       Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
       t += dw + c;
@@ -332,6 +344,28 @@ TEST(Forecaster, TheFirstEventAfterARegimeChangeIsClaimedFromItsLengthsBeforeIt)
   auto b = fc.NextStepBounds(10);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->size(), 9u);  // up to step 358
+}
+
+// An eval nesting a forward pass is idle after it: carried over the
+// change, that window starts after the pass in the slower steps, not at
+// the end of their training work.
+TEST(Forecaster, AnEvalsIdleTimeAfterItsForwardPassIsCarriedOverAChange) {
+  Forecaster fc = Make(Opts(30'000));
+  const int64_t t = FeedAChangeBeforeAnEval(fc, 50, 90, 100, 359);  // step 359 next
+  ASSERT_GE(fc.regime_changes(), 1);
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const IdleWindow* ev = nullptr;
+  for (const IdleWindow& w : f->windows) {
+    if (w.kind == IdleKind::kEval && w.step == 359 && w.guaranteed_ns > 100 * kMs) ev = &w;
+  }
+  ASSERT_NE(ev, nullptr) << "no eval window after the change";
+  EXPECT_LT(ev->guaranteed_ns, 200 * kMs);
+  // It starts after the slower steps' work (~110 ms) and the forward pass
+  // (100 ms): at ~210 ms into the step.
+  EXPECT_LE(ev->earliest_start_ns - t * kMs, 210 * kMs);
+  EXPECT_GE(ev->latest_start_ns - t * kMs, 210 * kMs);
+  EXPECT_GT(ev->earliest_start_ns - t * kMs, 150 * kMs);
 }
 
 // Faster steps (the machine's other load went away) may come with a
