@@ -354,6 +354,9 @@ constexpr double kRegimeMissMargin = 0.25;
 // A new regime when this many of the last kScatterSteps steps missed their
 // bound clearly, on either side (ScatteredMisses).
 constexpr int kScatterSteps = 20;
+// A normal step this many times its bound's upper end begins a new regime
+// at once (CheckRegime: a restart).
+constexpr double kRestartFactor = 20;
 constexpr int kScatterMisses = 5;
 
 }  // namespace
@@ -379,6 +382,21 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
     local_cal_[static_cast<int>(obs.kind)].Update(d > hi || d < lo);
   }
   if (!MarginalBound(obs.step, lo, hi)) return;
+  if (obs.kind == StepKind::kNormal && d > kRestartFactor * hi) {
+    // A step far beyond any the regime makes: the job restarted (its
+    // kernels compiled again, on a device that may be slower or faster),
+    // or a stall as long. A new regime begins with it, as a new process's
+    // forecaster would, and nothing is published from the old one until
+    // the new one has min_steps steps; the old one comes back if the steps
+    // after fit it (Transient: a stall). Three misses, the two after the
+    // restart counted, were needed before (the restart trace's next-step
+    // coverage below the claim on 2 of 8 fresh draws).
+    bound_cal_[static_cast<int>(obs.kind)].Update(true);
+    KeepPriorRegime(obs.step, {obs.step});
+    hist_.clear();
+    BeginRegime();
+    return;
+  }
   const int miss = d > hi ? 1 : (d < lo ? -1 : 0);
   bound_cal_[static_cast<int>(obs.kind)].Update(miss != 0);
   const double margin = kRegimeMissMargin * (hi - lo);

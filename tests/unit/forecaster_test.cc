@@ -852,6 +852,48 @@ TEST(Forecaster, DropsACompileWarmupFirstStep) {
   EXPECT_EQ(f->steps_observed, 11);
 }
 
+// A restart in the log: a step 60x as long (kernels compiled again), then
+// steps 30% slower. The next steps were bounded from the old regime until
+// two more of them had missed (the restart trace's coverage below the
+// claim on 2 of 8 fresh draws). Now a new regime begins at the restart
+// step, and nothing is bounded from the old one.
+TEST(Forecaster, ARestartBeginsANewRegimeAtOnce) {
+  Forecaster fc = Make(Opts(1000));
+  int64_t t = 0;
+  int i = 0;
+  for (; i < 100; ++i, t += 80) Feed(fc, Step(i, t, 20));
+  ASSERT_EQ(fc.regime_changes(), 0);
+  Feed(fc, Step(i++, t, 60 * 80));
+  t += 60 * 80 + 60;
+  EXPECT_EQ(fc.regime_changes(), 1);
+  auto b = fc.NextStepBounds(1);
+  EXPECT_TRUE(!b.ok() || b->empty()) << "a bound drawn from before the restart";
+  for (int k = 0; k < 12; ++k, ++i, t += 104) Feed(fc, Step(i, t, 44));  // 104 ms steps
+  b = fc.NextStepBounds(1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->size(), 1u);
+  EXPECT_LE((*b)[0].lo_ns, 104 * kMs);
+  EXPECT_GE((*b)[0].hi_ns, 104 * kMs);
+  EXPECT_EQ(fc.regime_changes(), 1);
+}
+
+// A stall as long as a restart, the steps after it as before: the old
+// regime comes back (a transient), its history with it.
+TEST(Forecaster, AStallAsLongAsARestartIsTakenBackWhenTheStepsFitAgain) {
+  Forecaster fc = Make(Opts(1000));
+  int64_t t = 0;
+  int i = 0;
+  for (; i < 100; ++i, t += 80) Feed(fc, Step(i, t, 20));
+  Feed(fc, Step(i++, t, 40 * 80));
+  t += 40 * 80 + 60;
+  for (int k = 0; k < 12; ++k, ++i, t += 80) Feed(fc, Step(i, t, 20));
+  EXPECT_EQ(fc.regime_changes(), 0);
+  EXPECT_EQ(fc.transients(), 1);
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_GT(f->steps_observed, 100);
+}
+
 // Steps that miss their bound by a hair (here by 0.5..1.5 ms, on a bound
 // ~8 ms wide) are counted by the calibrator but are no evidence
 // of a new regime: a false change would forget every event learned. Before
