@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -183,6 +184,14 @@ TEST(Forecaster, AStallEvery150StepsIsForecastOnThoseStepsFromItsThirdOccurrence
   }
 }
 
+// A step of a data wait, training work and an eval after it (ms).
+StepRecord EvalStep(int64_t step, int64_t start_ms, int64_t dw, int64_t c, int64_t ev) {
+  return MakeStep(step, start_ms, dw + c + ev,
+                  {{phase::kDataWait, 0, dw},
+                   {phase::kCompute, dw, dw + c},
+                   {phase::kEval, dw + c, dw + c + ev}});
+}
+
 // Feeds `n` steps; every `every`-th (offset every − 1) runs an eval of
 // eval_ms(step, jitter) after its training work. Returns the end (ms).
 int64_t FeedWithEvals(Forecaster& fc, int n, int every,
@@ -193,10 +202,7 @@ int64_t FeedWithEvals(Forecaster& fc, int n, int every,
     const int64_t dw = j(20, 0.3), c = j(50, 0.05);
     if (i % every == every - 1) {
       const int64_t ev = eval_ms(i, j);
-      Feed(fc, MakeStep(i, t, dw + c + ev,
-                        {{phase::kDataWait, 0, dw},
-                         {phase::kCompute, dw, dw + c},
-                         {phase::kEval, dw + c, dw + c + ev}}));
+      Feed(fc, EvalStep(i, t, dw, c, ev));
       t += dw + c + ev;
     } else {
       Feed(fc, Step(i, t, dw));
@@ -211,6 +217,16 @@ const IdleWindow* FirstOfKind(const Forecast& f, IdleKind kind) {
     if (w.kind == kind) return &w;
   }
   return nullptr;
+}
+
+// The first window of `kind` in the forecast made at `now_ms`; none when
+// there is none (a failed forecast fails the test).
+std::optional<IdleWindow> FirstWindowOf(Forecaster& fc, int64_t now_ms, IdleKind kind) {
+  auto f = fc.Predict(now_ms * kMs);
+  EXPECT_TRUE(f.ok()) << f.status();
+  if (!f.ok()) return std::nullopt;
+  const IdleWindow* w = FirstOfKind(*f, kind);
+  return w != nullptr ? std::optional<IdleWindow>(*w) : std::nullopt;
 }
 
 TEST(Forecaster, ACertainEvalFarAheadKeepsItsFullLength) {
@@ -238,10 +254,8 @@ TEST(Forecaster, AnEventsFirstOccurrenceThatRanColdDoesNotVoidTheNextOnesGuarant
   Forecaster fc = Make(Opts(30'000));  // the eval is not declared
   const int64_t t = FeedWithEvals(
       fc, 179, 60, [](int step, Jitter& j) { return step == 59 ? j(193, 0.01) : j(119, 0.02); });
-  auto f = fc.Predict(t * kMs);
-  ASSERT_TRUE(f.ok()) << f.status();
-  const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
-  ASSERT_NE(ev, nullptr) << "no eval window for step 179";
+  const std::optional<IdleWindow> ev = FirstWindowOf(fc, t, IdleKind::kEval);
+  ASSERT_TRUE(ev.has_value()) << "no eval window for step 179";
   EXPECT_EQ(ev->step, 179);
   EXPECT_GT(ev->guaranteed_ns, 95 * kMs);
   EXPECT_LT(ev->guaranteed_ns, 119 * kMs);
@@ -268,20 +282,15 @@ TEST(Forecaster, TheNextEventsStartFollowsTheNormalStepsRecentLevel) {
     }
     if (i % 25 == 24) {
       const int64_t ev = std::llround(300 * (1 + noise(rng)));
-      Feed(fc, MakeStep(i, t, dw + c + ev,
-                        {{phase::kDataWait, 0, dw},
-                         {phase::kCompute, dw, dw + c},
-                         {phase::kEval, dw + c, dw + c + ev}}));
+      Feed(fc, EvalStep(i, t, dw, c, ev));
       t += dw + c + ev;
     } else {
       Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
       t += dw + c;
     }
   }
-  auto f = fc.Predict(t * kMs);
-  ASSERT_TRUE(f.ok()) << f.status();
-  const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
-  ASSERT_NE(ev, nullptr);
+  const std::optional<IdleWindow> ev = FirstWindowOf(fc, t, IdleKind::kEval);
+  ASSERT_TRUE(ev.has_value());
   EXPECT_EQ(ev->step, 399);
   EXPECT_LT(ev->latest_start_ns - ev->earliest_start_ns, 30 * kMs);
   EXPECT_LE(ev->earliest_start_ns, (t + next_start) * kMs);
@@ -309,10 +318,7 @@ int64_t FeedAChangeBeforeAnEval(Forecaster& fc, double before, double after, dou
                            {phase::kEval, dw + c, dw + c + fwd + ev},
                            {phase::kCompute, dw + c, dw + c + fwd, 1}}));
       } else {
-        Feed(fc, MakeStep(i, t, dw + c + ev,
-                          {{phase::kDataWait, 0, dw},
-                           {phase::kCompute, dw, dw + c},
-                           {phase::kEval, dw + c, dw + c + ev}}));
+        Feed(fc, EvalStep(i, t, dw, c, ev));
       }
       t += dw + c + fwd + ev;
     } else {
@@ -332,10 +338,8 @@ TEST(Forecaster, TheFirstEventAfterARegimeChangeIsClaimedFromItsLengthsBeforeIt)
   Forecaster fc = Make(Opts(30'000));  // the eval every 40 steps is learned
   const int64_t t = FeedAChangeBeforeAnEval(fc, 50, 90);
   ASSERT_GE(fc.regime_changes(), 1);
-  auto f = fc.Predict(t * kMs);
-  ASSERT_TRUE(f.ok()) << f.status();
-  const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
-  ASSERT_NE(ev, nullptr) << "no eval window after the change";
+  const std::optional<IdleWindow> ev = FirstWindowOf(fc, t, IdleKind::kEval);
+  ASSERT_TRUE(ev.has_value()) << "no eval window after the change";
   EXPECT_EQ(ev->step, 359);
   EXPECT_GT(ev->guaranteed_ns, 170 * kMs);  // a slower step: its length as before
   EXPECT_LT(ev->guaranteed_ns, 200 * kMs);
@@ -375,10 +379,8 @@ TEST(Forecaster, AnEventCarriedOverAChangeToFasterStepsIsClaimedShorter) {
   Forecaster fc = Make(Opts(30'000));
   const int64_t t = FeedAChangeBeforeAnEval(fc, 90, 20);
   ASSERT_GE(fc.regime_changes(), 1);
-  auto f = fc.Predict(t * kMs);
-  ASSERT_TRUE(f.ok()) << f.status();
-  const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
-  ASSERT_NE(ev, nullptr);
+  const std::optional<IdleWindow> ev = FirstWindowOf(fc, t, IdleKind::kEval);
+  ASSERT_TRUE(ev.has_value());
   EXPECT_EQ(ev->step, 359);
   EXPECT_GT(ev->guaranteed_ns, 55 * kMs);
   EXPECT_LT(ev->guaranteed_ns, 200 * 40 / 110 * kMs + 5 * kMs);
@@ -393,10 +395,8 @@ TEST(Forecaster, AnEventRarerThanTheHistoryIsForecastFromItsOwnSteps) {
   o.history_steps = 64;
   Forecaster fc = Make(o);
   const int64_t t = FeedWithEvals(fc, 299, 100, [](int, Jitter& j) { return j(500, 0.02); });
-  auto f = fc.Predict(t * kMs);
-  ASSERT_TRUE(f.ok()) << f.status();
-  const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
-  ASSERT_NE(ev, nullptr) << "no eval window for step 299";
+  const std::optional<IdleWindow> ev = FirstWindowOf(fc, t, IdleKind::kEval);
+  ASSERT_TRUE(ev.has_value()) << "no eval window for step 299";
   EXPECT_EQ(ev->step, 299);
   EXPECT_GT(ev->guaranteed_ns, 400 * kMs);
   EXPECT_GT(ev->duration_ns, 300 * kMs);  // its sure part by the clock
