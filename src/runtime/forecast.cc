@@ -354,10 +354,10 @@ constexpr double kRegimeMissMargin = 0.25;
 // A new regime when this many of the last kScatterSteps steps missed their
 // bound clearly, on either side (ScatteredMisses).
 constexpr int kScatterSteps = 20;
+constexpr int kScatterMisses = 5;
 // A normal step this many times its bound's upper end begins a new regime
 // at once (CheckRegime: a restart).
 constexpr double kRestartFactor = 20;
-constexpr int kScatterMisses = 5;
 
 }  // namespace
 
@@ -586,7 +586,7 @@ bool Forecaster::Impl::Transient(const StepObs& obs) {
 
 void Forecaster::Impl::BeginRegime() {
   ++regimes_;
-  kept_events_.clear();  // their lengths still count across (NormalLevel)
+  kept_events_.clear();  // their lengths carry over (Occurrences::levels)
   ResetRegimeState();
 }
 

@@ -518,14 +518,14 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
     m.slots.push_back(std::move(sl));
   }
   // An event step not measured in this regime (a change cut the history)
-  // whose event was measured before: the event at the end of a normal step
-  // of now, its lengths those measured before, each scaled down where the
-  // normal steps are now faster than when it was measured (never up: a
-  // slower machine or loader does not shorten an eval). Claimed by its
-  // guaranteed length from the window's open only; the step gets no
-  // duration bound until one is measured. Without it the first event after
-  // every change went unclaimed (the demo's last eval, after its machine
-  // slowed down 9 steps before).
+  // whose event was measured before: each of its windows after a normal
+  // step's work of now and its lead then (below), its lengths those
+  // measured before, each scaled down where the normal steps are now
+  // faster than when it was measured (never up: a slower machine or loader
+  // does not shorten an eval). Claimed by its guaranteed length from the
+  // window's open only; the step gets no duration bound until one is
+  // measured. Without it the first event after every change went unclaimed
+  // (the demo's last eval, after its machine slowed down 9 steps before).
   bool carried = false;
   if (!measured && kind != StepKind::kNormal && !combo) {
     const IdleKind ik = kind == StepKind::kCheckpoint ? IdleKind::kCheckpoint : IdleKind::kEval;
