@@ -84,7 +84,14 @@ def test_two_replicas_share_one_dir_resume_bit_exactly_with_two_and_go_on_with_o
     while reps[1].steps() < 20:
         assert time.monotonic() < deadline and reps[1].proc.poll() is None, reps[1].err.read_text()
         time.sleep(0.005)
-    reps[1].proc.send_signal(signal.SIGTERM)  # only r1 is told
+    # Only r1 is told. Twice: the first signal lets the job use its grace
+    # for progress, and the remaining 100 steps fit in 1 s on a fast
+    # machine (the job then finished, or stopped at its last step: this
+    # test failed 1 run in 4 on 2026-12-04); the second saves at the next
+    # boundary (docs/preemption.md).
+    reps[1].proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    reps[1].proc.send_signal(signal.SIGTERM)
     saved = set()
     for r in reps:
         rc, _, err = r.wait(timeout=120)
