@@ -178,15 +178,10 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     o.steps.push_back(rec.step);
     if (o.total++ == 0) o.first = rec.step;
     if (o.steps.size() > kMaxOccurrences) o.steps.erase(o.steps.begin());
-    o.lengths.push_back(static_cast<double>(s->b - s->a));
     const bool event = SlotKind(key) == IdleKind::kEval || SlotKind(key) == IdleKind::kCheckpoint;
-    o.levels.push_back(event ? NormalLevel() : std::nan(""));
-    o.starts.push_back(static_cast<double>(s->a));
-    if (o.lengths.size() > kMaxLengths) {
-      o.lengths.pop_front();
-      o.levels.pop_front();
-      o.starts.pop_front();
-    }
+    o.measured.push_back({static_cast<double>(s->b - s->a), event ? NormalLevel() : std::nan(""),
+                          static_cast<double>(s->a)});
+    if (o.measured.size() > kMaxLengths) o.measured.pop_front();
     o.rule = LearnSpacing(o.steps);
     if (o.rule.every == 0 && o.total == 2) o.rule = SpacingFromTwo(o.steps, first_step_);
     if (o.rule.every == 0) o.rule = SkippingOnlyUnloggedSteps(key, SpacingAcrossGaps(o.steps));
@@ -586,7 +581,7 @@ bool Forecaster::Impl::Transient(const StepObs& obs) {
 
 void Forecaster::Impl::BeginRegime() {
   ++regimes_;
-  kept_events_.clear();  // their lengths carry over (Occurrences::levels)
+  kept_events_.clear();  // their lengths carry over (Occurrences::measured)
   ResetRegimeState();
 }
 

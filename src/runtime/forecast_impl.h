@@ -100,11 +100,13 @@ class Forecaster::Impl {
     std::vector<int64_t> steps;  // newest last, at most 8
     int64_t total = 0;           // occurrences since the first observed step
     int64_t first = -1;          // the step of the first of them
-    std::deque<double> lengths;  // newest last, at most 32 (across regimes)
-    // The normal steps' median duration in the history when each length
-    // was measured (NormalLevel; NaN: none), and where in its step the
-    // occurrence started, beside `lengths`.
-    std::deque<double> levels, starts;
+    // One measured occurrence: its length, the normal steps' median
+    // duration in the history then (NormalLevel; NaN for a window of every
+    // step, which is no event), and where in its step it started.
+    struct Measured {
+      double length = 0, level = 0, start = 0;
+    };
+    std::deque<Measured> measured;  // newest last, at most 32 (across regimes)
     SpacingRule rule;
     bool rule_valid = false;
   };

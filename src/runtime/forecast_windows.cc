@@ -537,15 +537,15 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       lengths.clear();
       start_lo.clear();
       start_hi.clear();
-      for (size_t i = 0; i < oc.lengths.size(); ++i) {
-        if (!(oc.levels[i] > 0)) continue;
-        const double speed = now_level / oc.levels[i];
-        lengths.push_back(oc.lengths[i] * std::min(1.0, speed));
+      for (const Occurrences::Measured& x : oc.measured) {
+        if (!(x.level > 0)) continue;
+        const double speed = now_level / x.level;
+        lengths.push_back(x.length * std::min(1.0, speed));
         // It starts after a normal step's work of now plus its lead over
         // the work then (a forward pass before an eval's idle time), the
         // lead as it was or scaled by the steps' speed: only the training
         // work, or all of it, may have changed speed.
-        const double ahead = oc.starts[i] - oc.levels[i];
+        const double ahead = x.start - x.level;
         start_lo.push_back(now_level + ahead * std::min(1.0, speed));
         start_hi.push_back(now_level + ahead * std::max(1.0, speed));
       }
@@ -733,10 +733,11 @@ absl::StatusOr<std::vector<StepBound>> Forecaster::Impl::NextStepBounds(int n) c
 
 absl::StatusOr<StepBound> Forecaster::Impl::SaveBound() const {
   const Occurrences& o = occ_[SlotKey(IdleKind::kCheckpoint, 0)];
-  if (o.lengths.empty()) {
+  if (o.measured.empty()) {
     return absl::NotFoundError("no save bound: no checkpoint phase has been observed");
   }
-  std::vector<double> v(o.lengths.begin(), o.lengths.end());
+  std::vector<double> v;
+  for (const Occurrences::Measured& x : o.measured) v.push_back(x.length);
   SampleSummary s;
   Summarize(v, s, bound_cal_[static_cast<int>(StepKind::kCheckpoint)].margin(), Spread::kWhole);
   StepBound b;
