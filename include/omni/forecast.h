@@ -121,6 +121,9 @@ struct ForecastOptions {
 // 1, stage outside [0, stages), non-finite or negative backward_over_forward.
 OMNI_EXPORT absl::Status ValidateForecastOptions(const ForecastOptions& options);
 
+// Windows of one kind in a step the forecaster tells apart (IdleWindow::ordinal).
+inline constexpr int kMaxIdleOrdinals = 8;
+
 struct IdleWindow {
   // The interval that is idle at the stated confidence: [latest start,
   // earliest start + guaranteed). Zero-length when the start is too
@@ -139,7 +142,12 @@ struct IdleWindow {
   // Which of the step's windows of this kind it is (0 = the first). With one
   // phase of the kind (the built-in phases) it is the live notice's ordinal
   // (omni/window_channel.h): a guest that sees the window-open notice of
-  // (step, phase, ordinal) may use guaranteed_ns from that moment on.
+  // (step, phase, ordinal) may use guaranteed_ns from that moment on. In a
+  // step with more than kMaxIdleOrdinals windows of the kind, the last
+  // ordinal stands for the step's last such window (an eval split into many
+  // decode passes keeps the idle time after its last one); no notice is
+  // matched to that ordinal, since a window's open does not tell whether it
+  // is the last.
   int ordinal = 0;
 };
 

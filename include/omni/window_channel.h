@@ -49,6 +49,7 @@
 // number of readers in any number of processes may read one channel.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -66,9 +67,14 @@ namespace omni {
 
 // Quantiles of a window's duration at probabilities i / (kDurationQuantiles-1).
 inline constexpr int kDurationQuantiles = 129;
-// Windows of one phase in a step with their own quantiles; later windows of
-// the phase in a step get no claim.
+// Windows of one phase in a step with their own quantiles; the last table
+// holds every later window of the phase in a step as well (a phase split into
+// many pieces: its claims conditional on the elapsed time tell the long
+// pieces from the short ones).
 inline constexpr int kMaxWindowOrdinals = 4;
+
+// The quantile table of a phase's window number `ordinal` in its step.
+inline int WindowTableOf(int ordinal) { return std::clamp(ordinal, 0, kMaxWindowOrdinals - 1); }
 
 struct DurationQuantiles {
   int64_t samples = 0;                          // 0 = nothing measured yet

@@ -64,7 +64,8 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeRepl
   std::vector<RollingWindow> seen(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals,
                                   RollingWindow(o.window));
   const auto slot = [&](const PhaseWindow& w) -> RollingWindow& {
-    return seen[static_cast<size_t>(w.phase) * kMaxWindowOrdinals + static_cast<size_t>(w.ordinal)];
+    return seen[static_cast<size_t>(w.phase) * kMaxWindowOrdinals +
+                static_cast<size_t>(WindowTableOf(w.ordinal))];
   };
   // The forecast's claims scaled as the worker scales them.
   ForecastClaimScale scale(o.window, o.min_samples, o.confidence);
@@ -94,9 +95,10 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeRepl
         const std::vector<ForecastClaim>& c = (*forecast)[i];
         guaranteed = ClaimFor(c.data(), c.data() + c.size(), rec.step, w.phase, kind, w.ordinal);
       }
-      // The table: none past the fourth window, none below min_samples.
+      // The table (the fourth and later windows share one); none below
+      // min_samples.
       DurationQuantiles table;
-      if (w.ordinal < kMaxWindowOrdinals && slot(w).size() >= o.min_samples) {
+      if (slot(w).size() >= o.min_samples) {
         table = ClaimableQuantilesOf(slot(w).Values());
         table.claim_confidence = level.Confidence(w.phase, w.ordinal);
       }
@@ -111,9 +113,7 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeRepl
     if (rec.spans_truncated) continue;  // not all its windows are there
     for (size_t wi = 0; wi < windows.size(); ++wi) {
       const PhaseWindow& w = windows[wi];
-      if (w.ordinal >= kMaxWindowOrdinals || catalog.idle_kind(w.phase) == IdleKind::kNone) {
-        continue;
-      }
+      if (catalog.idle_kind(w.phase) == IdleKind::kNone) continue;
       const int64_t d = w.end_ns - w.start_ns;
       if (matched[wi].guaranteed > 0) {
         scale.Record(w.phase, w.ordinal, d, matched[wi].table, matched[wi].guaranteed);

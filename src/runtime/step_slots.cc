@@ -26,12 +26,30 @@ int CoveringSpan(const StepRecord& rec, int64_t a, int64_t b) {
   return best;
 }
 
+// Past kMaxOrdinal intervals of a kind, the last ordinal's slot moves to the
+// latest one (kept in time order): a phase split into many pieces, such as an
+// eval's decode passes, keeps the stretch after its last piece, where most of
+// its idle time tends to be.
 void AddSlot(StepObs& o, std::array<int, kNumIdleKinds>& ordinals, IdleKind kind, int64_t a,
              int64_t b, int span, const StepRecord& rec) {
   const int k = static_cast<int>(kind);
-  if (o.num_slots >= kMaxSlotsPerStep || ordinals[k] >= kMaxOrdinal) return;
+  int ordinal = ordinals[k];
+  if (ordinal >= kMaxOrdinal) {
+    ordinal = kMaxOrdinal - 1;
+    const int key = SlotKey(kind, ordinal);
+    const auto end = o.slots.begin() + o.num_slots;
+    const auto it =
+        std::find_if(o.slots.begin(), end, [&](const SlotObs& s) { return s.key == key; });
+    if (it == end) return;
+    std::rotate(it, it + 1, end);
+    --o.num_slots;
+  } else if (o.num_slots >= kMaxSlotsPerStep) {
+    return;
+  } else {
+    ++ordinals[k];
+  }
   SlotObs& s = o.slots[o.num_slots++];
-  s.key = SlotKey(kind, ordinals[k]++);
+  s.key = SlotKey(kind, ordinal);
   s.a = a - rec.start_ns;
   s.b = b - rec.start_ns;
   s.has_phase = span >= 0;

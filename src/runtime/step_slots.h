@@ -13,7 +13,7 @@
 
 namespace omni {
 
-inline constexpr int kMaxOrdinal = 8;
+inline constexpr int kMaxOrdinal = kMaxIdleOrdinals;
 inline constexpr int kNumSlots = kNumIdleKinds * kMaxOrdinal;
 inline constexpr int kMaxSlotsPerStep = 16;
 

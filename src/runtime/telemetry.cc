@@ -593,11 +593,11 @@ class TelemetryImpl final : public Telemetry {
   void LearnWindows(const StepRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (rec.spans_truncated) return;
     ForEachPhaseWindow(rec, catalog_, [&](const PhaseWindow& w) {
-      if (w.ordinal >= kMaxWindowOrdinals) return;
       const int64_t d = w.end_ns - w.start_ns;
       const int64_t g = ClaimFor(raw_claims_.data(), raw_claims_.data() + raw_claims_.size(),
                                  rec.step, w.phase, catalog_.idle_kind(w.phase), w.ordinal);
-      const DurationQuantiles& claimed_from = quantiles_[w.phase][static_cast<size_t>(w.ordinal)];
+      const DurationQuantiles& claimed_from =
+          quantiles_[w.phase][static_cast<size_t>(WindowTableOf(w.ordinal))];
       const int64_t table = RemainingGivenElapsed(claimed_from, 0, options_.window_confidence);
       // What a reader was told at the open: the longer of the table's claim
       // and the scaled forecast claim the outlook published.
@@ -630,7 +630,7 @@ class TelemetryImpl final : public Telemetry {
 
   RollingWindow& WindowDurations(PhaseId phase, int ordinal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return window_durations_[static_cast<size_t>(phase) * kMaxWindowOrdinals +
-                             static_cast<size_t>(ordinal)];
+                             static_cast<size_t>(WindowTableOf(ordinal))];
   }
 
   // Window notices (worker side): each idle phase's window duration

@@ -78,7 +78,7 @@ struct PhaseCopy {
   double confidence = 0;
 };
 
-// The quantiles of `phase`'s window number `ordinal` (none past kMaxWindowOrdinals).
+// The quantiles of `phase`'s window number `ordinal` (WindowTableOf).
 bool TryReadPhase(const internal::PhasesRecord& r, PhaseId phase, int ordinal, PhaseCopy& out) {
   const uint64_t s1 = r.seq.load(std::memory_order_acquire);
   if ((s1 & 1) != 0) return false;
@@ -88,13 +88,12 @@ bool TryReadPhase(const internal::PhasesRecord& r, PhaseId phase, int ordinal, P
     std::memcpy(out.name + 8 * i, &w, 8);
   }
   out.q = DurationQuantiles{};
-  if (ordinal >= 0 && ordinal < kMaxWindowOrdinals) {
-    out.q.samples = p.samples[ordinal].load(std::memory_order_relaxed);
-    for (int i = 0; i < kDurationQuantiles; ++i) {
-      out.q.ns[i] = p.quantile_ns[ordinal][i].load(std::memory_order_relaxed);
-    }
-    out.q.claim_confidence = p.claim_confidence[ordinal].load(std::memory_order_relaxed);
+  const int t = WindowTableOf(ordinal);
+  out.q.samples = p.samples[t].load(std::memory_order_relaxed);
+  for (int i = 0; i < kDurationQuantiles; ++i) {
+    out.q.ns[i] = p.quantile_ns[t][i].load(std::memory_order_relaxed);
   }
+  out.q.claim_confidence = p.claim_confidence[t].load(std::memory_order_relaxed);
   out.confidence = r.confidence.load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
   return r.seq.load(std::memory_order_relaxed) == s1;

@@ -128,8 +128,9 @@ ForecastClaimScale::ForecastClaimScale(int window, int min_samples, double confi
       stale_(outcomes_.size(), 0) {}
 
 size_t ForecastClaimScale::Slot(PhaseId phase, int ordinal) const {
-  if (phase >= kMaxPhases || ordinal < 0 || ordinal >= kMaxWindowOrdinals) return outcomes_.size();
-  return static_cast<size_t>(phase) * kMaxWindowOrdinals + static_cast<size_t>(ordinal);
+  if (phase >= kMaxPhases || ordinal < 0) return outcomes_.size();
+  return static_cast<size_t>(phase) * kMaxWindowOrdinals +
+         static_cast<size_t>(WindowTableOf(ordinal));
 }
 
 void ForecastClaimScale::Record(PhaseId phase, int ordinal, int64_t duration_ns, int64_t table_ns,
@@ -198,16 +199,16 @@ NoticeClaimLevel::NoticeClaimLevel(double confidence, double gain)
       miss_rate_(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals, target_) {}
 
 void NoticeClaimLevel::Record(PhaseId phase, int ordinal, bool held) {
-  if (phase >= kMaxPhases || ordinal < 0 || ordinal >= kMaxWindowOrdinals) return;
-  double& a =
-      miss_rate_[static_cast<size_t>(phase) * kMaxWindowOrdinals + static_cast<size_t>(ordinal)];
+  if (phase >= kMaxPhases || ordinal < 0) return;
+  double& a = miss_rate_[static_cast<size_t>(phase) * kMaxWindowOrdinals +
+                         static_cast<size_t>(WindowTableOf(ordinal))];
   a = std::clamp(a + gain_ * (target_ - (held ? 0.0 : 1.0)), 0.0, target_);
 }
 
 double NoticeClaimLevel::Confidence(PhaseId phase, int ordinal) const {
-  if (phase >= kMaxPhases || ordinal < 0 || ordinal >= kMaxWindowOrdinals) return 1.0 - target_;
-  return 1.0 -
-         miss_rate_[static_cast<size_t>(phase) * kMaxWindowOrdinals + static_cast<size_t>(ordinal)];
+  if (phase >= kMaxPhases || ordinal < 0) return 1.0 - target_;
+  return 1.0 - miss_rate_[static_cast<size_t>(phase) * kMaxWindowOrdinals +
+                          static_cast<size_t>(WindowTableOf(ordinal))];
 }
 
 int64_t RemainingGivenElapsed(const DurationQuantiles& q, int64_t elapsed_ns, double confidence) {

@@ -52,7 +52,11 @@ void AddClaims(const Forecast& forecast, const PhaseCatalog& catalog, WindowOutl
     for (end = i + 1; end < ws.size() && ws[end].step == ws[i].step;) ++end;
     for (size_t a = i; a < end && o.num_claims < kMaxForecastClaims; ++a) {
       const IdleWindow& w = ws[a];
-      if (w.guaranteed_ns <= 0 || w.kind == IdleKind::kNone || w.phase.empty()) continue;
+      // The last ordinal may stand for a later window (IdleWindow::ordinal).
+      if (w.guaranteed_ns <= 0 || w.kind == IdleKind::kNone || w.phase.empty() ||
+          w.ordinal >= kMaxIdleOrdinals - 1) {
+        continue;
+      }
       bool one_phase = true;
       for (size_t b = i; b < end; ++b) one_phase &= ws[b].kind != w.kind || ws[b].phase == w.phase;
       const absl::StatusOr<PhaseId> phase = catalog.Find(w.phase);

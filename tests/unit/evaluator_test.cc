@@ -108,6 +108,51 @@ TEST(Evaluator, LiveNoticesAndTheirUnionWithTheWindowsAreScoredAsAGuestUsesThem)
   EXPECT_GT(none->notices.total.real_ns, 0);
 }
 
+// A loader that waits in 6 pieces a step (5-6 ms each, 2 ms of work nested
+// between them): the notices' fourth table holds the fourth and every later
+// window of the phase in a step, so all six are claimed.
+TEST(Evaluator, EveryWindowOfAPhaseSplitInMorePiecesThanTablesGetsANotice) {
+  StepLog log;
+  int64_t t = 0;
+  constexpr int kPieces = 6;
+  for (int i = 0; i < 300; ++i) {
+    StepRecord r;
+    r.step = i;
+    r.start_ns = t * kMs;
+    int64_t at = 0;
+    PhaseSpan& wait = r.spans[r.num_spans++];
+    wait.phase = phase::kDataWait;
+    wait.start_ns = r.start_ns;
+    for (int k = 0; k < kPieces; ++k) {
+      at += 5 + (i + k) % 2;
+      if (k == kPieces - 1) break;
+      PhaseSpan& work = r.spans[r.num_spans++];
+      work.phase = phase::kCompute;
+      work.start_ns = r.start_ns + at * kMs;
+      work.end_ns = work.start_ns + 2 * kMs;
+      work.depth = 1;
+      at += 2;
+    }
+    wait.end_ns = r.start_ns + at * kMs;
+    PhaseSpan& compute = r.spans[r.num_spans++];
+    compute.phase = phase::kCompute;
+    compute.start_ns = wait.end_ns;
+    compute.end_ns = compute.start_ns + 40 * kMs;
+    r.end_ns = compute.end_ns;
+    log.steps.push_back(r);
+    t += at + 40;
+  }
+  EvaluateOptions o = Opts();
+  o.notices.match_forecast = false;
+  auto r = Evaluate(log, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto& n = r->notices.by_kind[static_cast<int>(IdleKind::kDataStall)];
+  EXPECT_GE(n.precision(), 0.95);
+  EXPECT_GE(n.recall(), 0.8) << "the fifth and sixth windows of each step claimed too";
+  EXPECT_GE(r->notices.first_claims, kPieces * 280);
+  EXPECT_GE(r->notices.first_claims_held, 0.95 * static_cast<double>(r->notices.first_claims));
+}
+
 TEST(Evaluator, ALogWhoseClockGoesBackIsRefusedNotScored) {
   StepLog log = Deterministic(50);
   for (size_t i = 30; i < log.steps.size(); ++i) {  // a second run, its clock from 0

@@ -298,6 +298,52 @@ TEST(Forecaster, TheNextEventsStartFollowsTheNormalStepsRecentLevel) {
   EXPECT_GT(ev->duration_ns, 200 * kMs);  // its sure part by the clock
 }
 
+// An eval of 12 decode passes (3 ms of device work each, 2 ms idle after
+// each but the last) and 60 ms idle after the last: 13 idle stretches, more
+// than the forecaster tells apart. The stretch after the last pass is most
+// of the eval's idle time; the ninth to twelfth are not, and leave out.
+TEST(Forecaster, AnEvalSplitIntoManyPassesIsForecastThroughItsIdleTimeAfterTheLast) {
+  ForecastOptions o = Opts(30'000);
+  o.eval = PeriodicEvent{20, 19, 0};
+  Forecaster fc = Make(o);
+  constexpr int kPasses = 12;
+  constexpr int64_t kEvalMs = kPasses * 5 - 2 + 60;
+  int64_t t = 0;
+  for (int i = 0; i < 120; ++i) {
+    const int64_t dw = 10, c = 50;
+    StepRecord r = Step(i, t, dw);
+    if (i % 20 == 19) {
+      r = MakeStep(i, t, dw + c + kEvalMs,
+                   {{phase::kDataWait, 0, dw},
+                    {phase::kCompute, dw, dw + c},
+                    {phase::kEval, dw + c, dw + c + kEvalMs}});
+      for (int k = 0; k < kPasses; ++k) {
+        PhaseSpan& pass = r.spans[r.num_spans++];
+        pass.phase = phase::kCompute;
+        pass.start_ns = r.start_ns + (dw + c + 5 * k) * kMs;
+        pass.end_ns = pass.start_ns + 3 * kMs;
+        pass.depth = 1;
+      }
+    }
+    Feed(fc, r);
+    t += (r.end_ns - r.start_ns) / kMs;
+  }
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const IdleWindow* last = nullptr;
+  for (const IdleWindow& w : f->windows) {
+    if (w.kind == IdleKind::kEval && w.step == 139 && w.guaranteed_ns > 50 * kMs) last = &w;
+  }
+  ASSERT_NE(last, nullptr) << "no window for the idle time after step 139's last pass";
+  EXPECT_EQ(last->ordinal, kMaxIdleOrdinals - 1);
+  EXPECT_LE(last->guaranteed_ns, 60 * kMs);
+  // It starts after the last pass: 60 ms of training work and 58 of passes
+  // into the step, 19 steps of 70 ms after the last one logged.
+  const int64_t step_start = t + 19 * 70;
+  EXPECT_GE(last->earliest_start_ns, (step_start + 110) * kMs);
+  EXPECT_LE(last->earliest_start_ns, (step_start + 118) * kMs);
+}
+
 // Feeds 350 steps of data wait 20 ms and compute `before` ms, `after` ms
 // from step 330 on, with a 200 ms eval every 40 steps; returns the end (ms).
 // With `forward_ms`, the eval nests a forward pass of that length first

@@ -1015,5 +1015,38 @@ TEST(WindowChannel, AWindowOrdinalMeasuredFewerThanMinSamplesTimesMakesNoClaim) 
   ASSERT_TRUE(t.Close().ok());
 }
 
+// An eval in 6 windows of 10 ms (5 ms of nested compute between them): the
+// fourth, fifth and sixth share the fourth table, so the sixth is claimed
+// once 5 such windows were measured (two steps), and not before.
+TEST(WindowChannel, WindowsPastTheLastTableAreClaimedFromIt) {
+  FakeClock clock;
+  TelemetryOptions o = FastOptions();
+  o.window_min_samples = 5;
+  auto tel = Telemetry::Create(o, &clock);
+  ASSERT_TRUE(tel.ok()) << tel.status();
+  Telemetry& t = **tel;
+  for (int step = 0; step < 4; ++step) {
+    ASSERT_TRUE(t.BeginStep(step).ok());
+    ASSERT_TRUE(t.BeginPhase(phase::kEval).ok());
+    for (int k = 0; k < 6; ++k) {
+      if (k > 0) {
+        ASSERT_TRUE(t.BeginPhase(phase::kCompute).ok());
+        clock.Advance(milliseconds(5));
+        ASSERT_TRUE(t.EndPhase(phase::kCompute).ok());
+      }
+      const WindowNotice n = t.LatestWindow();
+      EXPECT_EQ(n.ordinal, k);
+      if (k == 5) {
+        EXPECT_EQ(n.remaining_ns, step >= 2 ? 10'000'000 : -1) << "step " << step;
+      }
+      clock.Advance(milliseconds(10));
+    }
+    ASSERT_TRUE(t.EndPhase(phase::kEval).ok());
+    ASSERT_TRUE(t.EndStep().ok());
+    ASSERT_TRUE(t.Flush().ok());
+  }
+  ASSERT_TRUE(t.Close().ok());
+}
+
 }  // namespace
 }  // namespace omni

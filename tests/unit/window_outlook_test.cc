@@ -182,6 +182,19 @@ TEST(OutlookOf, ClaimsTheWindowsALiveNoticeCanBeMatchedToInTheForecastsOrder) {
   WindowOutlook withdrawn = cut;
   withdrawn.state = OutlookState::kWithdrawn;
   EXPECT_EQ(withdrawn.GuaranteedFor(200, phase::kDataWait, IdleKind::kDataStall, 0), 0);
+
+  // The last ordinal may be a step's 13th eval window as well as its 8th: a
+  // notice's ordinal cannot tell which, so it is not claimed.
+  Forecast split = MadeAt1000s();
+  split.windows.clear();
+  for (const int ordinal : {kMaxIdleOrdinals - 2, kMaxIdleOrdinals - 1}) {
+    split.windows.push_back(Window(IdleKind::kEval, 300, 1001 * kS + ordinal * kMs, kMs));
+    split.windows.back().phase = "eval";
+    split.windows.back().ordinal = ordinal;
+  }
+  const WindowOutlook s = OutlookOf(split, 4096, NeverSeen(), &catalog);
+  ASSERT_EQ(s.num_claims, 1);
+  EXPECT_EQ(s.claims[0].ordinal, kMaxIdleOrdinals - 2);
 }
 
 TEST(OutlookOf, AForecastWithoutAnyWindowIsWithdrawnAndStatesNothing) {
