@@ -1240,6 +1240,23 @@ TEST(Forecaster, AHeavyTailedStallStaysClaimedAfterAnEarlyMissAndItsClaimsHold) 
   EXPECT_GT(c.Claimed(150, 400), 250);  // still claimed, about 2 ms a step
 }
 
+TEST(Forecaster, WaitsShortOrLongAsACoinFallsAreClaimedAtTheShortOnesLength) {
+  // Each wait 18-22 ms or 270-330 ms as a coin falls. Claims that held more
+  // often than needed (every long wait holds) moved the lower quantile
+  // towards the median by value, and with the median in the upper mode
+  // that lay in the gap between the modes: after runs of long waits, up
+  // to 115 ms claimed of waits half of which last 20 (137 claims of 1,500
+  // above the longest short wait).
+  std::mt19937_64 rng(3);
+  std::bernoulli_distribution coin(0.5);
+  std::uniform_real_distribution<double> spread(0.9, 1.1);
+  std::vector<int64_t> dw;
+  while (dw.size() < 1500) dw.push_back(std::llround((coin(rng) ? 300 : 20) * spread(rng)));
+  const StallClaims c = ReplayStallClaims(dw);
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_LE(c.claimed[i], 22) << "step " << i;
+  EXPECT_GE(c.Precision(), 0.9545);
+}
+
 TEST(Forecaster, AStallBurstLearnedAsARegimeIsClaimedOnlyAsTheOldRegimeClaims) {
   // A loader that falls behind for 9 steps (~120 ms stalls) among ~3 ms
   // waits. The burst is a new regime after three steps; claiming its stalls
