@@ -334,7 +334,8 @@ void Forecaster::Impl::ScoreClaims(const StepRecord& rec, const StepObs& obs,
     }
     if (claimed <= 0) continue;
     window_cal_[static_cast<int>(SlotKind(c.key))].UpdateLoss(
-        1.0 - static_cast<double>(idle_ns) / static_cast<double>(claimed));
+        1.0 - static_cast<double>(idle_ns) / static_cast<double>(claimed),
+        static_cast<double>(claimed));
   }
   claims_.erase(std::remove_if(claims_.begin(), claims_.end(),
                                [&](const WindowClaim& c) { return c.step <= rec.step; }),

@@ -80,13 +80,29 @@ size_t LevelShiftStart(const std::vector<double>& seq) {
   return start;
 }
 
+namespace {
+// The rate of the recent mean claim size (about the last 20 claims), the
+// claims before a loss is weighted by size (a few first sizes are no
+// yardstick: one early miss weighted 8x wiped a heavy-tailed stall's claims
+// out for good), and the most one claim's loss weighs against a claim of
+// the mean size.
+constexpr double kSizeRate = 0.05;
+constexpr long kWeightAfterClaims = 20;
+constexpr double kMaxLossWeight = 4.0;
+}  // namespace
+
 // Hits can narrow claims below the plain quantiles by at most
 // kMaxNarrowing spreads, so that one good spell cannot bank unbounded credit
 // for a later shift.
-void MarginCalibrator::UpdateLoss(double loss) {
+void MarginCalibrator::UpdateLoss(double loss, double size) {
   ++claims_;
   if (loss > 0) ++misses_;
-  margin_ = std::max(margin_ + gain_ * (std::clamp(loss, 0.0, 1.0) - target_), -kMaxNarrowing);
+  size = size > 0 && std::isfinite(size) ? size : 1.0;
+  mean_size_ = mean_size_ > 0 ? mean_size_ + kSizeRate * (size - mean_size_) : size;
+  const double weight =
+      claims_ > kWeightAfterClaims ? std::min(size / mean_size_, kMaxLossWeight) : 1.0;
+  margin_ =
+      std::max(margin_ + gain_ * weight * (std::clamp(loss, 0.0, 1.0) - target_), -kMaxNarrowing);
 }
 
 }  // namespace omni
