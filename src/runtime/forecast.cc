@@ -35,6 +35,10 @@ absl::Status CheckEvent(const PeriodicEvent& e, const char* name) {
 constexpr int kMaxGaps = 64;
 constexpr size_t kMaxOccurrences = 8;
 constexpr size_t kMaxLengths = 32;
+// The longest rhythm of an event's lengths over its occurrences
+// (LearnLengthRhythm) and its penalty: three times ChoosePeriod's default.
+constexpr int kMaxOccurrencePeriod = 4;
+constexpr double kOccurrencePenalty = 6.0;
 
 }  // namespace
 
@@ -180,7 +184,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     if (o.steps.size() > kMaxOccurrences) o.steps.erase(o.steps.begin());
     const bool event = SlotKind(key) == IdleKind::kEval || SlotKind(key) == IdleKind::kCheckpoint;
     o.measured.push_back({static_cast<double>(s->b - s->a), event ? NormalLevel() : std::nan(""),
-                          static_cast<double>(s->a)});
+                          static_cast<double>(s->a), rec.step});
     if (o.measured.size() > kMaxLengths) o.measured.pop_front();
     o.rule = LearnSpacing(o.steps);
     if (o.rule.every == 0 && o.total == 2) o.rule = SpacingFromTwo(o.steps, first_step_);
@@ -199,6 +203,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
       if (2 * present >= static_cast<int>(hist_.size())) o.rule = {};
     }
     o.rule_valid = o.rule.every > 0;
+    if (event) LearnLengthRhythm(key, o);
   }
   rule_keys_.clear();
   for (int key = 0; key < kNumSlots; ++key) {
@@ -212,6 +217,22 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   const int every = hist_.size() < 64 ? 4 : 16;
   if (++since_learn_ >= every) Relearn();
   return absl::OkStatus();
+}
+
+void Forecaster::Impl::LearnLengthRhythm(int key, Occurrences& o) const {
+  o.length_period = 1;
+  int64_t every = o.rule_valid ? o.rule.every : 0;
+  if (every == 0 && SlotKind(key) == IdleKind::kEval) every = opt_.eval.every_steps;
+  if (every == 0 && SlotKind(key) == IdleKind::kCheckpoint) every = opt_.checkpoint.every_steps;
+  o.length_every = every;
+  if (every <= 0 || o.measured.size() < 2 * kMinOccurrencesPerClass) return;
+  std::vector<int64_t> index;
+  std::vector<double> lengths;
+  for (const Occurrences::Measured& m : o.measured) {
+    index.push_back(m.step / every);
+    lengths.push_back(m.length);
+  }
+  o.length_period = ChoosePeriod(index, lengths, kMaxOccurrencePeriod, kOccurrencePenalty);
 }
 
 uint64_t Forecaster::Impl::SpikesOf(const StepObs& obs) const {

@@ -32,6 +32,9 @@ inline constexpr double kDurationLoShare = 0.2;
 // (make demo), and 269 then 359 ms as decoding grew longer.
 inline constexpr double kLengthPriorCv = 0.05;
 inline constexpr double kDurationPriorCv = 0.2;
+// The fewest occurrences of an event's class in a rhythm of its lengths
+// (Occurrences::length_period) before the class is its sample.
+inline constexpr size_t kMinOccurrencesPerClass = 3;
 
 // Summary of the matching past values of one quantity for one future step.
 struct SampleSummary {
@@ -105,10 +108,16 @@ class Forecaster::Impl {
     // step, which is no event), and where in its step it started.
     struct Measured {
       double length = 0, level = 0, start = 0;
+      int64_t step = 0;
     };
     std::deque<Measured> measured;  // newest last, at most 32 (across regimes)
     SpacingRule rule;
     bool rule_valid = false;
+    // An event's lengths may follow a rhythm of its occurrences (a quick
+    // eval every 200 steps, a full one every 400): the occurrence s/every
+    // has the class (s/every) mod length_period (LearnLengthRhythm; 1: none).
+    int64_t length_every = 0;
+    int length_period = 1;
   };
 
   // A window of every step that runs far longer at equally spaced steps:
@@ -174,6 +183,17 @@ class Forecaster::Impl {
   // `next`: `step` is the next logged step (an event's start then follows
   // the normal steps' recent level where their durations have memory).
   StepModel BuildModel(int64_t step, StepKind kind, bool combo, bool next = false) const;
+  // An event whose lengths follow a rhythm of its occurrences
+  // (oc.length_period > 1): keeps, in the occurrences' parallel vectors,
+  // those of `step`'s class (when it has 3). Unchanged otherwise.
+  static void KeepOccurrenceClass(int64_t step, const Occurrences& oc, std::vector<double>& a,
+                                  std::vector<double>& b, std::vector<double>& d,
+                                  std::vector<double>& lead, std::vector<double>& lead_level,
+                                  std::vector<int64_t>& d_step);
+  // An event slot's length_every and length_period from its measured
+  // occurrences (ChoosePeriod over the occurrence index, up to 4, with a
+  // tripled penalty: noise buys no rhythm).
+  void LearnLengthRhythm(int key, Occurrences& o) const;
   // A window of every step (Recurring) in an event step measured a few
   // times: what the normal steps of its rhythm class show of the same slot.
   // False when the slot is missing in more of them than the error budget

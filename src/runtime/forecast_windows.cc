@@ -149,6 +149,35 @@ void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, doubl
       std::min(s.low_tail, lower(std::exp(lmean - SmallSampleFactor(z1_, n) * lsd * root)));
 }
 
+void Forecaster::Impl::KeepOccurrenceClass(int64_t step, const Occurrences& oc,
+                                           std::vector<double>& a, std::vector<double>& b,
+                                           std::vector<double>& d, std::vector<double>& lead,
+                                           std::vector<double>& lead_level,
+                                           std::vector<int64_t>& d_step) {
+  const int64_t every = oc.length_every, p = oc.length_period;
+  if (every <= 0 || p <= 1) return;
+  std::vector<int64_t> index(d_step.size());
+  for (size_t i = 0; i < index.size(); ++i) index[i] = d_step[i] / every;
+  const int64_t want = (step / every) % p;
+  const auto n = static_cast<size_t>(
+      std::count_if(index.begin(), index.end(), [&](int64_t k) { return k % p == want; }));
+  if (n < kMinOccurrencesPerClass) return;
+  size_t w = 0;
+  for (size_t i = 0; i < index.size(); ++i) {
+    if (index[i] % p != want) continue;
+    a[w] = a[i];
+    b[w] = b[i];
+    d[w] = d[i];
+    lead[w] = lead[i];
+    if (i < lead_level.size()) lead_level[w] = lead_level[i];
+    d_step[w] = d_step[i];
+    ++w;
+  }
+  for (auto* v : {&a, &b, &d, &lead}) v->resize(w);
+  if (!lead_level.empty()) lead_level.resize(w);
+  d_step.resize(w);
+}
+
 StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, bool next) const {
   StepModel m;
   m.rule_bits = RuleBits(step);
@@ -243,6 +272,20 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       if (o->kind == base && has_eval(*o)) both.push_back(o);
     }
     if (!both.empty()) same = std::move(both);
+  }
+  if (!combo && (base == StepKind::kEval || base == StepKind::kCheckpoint)) {
+    // An event whose lengths follow a rhythm of its occurrences: its steps
+    // last as those of the next one's class did.
+    const IdleKind event = base == StepKind::kEval ? IdleKind::kEval : IdleKind::kCheckpoint;
+    const Occurrences& oc = occ_[static_cast<size_t>(SlotKey(event, 0))];
+    if (oc.length_period > 1 && oc.length_every > 0) {
+      const int64_t e = oc.length_every, p = oc.length_period, want = (step / e) % p;
+      std::vector<const StepObs*> in_class;
+      for (const StepObs* o : same) {
+        if ((o->step / e) % p == want) in_class.push_back(o);
+      }
+      if (in_class.size() >= kMinOccurrencesPerClass) same = std::move(in_class);
+    }
   }
   v.reserve(same.size());
   for (const StepObs* o : same) v.push_back(static_cast<double>(o->duration()));
@@ -425,6 +468,10 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       if (n < need || static_cast<double>(a.size()) < (1 - alpha_ / 2) * n) continue;
     }
     const bool recurring = Recurring(key);
+    // An event whose lengths follow its occurrences' own rhythm (a quick
+    // eval every 200 steps and a full one every 400): the occurrences in
+    // the next one's class only.
+    if (!recurring) KeepOccurrenceClass(step, oc, a, b, d, lead, lead_level, d_step);
     std::vector<double> before_rise;
     if (!recurring && d.size() >= 2 && d_step.front() == oc.first &&
         d.front() > kColdFactor * *std::max_element(d.begin() + 1, d.end())) {
@@ -661,6 +708,15 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
   for (const int p : periods_) h = h * 1'000'003 + static_cast<uint64_t>(step % p);
   const uint64_t spikes = SpikeBits(step);
   h = h * 1'000'003 + spikes;
+  if (kind != StepKind::kNormal) {
+    // An event's lengths may follow its occurrences' rhythm
+    // (KeepOccurrenceClass): its place in a cycle of every such rhythm.
+    for (const Occurrences& oc : occ_) {
+      if (oc.length_period > 1 && oc.length_every > 0) {
+        h = h * 1'000'003 + static_cast<uint64_t>((step / oc.length_every) % oc.length_period);
+      }
+    }
+  }
   const auto key = static_cast<int64_t>(h);
   const uint64_t bits = RuleBits(step);
   auto it = cache_.find(key);

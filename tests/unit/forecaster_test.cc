@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <optional>
 #include <random>
 #include <utility>
@@ -259,6 +260,44 @@ TEST(Forecaster, AnEventsFirstOccurrenceThatRanColdDoesNotVoidTheNextOnesGuarant
   EXPECT_EQ(ev->step, 179);
   EXPECT_GT(ev->guaranteed_ns, 95 * kMs);
   EXPECT_LT(ev->guaranteed_ns, 119 * kMs);
+}
+
+// A quick eval every 20 steps (100 ms) and a full one every 40 (400 ms):
+// the evals' lengths alternate by occurrence, a rhythm no period of steps up
+// to 64 shows (every eval step is 19 mod 20 and 19 or 39 mod 40). Pooled,
+// the next eval was claimed as the short ones or, with the median between
+// the two, not at all; by occurrence, each as its own.
+TEST(Forecaster, EventsWhoseLengthsAlternateByOccurrenceAreEachClaimedAsTheirOwn) {
+  Forecaster fc = Make(Opts(30'000));  // the evals are not declared
+  const auto eval_ms = [](int step, Jitter& j) { return j(step % 40 == 39 ? 400 : 100, 0.02); };
+  const int64_t t = FeedWithEvals(fc, 300, 20, eval_ms);  // 15 evals; the next, 319, is full
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  std::map<int64_t, int64_t> guaranteed;  // by step
+  for (const IdleWindow& w : f->windows) {
+    if (w.kind == IdleKind::kEval) guaranteed[w.step] = w.guaranteed_ns;
+  }
+  ASSERT_EQ(guaranteed.count(319), 1u) << "no window for the full eval at step 319";
+  ASSERT_EQ(guaranteed.count(339), 1u) << "no window for the quick eval at step 339";
+  EXPECT_GT(guaranteed[319], 340 * kMs);
+  EXPECT_LE(guaranteed[319], 400 * kMs);
+  EXPECT_GT(guaranteed[339], 85 * kMs);
+  EXPECT_LE(guaranteed[339], 100 * kMs);
+  // The steps' durations too (~470 and ~170 ms).
+  auto b = fc.NextStepBounds(40);
+  ASSERT_TRUE(b.ok()) << b.status();
+  int checked = 0;
+  for (const StepBound& sb : *b) {
+    if (sb.step == 319) {
+      EXPECT_GT(sb.lo_ns, 400 * kMs);
+      ++checked;
+    }
+    if (sb.step == 339) {
+      EXPECT_LT(sb.hi_ns, 250 * kMs);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 2);
 }
 
 // A sequence-length curriculum: the training work grows 0.3% a step, so
