@@ -70,6 +70,10 @@ OMNI_EXPORT size_t LevelShiftStart(const std::vector<double>& seq);
 // its spread, at least kLevelNoise of its mean) and it has 3 values: a
 // first window that ran 5x the later ones (an eval compiling its kernels)
 // would keep the small-sample bound at 0 and the upper quantiles long.
+// Likewise a run of the last values below every one of 20 or more before
+// them by a quarter of their least (a level of any shape before it: waits
+// that grew through an epoch, then short again): 1 or 2 such values make no
+// claim (every level 0), 3 or more are the sample.
 // So a window measured 3 times is not claimed at its shortest measured
 // length, which a 4th window undercuts one time in four. The whole sample's
 // s, not the lower half's as the forecaster's windows use: with the lower

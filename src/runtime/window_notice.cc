@@ -3,6 +3,7 @@
 // JSON form.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
@@ -17,6 +18,14 @@ namespace omni {
 using nlohmann::json;
 
 namespace {
+
+// RunBelowEverythingBefore: the fewest values before a run for the run to
+// mean a new level (exchangeable values put the last one below all of 20
+// before it one time in 21, the last two one time in 231), and the values a
+// new level needs before it is claimed from.
+constexpr size_t kMinBefore = 20;
+constexpr size_t kMinNewLevel = 3;
+constexpr double kDropMargin = 0.25;  // below all before by a quarter of their least
 
 // The finite, non-negative durations of `values`, sorted.
 std::vector<double> SortedDurations(std::vector<double> values) {
@@ -67,6 +76,22 @@ std::vector<double> LatestLevelIfFarBelow(std::vector<double> values) {
   return values;
 }
 
+// How many of the last values (0 to `values.size()` − kMinBefore) lie below
+// every value before them, where at least kMinBefore come before them.
+size_t RunBelowEverythingBefore(const std::vector<double>& values) {
+  const size_t n = values.size();
+  if (n <= kMinBefore) return 0;
+  std::vector<double> prefix_min(values);  // prefix_min[i]: the least of values[0..i]
+  for (size_t i = 1; i < n; ++i) prefix_min[i] = std::min(prefix_min[i - 1], values[i]);
+  size_t run = 0;
+  double run_max = -std::numeric_limits<double>::infinity();
+  for (size_t m = 1; m + kMinBefore <= n; ++m) {
+    run_max = std::max(run_max, values[n - m]);
+    if (run_max < (1 - kDropMargin) * prefix_min[n - m - 1]) run = m;
+  }
+  return run;
+}
+
 }  // namespace
 
 DurationQuantiles QuantilesOf(std::vector<double> values) {
@@ -74,6 +99,17 @@ DurationQuantiles QuantilesOf(std::vector<double> values) {
 }
 
 DurationQuantiles ClaimableQuantilesOf(std::vector<double> values) {
+  const size_t below = RunBelowEverythingBefore(values);
+  if (below > 0 && below < kMinNewLevel) {
+    // The last one or two windows were shorter than all of the many before
+    // them: what comes next may be their level, which nothing measured
+    // shows yet. No claim (every level at 0) until kMinNewLevel of them.
+    DurationQuantiles none;
+    none.samples = static_cast<int64_t>(values.size());
+    return none;
+  }
+  if (below >= kMinNewLevel)
+    values.erase(values.begin(), values.end() - static_cast<std::ptrdiff_t>(below));
   values = LatestLevelIfFarBelow(std::move(values));
   values = SortedDurations(std::move(values));
   DurationQuantiles q = QuantilesOfSorted(values);

@@ -264,6 +264,33 @@ TEST(ClaimableQuantilesOf, AFirstWindowFarLongerThanTheLaterOnesIsLeftOutOfTheir
   EXPECT_EQ(ClaimableQuantilesOf(spread).samples, 4);
 }
 
+// A loader that falls behind through an epoch: waits that grow from 11 to
+// 31 ms over 200 steps, then 1 ms again at the next epoch. The table's lower
+// tail still held the ramp's waits: ~11 ms claimed at the open of 1 ms
+// waits until 10 of them filled it (on a generated log of such epochs the
+// notices' precision was 0.912). Windows far below all of the many before
+// them are a level nothing measured shows: no claim after one or two, the
+// new level's own after three.
+TEST(ClaimableQuantilesOf, WindowsFarBelowAllTheManyBeforeThemAreClaimedFromTheirOwnLevel) {
+  constexpr double kMs = 1e6;
+  std::vector<double> ramp;
+  for (int i = 0; i < 200; ++i) ramp.push_back((11 + 0.1 * i) * kMs);
+  EXPECT_GT(RemainingGivenElapsed(ClaimableQuantilesOf(ramp), 0, 0.95), 10 * kMs);
+  std::vector<double> v = ramp;
+  for (const double wait : {1.0, 1.1}) {
+    v.push_back(wait * kMs);
+    EXPECT_LE(RemainingGivenElapsed(ClaimableQuantilesOf(v), 0, 0.95), 0) << v.size();
+  }
+  v.push_back(1.05 * kMs);
+  const int64_t claim = RemainingGivenElapsed(ClaimableQuantilesOf(v), 0, 0.95);
+  EXPECT_GT(claim, 0);
+  EXPECT_LE(claim, static_cast<int64_t>(1.0 * kMs));
+  // A new shortest window by less than a quarter is no new level.
+  std::vector<double> close = ramp;
+  close.push_back(9 * kMs);
+  EXPECT_GT(RemainingGivenElapsed(ClaimableQuantilesOf(close), 0, 0.95), 8 * kMs);
+}
+
 // A stall of ~60 ms in one step of ten, a 1 ms wait in the others: the
 // table claims the short mode, the forecast knows which step stalls and
 // guarantees a length near the stall's own (its windows are calibrated on
