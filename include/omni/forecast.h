@@ -62,7 +62,11 @@ namespace omni {
 
 // An event that happens in every step s with s % every_steps == offset
 // (disabled when every_steps == 0). Until its phase has been measured, its
-// duration is taken as expected_ns (and it is not forecast when that is 0).
+// duration is taken as expected_ns (and it is not forecast when that is 0),
+// and 80% of it is claimed idle from the phase's start: declare the time the
+// devices are idle in it (an eval that runs forward passes inside its phase
+// declares its time without them, or 0), or the first occurrence's claim
+// covers busy time.
 struct PeriodicEvent {
   int64_t every_steps = 0;
   int64_t offset = 0;
