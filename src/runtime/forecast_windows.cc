@@ -105,7 +105,16 @@ void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, doubl
     const double by_value = q + narrow * (s.median - q);
     if (!per_side) return by_value;
     const double at_level = QuantileSorted(v, p + narrow * (0.5 - p));
-    return p < 0.5 ? std::min(by_value, at_level) : std::max(by_value, at_level);
+    if (p < 0.5) {
+      // ... and never into a gap between the values: down to the longest
+      // value at or below it (the short mode's longest wait).
+      const double x = std::min(by_value, at_level);
+      const auto it = std::upper_bound(v.begin(), v.end(), x);
+      return it == v.begin() ? x : std::max(*std::prev(it), q);
+    }
+    const double x = std::max(by_value, at_level);
+    const auto it = std::lower_bound(v.begin(), v.end(), x);
+    return it == v.end() ? x : std::min(*it, std::max(x, q));
   };
   const double qlo = QuantileSorted(v, plo);
   const double qhi = QuantileSorted(v, phi);
