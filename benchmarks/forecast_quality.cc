@@ -54,6 +54,10 @@ std::vector<Trace> Corpus() {
       {"events_on_rhythm.jsonl", {K::kDataStall, K::kEval, K::kCheckpoint}},
       {"slow_spells.jsonl", {K::kDataStall, K::kEval}},
       {"rare_events.jsonl", {K::kEval, K::kCheckpoint}},
+      {"coin_waits.jsonl", {}},
+      {"alternating_evals.jsonl", {K::kEval}},
+      {"epoch_ramp.jsonl", {}},
+      {"split_eval.jsonl", {K::kEval}},
       // Held out (tests/data/README.md): not tuned on.
       {"drift.jsonl", {K::kEval}, true},
       {"contention.jsonl", {K::kCheckpoint}, true},

@@ -5,6 +5,8 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -283,6 +285,56 @@ void AddRegressions(std::map<std::string, Scenario>& m) {
                         return WithEvents(b.Finish(), n, s % 300 == 299, 100, 600,
                                           s % 700 == 649 ? n.LogN(2000, 0.04) : 0.0);
                       }};
+  // Waits of ~30 ms on 9 steps of 10 and ~2 ms on the tenth, at random (a
+  // loader whose cache misses most batches): small claims that held hid
+  // large ones that failed (2026-12-04).
+  m["coin_waits"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+                       StepBuilder b(s, t);
+                       b.Phase(phase::kDataWait, n.Chance(0.9) ? n.Jit(30, 0.05) : n.Jit(2, 0.05));
+                       b.Phase(phase::kCompute, n.Jit(60, 0.02));
+                       b.Phase(phase::kOptimizer, n.Jit(4, 0.04));
+                       return b.Finish();
+                     }};
+  // A quick eval every 200 steps and a full one every 400, undeclared
+  // (~100 ms forward pass, then ~150 ms or ~700 ms idle): lengths that
+  // alternate by occurrence (2026-12-04).
+  m["alternating_evals"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+                              StepBuilder b(s, t);
+                              b.Phase(phase::kDataWait, n.LogN(4, 0.3));
+                              b.Phase(phase::kCompute, n.Jit(60, 0.02));
+                              b.Phase(phase::kOptimizer, n.Jit(4, 0.04));
+                              const bool full = s % 400 == 399;
+                              return WithEvents(b.Finish(), n, s % 200 == 199, 100,
+                                                full ? 800 : 250, 0.0);
+                            }};
+  // A loader that falls behind through each epoch of 300 steps (waits
+  // growing from ~1 to ~31 ms) and starts again at the next (2026-12-04).
+  m["epoch_ramp"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+                       StepBuilder b(s, t);
+                       b.Phase(phase::kDataWait,
+                               n.LogN(1 + 0.1 * static_cast<double>(s % 300), 0.15));
+                       b.Phase(phase::kCompute, n.Jit(60, 0.02));
+                       b.Phase(phase::kOptimizer, n.Jit(4, 0.04));
+                       return b.Finish();
+                     }};
+  // An undeclared eval every 100 steps of 20 decode passes (~3 ms each,
+  // ~1.5 ms idle between them) and ~40 ms idle after the last: more idle
+  // stretches than the forecaster tells apart (2026-12-04).
+  m["split_eval"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+                       StepBuilder b(s, t);
+                       b.Phase(phase::kDataWait, n.LogN(3, 0.4));
+                       b.Phase(phase::kCompute, n.Jit(30, 0.03));
+                       if (s % 100 != 99) return b.Finish();
+                       std::vector<std::pair<double, double>> passes;  // (start, length)
+                       double at = 0;
+                       for (int k = 0; k < 20; ++k) {
+                         passes.emplace_back(at, n.Jit(3, 0.1));
+                         at += passes.back().second + n.Jit(1.5, 0.2);
+                       }
+                       const int ev = b.Phase(phase::kEval, at + n.Jit(40, 0.05));
+                       for (const auto& [a, d] : passes) b.Nested(ev, phase::kCompute, a, d);
+                       return b.Finish();
+                     }};
 }
 
 std::map<std::string, Scenario> Scenarios() {
