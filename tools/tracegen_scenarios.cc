@@ -141,6 +141,15 @@ StepRecord WithEvents(const StepRecord& r, Noise& n, bool eval, double fwd_ms, d
   return e.Finish();
 }
 
+// A data wait of `wait_ms`, then ~60 ms of compute and ~4 ms of optimizer.
+StepRecord WaitThenWork(Noise& n, int64_t s, int64_t t, double wait_ms) {
+  StepBuilder b(s, t);
+  b.Phase(phase::kDataWait, wait_ms);
+  b.Phase(phase::kCompute, n.Jit(60, 0.02));
+  b.Phase(phase::kOptimizer, n.Jit(4, 0.04));
+  return b.Finish();
+}
+
 // The held-out scenarios: written after the forecaster was tuned on the
 // ones above, to check that what it states holds on behaviour it was not
 // tuned on (tests/data/README.md).
@@ -289,33 +298,22 @@ void AddRegressions(std::map<std::string, Scenario>& m) {
   // loader whose cache misses most batches): small claims that held hid
   // large ones that failed (2026-12-04).
   m["coin_waits"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
-                       StepBuilder b(s, t);
-                       b.Phase(phase::kDataWait, n.Chance(0.9) ? n.Jit(30, 0.05) : n.Jit(2, 0.05));
-                       b.Phase(phase::kCompute, n.Jit(60, 0.02));
-                       b.Phase(phase::kOptimizer, n.Jit(4, 0.04));
-                       return b.Finish();
+                       return WaitThenWork(n, s, t,
+                                           n.Chance(0.9) ? n.Jit(30, 0.05) : n.Jit(2, 0.05));
                      }};
   // A quick eval every 200 steps and a full one every 400, undeclared
   // (~100 ms forward pass, then ~150 ms or ~700 ms idle): lengths that
   // alternate by occurrence (2026-12-04).
   m["alternating_evals"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
-                              StepBuilder b(s, t);
-                              b.Phase(phase::kDataWait, n.LogN(4, 0.3));
-                              b.Phase(phase::kCompute, n.Jit(60, 0.02));
-                              b.Phase(phase::kOptimizer, n.Jit(4, 0.04));
                               const bool full = s % 400 == 399;
-                              return WithEvents(b.Finish(), n, s % 200 == 199, 100,
-                                                full ? 800 : 250, 0.0);
+                              return WithEvents(WaitThenWork(n, s, t, n.LogN(4, 0.3)), n,
+                                                s % 200 == 199, 100, full ? 800 : 250, 0.0);
                             }};
   // A loader that falls behind through each epoch of 300 steps (waits
   // growing from ~1 to ~31 ms) and starts again at the next (2026-12-04).
   m["epoch_ramp"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
-                       StepBuilder b(s, t);
-                       b.Phase(phase::kDataWait,
-                               n.LogN(1 + 0.1 * static_cast<double>(s % 300), 0.15));
-                       b.Phase(phase::kCompute, n.Jit(60, 0.02));
-                       b.Phase(phase::kOptimizer, n.Jit(4, 0.04));
-                       return b.Finish();
+                       return WaitThenWork(n, s, t,
+                                           n.LogN(1 + 0.1 * static_cast<double>(s % 300), 0.15));
                      }};
   // An undeclared eval every 100 steps of 20 decode passes (~3 ms each,
   // ~1.5 ms idle between them) and ~40 ms idle after the last: more idle
