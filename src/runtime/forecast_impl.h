@@ -118,6 +118,9 @@ class Forecaster::Impl {
     // has the class (s/every) mod length_period (LearnLengthRhythm; 1: none).
     int64_t length_every = 0;
     int length_period = 1;
+    bool HasLengthRhythm() const { return length_period > 1 && length_every > 0; }
+    // REQUIRES: HasLengthRhythm().
+    int64_t ClassOf(int64_t step) const { return (step / length_every) % length_period; }
   };
 
   // A window of every step that runs far longer at equally spaced steps:

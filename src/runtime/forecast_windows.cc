@@ -163,17 +163,14 @@ void Forecaster::Impl::KeepOccurrenceClass(int64_t step, const Occurrences& oc,
                                            std::vector<double>& d, std::vector<double>& lead,
                                            std::vector<double>& lead_level,
                                            std::vector<int64_t>& d_step) {
-  const int64_t every = oc.length_every, p = oc.length_period;
-  if (every <= 0 || p <= 1) return;
-  std::vector<int64_t> index(d_step.size());
-  for (size_t i = 0; i < index.size(); ++i) index[i] = d_step[i] / every;
-  const int64_t want = (step / every) % p;
-  const auto n = static_cast<size_t>(
-      std::count_if(index.begin(), index.end(), [&](int64_t k) { return k % p == want; }));
+  if (!oc.HasLengthRhythm()) return;
+  const int64_t want = oc.ClassOf(step);
+  const auto n = static_cast<size_t>(std::count_if(
+      d_step.begin(), d_step.end(), [&](int64_t st) { return oc.ClassOf(st) == want; }));
   if (n < kMinOccurrencesPerClass) return;
   size_t w = 0;
-  for (size_t i = 0; i < index.size(); ++i) {
-    if (index[i] % p != want) continue;
+  for (size_t i = 0; i < d_step.size(); ++i) {
+    if (oc.ClassOf(d_step[i]) != want) continue;
     a[w] = a[i];
     b[w] = b[i];
     d[w] = d[i];
@@ -287,11 +284,10 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
     // last as those of the next one's class did.
     const IdleKind event = base == StepKind::kEval ? IdleKind::kEval : IdleKind::kCheckpoint;
     const Occurrences& oc = occ_[static_cast<size_t>(SlotKey(event, 0))];
-    if (oc.length_period > 1 && oc.length_every > 0) {
-      const int64_t e = oc.length_every, p = oc.length_period, want = (step / e) % p;
+    if (oc.HasLengthRhythm()) {
       std::vector<const StepObs*> in_class;
       for (const StepObs* o : same) {
-        if ((o->step / e) % p == want) in_class.push_back(o);
+        if (oc.ClassOf(o->step) == oc.ClassOf(step)) in_class.push_back(o);
       }
       if (in_class.size() >= kMinOccurrencesPerClass) same = std::move(in_class);
     }
@@ -721,9 +717,7 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
     // An event's lengths may follow its occurrences' rhythm
     // (KeepOccurrenceClass): its place in a cycle of every such rhythm.
     for (const Occurrences& oc : occ_) {
-      if (oc.length_period > 1 && oc.length_every > 0) {
-        h = h * 1'000'003 + static_cast<uint64_t>((step / oc.length_every) % oc.length_period);
-      }
+      if (oc.HasLengthRhythm()) h = h * 1'000'003 + static_cast<uint64_t>(oc.ClassOf(step));
     }
   }
   const auto key = static_cast<int64_t>(h);

@@ -70,16 +70,16 @@ OMNI_EXPORT size_t LevelShiftStart(const std::vector<double>& seq);
 // its spread, at least kLevelNoise of its mean) and it has 3 values: a
 // first window that ran 5x the later ones (an eval compiling its kernels)
 // would keep the small-sample bound at 0 and the upper quantiles long.
-// Likewise a run of the last values below every one of 20 or more before
-// them by a quarter of their least (a level of any shape before it: waits
-// that grew through an epoch, then short again): 1 or 2 such values make no
-// claim (every level 0), 3 or more are the sample.
 // So a window measured 3 times is not claimed at its shortest measured
 // length, which a 4th window undercuts one time in four. The whole sample's
 // s, not the lower half's as the forecaster's windows use: with the lower
 // half's, the claims held 0.89-0.93 on normal durations from 5 and 8
 // values (tests/unit/window_channel_test.cc). Defined beside QuantilesOf
-// (window_notice.cc); exported for that test.
+// (window_notice.cc); exported for that test. Likewise a run of the last
+// values below every one of 20 or more before them by a quarter of their
+// least (a level of any shape before it: waits that grew through an epoch,
+// then short again): 1 or 2 such values make no claim (every level 0), 3 or
+// more are the sample.
 OMNI_EXPORT DurationQuantiles ClaimableQuantilesOf(std::vector<double> values);
 
 // The remaining duration an open window's reader states: the quantile
@@ -207,9 +207,9 @@ class OMNI_EXPORT NoticeClaimLevel {
 // to −kMaxNarrowing spreads. UpdateLoss(loss, size) does the same with a
 // loss in [0, 1] (the fraction of a window's time that was not idle),
 // weighted by the claim's size against the family's recent mean size (from
-// the 21st claim on, at most 4x): the long-run size-weighted mean loss then converges
-// to `target` (conformal risk control), which is what a time-weighted
-// precision measures. Unweighted, a family of small claims that hold and
+// the 21st claim on, at most 4x): the long-run size-weighted mean loss then
+// converges to `target` (conformal risk control), which is what a
+// time-weighted precision measures. Unweighted, a family of small claims that hold and
 // large ones that fail met its target per claim while its precision fell
 // below it (waits of 30 ms on 9 steps of 10 and 2 ms on the tenth: 6-7 ms
 // claims failing among 2 ms ones that held, precision 0.949).
