@@ -220,6 +220,15 @@ const IdleWindow* FirstOfKind(const Forecast& f, IdleKind kind) {
   return nullptr;
 }
 
+// The last eval window of `step` guaranteed longer than `min_ms`, or nullptr.
+const IdleWindow* EvalWindowLongerThan(const Forecast& f, int64_t step, int64_t min_ms) {
+  const IdleWindow* found = nullptr;
+  for (const IdleWindow& w : f.windows) {
+    if (w.kind == IdleKind::kEval && w.step == step && w.guaranteed_ns > min_ms * kMs) found = &w;
+  }
+  return found;
+}
+
 // The first window of `kind` in the forecast made at `now_ms`; none when
 // there is none (a failed forecast fails the test).
 std::optional<IdleWindow> FirstWindowOf(Forecaster& fc, int64_t now_ms, IdleKind kind) {
@@ -369,10 +378,7 @@ TEST(Forecaster, AnEvalSplitIntoManyPassesIsForecastThroughItsIdleTimeAfterTheLa
   }
   auto f = fc.Predict(t * kMs);
   ASSERT_TRUE(f.ok()) << f.status();
-  const IdleWindow* last = nullptr;
-  for (const IdleWindow& w : f->windows) {
-    if (w.kind == IdleKind::kEval && w.step == 139 && w.guaranteed_ns > 50 * kMs) last = &w;
-  }
+  const IdleWindow* last = EvalWindowLongerThan(*f, 139, 50);
   ASSERT_NE(last, nullptr) << "no window for the idle time after step 139's last pass";
   EXPECT_EQ(last->ordinal, kMaxIdleOrdinals - 1);
   EXPECT_LE(last->guaranteed_ns, 60 * kMs);
@@ -444,10 +450,7 @@ TEST(Forecaster, AnEvalsIdleTimeAfterItsForwardPassIsCarriedOverAChange) {
   ASSERT_GE(fc.regime_changes(), 1);
   auto f = fc.Predict(t * kMs);
   ASSERT_TRUE(f.ok()) << f.status();
-  const IdleWindow* ev = nullptr;
-  for (const IdleWindow& w : f->windows) {
-    if (w.kind == IdleKind::kEval && w.step == 359 && w.guaranteed_ns > 100 * kMs) ev = &w;
-  }
+  const IdleWindow* ev = EvalWindowLongerThan(*f, 359, 100);
   ASSERT_NE(ev, nullptr) << "no eval window after the change";
   EXPECT_LT(ev->guaranteed_ns, 200 * kMs);
   // It starts after the slower steps' work (~110 ms) and the forward pass

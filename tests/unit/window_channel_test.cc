@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -1008,13 +1009,21 @@ TEST(WindowChannel, TelemetryRefusesABadConfidenceOrChannelName) {
   EXPECT_NE(t.status().message().find("window_min_samples"), absl::string_view::npos);
 }
 
-TEST(WindowChannel, AWindowOrdinalMeasuredFewerThanMinSamplesTimesMakesNoClaim) {
-  FakeClock clock;
+// Telemetry on `clock` whose notices claim from 5 measured windows of a
+// (phase, ordinal) on; nullptr (and a failure) if it cannot be made.
+std::unique_ptr<Telemetry> TelemetryClaimingFrom5Windows(FakeClock& clock) {
   TelemetryOptions o = FastOptions();
   o.window_min_samples = 5;
   auto tel = Telemetry::Create(o, &clock);
-  ASSERT_TRUE(tel.ok()) << tel.status();
-  Telemetry& t = **tel;
+  EXPECT_TRUE(tel.ok()) << tel.status();
+  return tel.ok() ? *std::move(tel) : nullptr;
+}
+
+TEST(WindowChannel, AWindowOrdinalMeasuredFewerThanMinSamplesTimesMakesNoClaim) {
+  FakeClock clock;
+  std::unique_ptr<Telemetry> tel = TelemetryClaimingFrom5Windows(clock);
+  ASSERT_NE(tel, nullptr);
+  Telemetry& t = *tel;
   // Eval's window 0 (10 ms) in every step; its window 1 (10 ms, after a
   // nested compute) in even steps only.
   for (int step = 0; step < 12; ++step) {
@@ -1047,11 +1056,9 @@ TEST(WindowChannel, AWindowOrdinalMeasuredFewerThanMinSamplesTimesMakesNoClaim) 
 // once 5 such windows were measured (two steps), and not before.
 TEST(WindowChannel, WindowsPastTheLastTableAreClaimedFromIt) {
   FakeClock clock;
-  TelemetryOptions o = FastOptions();
-  o.window_min_samples = 5;
-  auto tel = Telemetry::Create(o, &clock);
-  ASSERT_TRUE(tel.ok()) << tel.status();
-  Telemetry& t = **tel;
+  std::unique_ptr<Telemetry> tel = TelemetryClaimingFrom5Windows(clock);
+  ASSERT_NE(tel, nullptr);
+  Telemetry& t = *tel;
   for (int step = 0; step < 4; ++step) {
     ASSERT_TRUE(t.BeginStep(step).ok());
     ASSERT_TRUE(t.BeginPhase(phase::kEval).ok());
