@@ -232,7 +232,8 @@ void Forecaster::Impl::LearnLengthRhythm(int key, Occurrences& o) const {
     index.push_back(m.step / every);
     lengths.push_back(m.length);
   }
-  o.length_period = ChoosePeriod(index, lengths, kMaxOccurrencePeriod, kOccurrencePenalty);
+  o.length_period = ChoosePeriod(index, lengths, kMaxOccurrencePeriod, kOccurrencePenalty,
+                                 static_cast<int>(kMinOccurrencesPerClass));
 }
 
 uint64_t Forecaster::Impl::SpikesOf(const StepObs& obs) const {

@@ -33,8 +33,10 @@ inline constexpr double kDurationLoShare = 0.2;
 inline constexpr double kLengthPriorCv = 0.05;
 inline constexpr double kDurationPriorCv = 0.2;
 // The fewest occurrences of an event's class in a rhythm of its lengths
-// (Occurrences::length_period) before the class is its sample.
-inline constexpr size_t kMinOccurrencesPerClass = 3;
+// (Occurrences::length_period) before the class is its sample, and the
+// fewest per class on average the rhythm is learned from (a quick and a
+// full eval alternating: from the fourth occurrence).
+inline constexpr size_t kMinOccurrencesPerClass = 2;
 
 // Summary of the matching past values of one quantity for one future step.
 struct SampleSummary {

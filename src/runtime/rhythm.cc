@@ -10,9 +10,9 @@
 namespace omni {
 
 int ChoosePeriod(const std::vector<int64_t>& steps, const std::vector<double>& values,
-                 int max_period, double penalty) {
+                 int max_period, double penalty, int min_per_class) {
   const size_t n = values.size();
-  if (n < 6) return 1;
+  if (n < 2 * static_cast<size_t>(min_per_class)) return 1;
   std::vector<double> sorted = values;
   std::sort(sorted.begin(), sorted.end());
   const double clip = std::min(0.02, 0.5 / std::max(max_period, 1));
@@ -21,7 +21,7 @@ int ChoosePeriod(const std::vector<int64_t>& steps, const std::vector<double>& v
   const double floor = 1e-8 * scale * scale;
   std::vector<double> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = std::clamp(values[i], lo, hi);
-  const int limit = std::min<int>(max_period, static_cast<int>(n / 3));
+  const int limit = std::min<int>(max_period, static_cast<int>(n) / min_per_class);
   std::vector<double> sum, sq;
   std::vector<int> cnt;
   const double ln_n = std::log(static_cast<double>(n));

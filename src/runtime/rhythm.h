@@ -18,10 +18,11 @@ namespace omni {
 // scored
 //   n·ln(SSE_P/n + floor) + penalty·(non-empty classes)·ln(n)
 // (BIC with a doubled penalty, so that noise does not select a period).
-// Periods with fewer than 3 values per class on average are not considered.
-// REQUIRES: steps.size() == values.size().
+// Periods with fewer than `min_per_class` values per class on average are
+// not considered.
+// REQUIRES: steps.size() == values.size(), min_per_class ≥ 2.
 int ChoosePeriod(const std::vector<int64_t>& steps, const std::vector<double>& values,
-                 int max_period, double penalty = 2.0);
+                 int max_period, double penalty = 2.0, int min_per_class = 3);
 
 // An event seen at equally spaced steps: it occurs at every step s with
 // s % every == offset (none when every == 0).

@@ -309,6 +309,31 @@ TEST(Forecaster, EventsWhoseLengthsAlternateByOccurrenceAreEachClaimedAsTheirOwn
   EXPECT_EQ(checked, 2);
 }
 
+// The rhythm of the lengths is learned from two occurrences of each class:
+// after a quick, a full, a quick and a full eval, the fifth (quick) and the
+// sixth (full) are each claimed as their own. Learned from three of each
+// before, the lengths were pooled until then: too far apart to claim
+// either.
+TEST(Forecaster, EventsWhoseLengthsAlternateAreToldApartFromTwoOccurrencesOfEach) {
+  Forecaster fc = Make(Opts(30'000));  // the evals are not declared
+  const auto eval_ms = [](int step, Jitter& j) { return j(step % 40 == 39 ? 400 : 100, 0.02); };
+  const int64_t t = FeedWithEvals(fc, 80, 20, eval_ms);  // evals at 19, 39, 59, 79; 99 is quick
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const auto guaranteed_at = [](const Forecast& fc_out, int64_t step) -> int64_t {
+    for (const IdleWindow& w : fc_out.windows) {
+      if (w.kind == IdleKind::kEval && w.step == step) return w.guaranteed_ns;
+    }
+    return -1;
+  };
+  const int64_t quick = guaranteed_at(*f, 99);
+  EXPECT_GT(quick, 80 * kMs) << "the fifth eval, quick, claimed " << quick / 1e6 << " ms";
+  EXPECT_LE(quick, 100 * kMs);
+  const int64_t full = guaranteed_at(*f, 119);
+  EXPECT_GT(full, 300 * kMs) << "the sixth eval, full, claimed " << full / 1e6 << " ms";
+  EXPECT_LE(full, 400 * kMs);
+}
+
 // A sequence-length curriculum: the training work grows 0.3% a step, so
 // the next eval (after the training work of its step) starts where the
 // last few steps' work ends, not where the history's mean would put it.
