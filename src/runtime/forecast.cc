@@ -250,6 +250,11 @@ uint64_t Forecaster::Impl::SpikesOf(const StepObs& obs) const {
   return bits;
 }
 
+int64_t Forecaster::Impl::SlotLength(const StepObs& o, int key) {
+  const SlotObs* s = o.Find(key);
+  return s != nullptr ? s->b - s->a : 0;
+}
+
 void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
   spike_mask_ = 0;
   // The first step of the current regime (earlier when the history is
@@ -264,17 +269,33 @@ void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
     const bool spiked = ((obs.spikes >> key) & 1) != 0;
     if (spiked) {
       sp.kept.push_back(obs);
-      if (sp.kept.size() > kKeptSpikes) sp.kept.pop_front();
-      const size_t n = sp.kept.size();
-      std::vector<int64_t> last;
-      for (size_t i = n - std::min<size_t>(n, 3); i < n; ++i) last.push_back(sp.kept[i].step);
+      // The rule is the major spikes': a loader's 300 ms stall every 150
+      // steps among waits of 9-12 ms that pass the spike test now and then
+      // (4x a 2 ms median) had no rule while a minor spike was kept. The
+      // oldest minor spike leaves first.
+      int64_t longest = 0;
+      for (const StepObs& o : sp.kept) longest = std::max(longest, SlotLength(o, key));
+      const auto is_major = [&](const StepObs& o) {
+        return SlotLength(o, key) * kMajorSpikeShare >= longest;
+      };
+      if (sp.kept.size() > kKeptSpikes) {
+        const auto minor = std::find_if_not(sp.kept.begin(), sp.kept.end(), is_major);
+        sp.kept.erase(minor != sp.kept.end() ? minor : sp.kept.begin());
+      }
+      std::vector<int64_t> major;
+      for (const StepObs& o : sp.kept) {
+        if (is_major(o)) major.push_back(o.step);
+      }
+      const size_t n = major.size();
+      std::vector<int64_t> last(major.end() - static_cast<std::ptrdiff_t>(std::min<size_t>(n, 3)),
+                                major.end());
       SpacingRule rule = LearnSpacing(last);
       if (rule.every > 0 && rule.every < kMinSpacingFromTwo &&
-          (n < 4 || sp.kept[n - 3].step - sp.kept[n - 4].step != rule.every)) {
+          (n < 4 || major[n - 3] - major[n - 4] != rule.every)) {
         rule = {};
       }
-      for (const StepObs& o : sp.kept) {
-        if (!rule.OccursAt(o.step)) rule = {};
+      for (const int64_t st : major) {
+        if (!rule.OccursAt(st)) rule = {};
       }
       sp.rule = rule;
       sp.rule_valid = rule.every > 0;
@@ -282,8 +303,12 @@ void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
       sp.rule_valid = false;  // a step it names did not spike
     }
     // A spacing within max_period is the residue classes' to learn (from
-    // hundreds of steps, not kKeptSpikes).
-    if (sp.rule_valid && sp.rule.every > opt_.max_period && !ResiduesSeparateSpikes(key)) {
+    // hundreds of steps, not kKeptSpikes); until they have a period, the
+    // rule's (a stall every 60 steps: forecast from its third on, not from
+    // when 180 steps had been relearned).
+    const bool residues_learned = slot_period_[static_cast<int>(StepKind::kNormal)][key] > 1;
+    if (sp.rule_valid && (sp.rule.every > opt_.max_period || !residues_learned) &&
+        !ResiduesSeparateSpikes(key)) {
       spike_mask_ |= uint64_t{1} << key;
     }
   }
@@ -293,9 +318,10 @@ bool Forecaster::Impl::ResiduesSeparateSpikes(int key) const {
   const int period = slot_period_[static_cast<int>(StepKind::kNormal)][key];
   if (period <= 1) return false;
   const std::deque<StepObs>& kept = spikes_[static_cast<size_t>(key)].kept;
+  const SpacingRule& rule = spikes_[static_cast<size_t>(key)].rule;
   const auto spiking_class = [&](int64_t step) {
     for (const StepObs& o : kept) {
-      if (o.step % period == step % period) return true;
+      if (rule.OccursAt(o.step) && o.step % period == step % period) return true;
     }
     return false;
   };

@@ -131,24 +131,31 @@ class Forecaster::Impl {
   // ChoosePeriod stop at max_period and need 3 values per class); or an
   // event's (a full eval every 500 steps among short ones every 50). A
   // spike is a length at least kSpikeFactor times the slot's median in the
-  // steps of its kind (Relearn) and min_window longer; the rule is the last three spikes'
-  // spacing (four below kMinSpacingFromTwo), valid while the last
-  // kKeptSpikes spikes of the regime are all on it and every step it names
-  // that is logged spikes; not used where the slot's residue classes hold
-  // the spikes apart (ResiduesSeparateSpikes: ChoosePeriod has the rhythm). While valid, a step it
-  // names is predicted from the kept spike steps, and the other steps from the history's steps that
-  // did not spike.
+  // steps of its kind (Relearn) and min_window longer; the rule is the last
+  // three major spikes' spacing (four below kMinSpacingFromTwo), valid
+  // while the major ones of the last kKeptSpikes spikes of the regime are
+  // all on it and every step it names that is logged spikes; used until
+  // the slot's residue classes have a period (where the spacing is within
+  // max_period) and not where they hold the spikes apart
+  // (ResiduesSeparateSpikes: ChoosePeriod has the rhythm). While valid, a
+  // step it names is predicted from the kept spike steps on it, and the
+  // other steps from the history's steps that did not spike on a rule.
   struct Spikes {
     double reference = 0;  // the median length in its kind's steps (Relearn); 0: none
-    // The last kKeptSpikes spike steps of the regime, oldest first: the
-    // samples of a step the rule names (a history of 512 steps holds two
-    // of a spike every 200).
+    // The last kKeptSpikes spike steps of the regime (the oldest minor one
+    // leaves first), oldest first: the samples of a step the rule names (a
+    // history of 512 steps holds two of a spike every 200).
     std::deque<StepObs> kept;
     SpacingRule rule;
     bool rule_valid = false;
   };
   static constexpr double kSpikeFactor = 4;
   static constexpr size_t kKeptSpikes = 8;
+  // A kept spike at least 1/kMajorSpikeShare of the longest kept is a major
+  // one: the rule is learned from, and checked on, the major spikes only.
+  static constexpr int64_t kMajorSpikeShare = 4;
+  // The length of slot `key` in `o` (0 when `o` has none).
+  static int64_t SlotLength(const StepObs& o, int key);
   // Which slots of `obs` spike (StepObs::spikes).
   uint64_t SpikesOf(const StepObs& obs) const;
   // The spike rules after `obs` joined the history.
@@ -157,7 +164,7 @@ class Forecaster::Impl {
   uint64_t SpikeBits(int64_t step) const;
   // Whether the residue classes of slot `key`'s period (ChoosePeriod) hold
   // its spikes apart: every normal step of the history in a class of a kept
-  // spike spiked (a stall every 3rd step, or every 4th in a log of every
+  // spike on the rule spiked (a stall every 3rd step, or every 4th in a log of every
   // 5th). Not when a divisor of the spikes' spacing was chosen (a stall
   // every 150 steps puts all three in one class of 50, with 7 steps that
   // did not stall): then the rule has the rhythm.

@@ -213,7 +213,12 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
   };
   // A step a spike rule names is predicted from the spike steps, the others
   // from the others (Spikes); with fewer than 3 alike, from all.
-  const auto alike = [&](const StepObs& o) { return (o.spikes & spike_mask_) == m.spike_bits; };
+  // (A step's spikes off the rules are neither: a minor one that is no
+  // rule's is the noise of the steps that did not spike.)
+  const auto alike = [&](const StepObs& o) {
+    return (o.spikes & spike_mask_) == 0 ? m.spike_bits == 0
+                                         : (o.spikes & SpikeBits(o.step)) == m.spike_bits;
+  };
   std::vector<const StepObs*> same;
   const auto matching = [&](int period) {
     same.clear();
