@@ -166,6 +166,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     if (static_cast<int>(gaps_.size()) > kMaxGaps) gaps_.pop_front();
   }
   hist_.push_back(obs);
+  basis_valid_ = false;
   if (static_cast<int>(hist_.size()) > opt_.history_steps) EvictOldest();
   LearnSpikes(obs);
   ++regime_steps_;
@@ -214,6 +215,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   last_step_ = rec.step;
   last_end_ns_ = rec.end_ns;
   cache_.clear();
+  basis_valid_ = false;
   const int every = hist_.size() < 64 ? 4 : 16;
   if (++since_learn_ >= every) Relearn();
   return absl::OkStatus();
@@ -438,6 +440,7 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
     bound_cal_[static_cast<int>(obs.kind)].Update(true);
     KeepPriorRegime(obs.step, {obs.step});
     hist_.clear();
+    basis_valid_ = false;
     BeginRegime();
     return;
   }
@@ -486,6 +489,7 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
     KeepPriorRegime(obs.step, missed);
   }
   while (static_cast<int>(hist_.size()) > run_len_ - 1) hist_.pop_front();
+  basis_valid_ = false;
   BeginRegime();
 }
 
@@ -509,6 +513,7 @@ bool Forecaster::Impl::ScatteredMisses() {
   }
   prior_.reset();  // a changed rhythm is no slow spell
   while (!hist_.empty() && hist_.front().step < first) hist_.pop_front();
+  basis_valid_ = false;
   BeginRegime();
   return true;
 }
@@ -640,6 +645,7 @@ void Forecaster::Impl::EvictOldest() {
     if (kept_events_.size() > kKeptEvents) kept_events_.pop_front();
   }
   hist_.pop_front();
+  basis_valid_ = false;
 }
 
 void Forecaster::Impl::ResetRegimeState() {
@@ -662,12 +668,14 @@ void Forecaster::Impl::TrimWarmup() {
     }
     if (static_cast<double>(hist_.front().duration()) <= 3 * QuantileInPlace(d, 0.5)) break;
     hist_.pop_front();
+    basis_valid_ = false;
     since_learn_ = std::numeric_limits<int>::max() / 2;
   }
 }
 
 void Forecaster::Impl::Relearn() {
   since_learn_ = 0;
+  basis_valid_ = false;  // the periods and level windows it reads change
   periods_.clear();
   const auto fold = [&](int p) {
     if (p > 1 && std::find(periods_.begin(), periods_.end(), p) == periods_.end()) {
@@ -735,6 +743,7 @@ void Forecaster::Impl::Relearn() {
     }
   }
   cache_.clear();
+  basis_valid_ = false;
   normal_slots_.clear();
 }
 

@@ -340,6 +340,30 @@ class Forecaster::Impl {
   std::array<MarginCalibrator, kNumStepKinds> local_cal_;   // ... local-level bounds
   std::vector<WindowClaim> claims_;
   mutable std::unordered_map<int64_t, StepModel> cache_;  // cleared by Observe
+  // What every model built from one history shares (BuildModel): the
+  // normal steps' residue-class means and the quantiles of their residuals,
+  // and (levels) the normal steps' durations by class and the residuals
+  // about their recent level. Built at the first BuildModel after the
+  // history changed (basis_valid_: 50 models of one forecast sorted the
+  // same 512 residuals 50 times).
+  struct NormalBasis {
+    int period = 1;
+    std::vector<double> class_sum;
+    std::vector<int> class_n;
+    SampleSummary normal;  // n, mean, lo, hi
+    bool levels = false;   // the level fields below are built
+    std::vector<std::vector<int64_t>> level_steps;
+    std::vector<std::vector<double>> level_durs;
+    size_t level_res_n = 0;
+    double level_res_lo = 0, level_res_hi = 0;
+    double ClassMean(int64_t step) const {
+      const auto r = static_cast<size_t>(step % period);
+      return class_n[r] >= 3 ? class_sum[r] / class_n[r] : normal.mean;
+    }
+  };
+  const NormalBasis& Basis(bool levels) const;
+  mutable NormalBasis basis_;
+  mutable bool basis_valid_ = false;
   // PoolWithNormalSteps's view of a slot in the normal steps of a residue
   // class, by (slot key, residue); cleared by Relearn (every 4 to 16 steps:
   // the view of hundreds of steps moves little in between, and computing it

@@ -184,6 +184,68 @@ void Forecaster::Impl::KeepOccurrenceClass(int64_t step, const Occurrences& oc,
   d_step.resize(w);
 }
 
+const Forecaster::Impl::NormalBasis& Forecaster::Impl::Basis(bool levels) const {
+  NormalBasis& nb = basis_;
+  if (!basis_valid_) {
+    // Normal steps' lengths: each predicted by the mean of its residue
+    // class (the normal steps' period), the residuals about it pooled over
+    // all classes at quantiles α/4 and 1 − α/4.
+    nb = NormalBasis{};
+    nb.period = std::max(dur_period_[static_cast<int>(StepKind::kNormal)], 1);
+    nb.class_sum.assign(static_cast<size_t>(nb.period), 0.0);
+    nb.class_n.assign(static_cast<size_t>(nb.period), 0);
+    double normal_sum = 0;
+    for (const StepObs& o : hist_) {
+      if (o.kind != StepKind::kNormal) continue;
+      const auto r = static_cast<size_t>(o.step % nb.period);
+      nb.class_sum[r] += static_cast<double>(o.duration());
+      ++nb.class_n[r];
+      normal_sum += static_cast<double>(o.duration());
+      ++nb.normal.n;
+    }
+    if (nb.normal.n > 0) nb.normal.mean = normal_sum / nb.normal.n;
+    std::vector<double> res;
+    for (const StepObs& o : hist_) {
+      if (o.kind == StepKind::kNormal) {
+        res.push_back(static_cast<double>(o.duration()) - nb.ClassMean(o.step));
+      }
+    }
+    if (!res.empty()) {
+      std::sort(res.begin(), res.end());
+      nb.normal.lo = QuantileSorted(res, alpha_ / 4);
+      nb.normal.hi = QuantileSorted(res, 1 - alpha_ / 4);
+    }
+    basis_valid_ = true;
+  }
+  if (levels && !nb.levels) {
+    // The normal steps' durations by class, and the residuals about each
+    // class's level (the median of its last k: ChooseLevelWindow's k).
+    const int nk = local_window_[static_cast<int>(StepKind::kNormal)];
+    nb.levels = true;
+    nb.level_steps.resize(static_cast<size_t>(nb.period));
+    nb.level_durs.resize(static_cast<size_t>(nb.period));
+    for (const StepObs& o : hist_) {
+      if (o.kind != StepKind::kNormal) continue;
+      const auto r = static_cast<size_t>(o.step % nb.period);
+      nb.level_steps[r].push_back(o.step);
+      nb.level_durs[r].push_back(static_cast<double>(o.duration()));
+    }
+    std::vector<double> res, one;
+    for (const std::vector<double>& c : nb.level_durs) {
+      if (c.size() <= static_cast<size_t>(nk)) continue;
+      LevelResiduals(c, nk, one);
+      res.insert(res.end(), one.begin(), one.end());
+    }
+    nb.level_res_n = res.size();
+    if (!res.empty()) {
+      std::sort(res.begin(), res.end());
+      nb.level_res_lo = QuantileSorted(res, alpha_ / 4);
+      nb.level_res_hi = QuantileSorted(res, 1 - alpha_ / 4);
+    }
+  }
+  return nb;
+}
+
 StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, bool next) const {
   StepModel m;
   m.rule_bits = RuleBits(step);
@@ -252,24 +314,12 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
   // follows the same rhythm as a normal step's, so its duration (next) and
   // its start (the slots, below) are predicted from the class of its own
   // step, and its start spreads like these residuals.
-  SampleSummary normal;
-  const int np_period = std::max(dur_period_[static_cast<int>(StepKind::kNormal)], 1);
-  std::vector<double> class_sum(static_cast<size_t>(np_period), 0.0);
-  std::vector<int> class_n(static_cast<size_t>(np_period), 0);
-  double normal_sum = 0;
-  for (const StepObs& o : hist_) {
-    if (o.kind != StepKind::kNormal) continue;
-    const auto r = static_cast<size_t>(o.step % np_period);
-    class_sum[r] += static_cast<double>(o.duration());
-    ++class_n[r];
-    normal_sum += static_cast<double>(o.duration());
-    ++normal.n;
-  }
-  if (normal.n > 0) normal.mean = normal_sum / normal.n;
-  const auto class_mean = [&](int64_t st) {
-    const auto r = static_cast<size_t>(st % np_period);
-    return class_n[r] >= 3 ? class_sum[r] / class_n[r] : normal.mean;
-  };
+  const int nk = local_window_[static_cast<int>(StepKind::kNormal)];
+  const bool want_levels = next && base != StepKind::kNormal && nk > 0;
+  const NormalBasis& nb = Basis(want_levels);
+  const SampleSummary& normal = nb.normal;
+  const int np_period = nb.period;
+  const auto class_mean = [&](int64_t st) { return nb.ClassMean(st); };
   std::vector<double> v;
   matching(dur_period_[kb]);
   if (combo && base == StepKind::kCheckpoint) {
@@ -348,19 +398,6 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       m.local_until = until;
     }
   }
-  {
-    std::vector<double> res;
-    for (const StepObs& o : hist_) {
-      if (o.kind == StepKind::kNormal) {
-        res.push_back(static_cast<double>(o.duration()) - class_mean(o.step));
-      }
-    }
-    if (!res.empty()) {
-      std::sort(res.begin(), res.end());
-      normal.lo = QuantileSorted(res, alpha_ / 4);
-      normal.hi = QuantileSorted(res, 1 - alpha_ / 4);
-    }
-  }
   // The next step's event starts where its step's training work ends now:
   // where the normal steps' durations have memory (a slow drift, contention
   // that comes and goes: ChooseLevelWindow chose a level window k), that is
@@ -370,35 +407,12 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
   // history the class mean is a level of long ago and the residuals spread
   // with the drift (an eval claimed to start anywhere in 130 ms of a
   // 1% contention's steps).
-  const int nk = local_window_[static_cast<int>(StepKind::kNormal)];
-  std::vector<std::vector<int64_t>> level_steps;
-  std::vector<std::vector<double>> level_durs;
-  double level_res_lo = 0, level_res_hi = 0;
-  bool level_ok = false;
-  if (next && base != StepKind::kNormal && nk > 0) {
-    level_steps.resize(static_cast<size_t>(np_period));
-    level_durs.resize(static_cast<size_t>(np_period));
-    for (const StepObs& o : hist_) {
-      if (o.kind != StepKind::kNormal) continue;
-      const auto r = static_cast<size_t>(o.step % np_period);
-      level_steps[r].push_back(o.step);
-      level_durs[r].push_back(static_cast<double>(o.duration()));
-    }
-    std::vector<double> res, one;
-    for (const std::vector<double>& c : level_durs) {
-      if (c.size() <= static_cast<size_t>(nk)) continue;
-      LevelResiduals(c, nk, one);
-      res.insert(res.end(), one.begin(), one.end());
-    }
-    const auto r = static_cast<size_t>(step % np_period);
-    if (res.size() >= static_cast<size_t>(std::ceil(2 / alpha_)) &&
-        level_durs[r].size() >= static_cast<size_t>(nk)) {
-      std::sort(res.begin(), res.end());
-      level_res_lo = QuantileSorted(res, alpha_ / 4);
-      level_res_hi = QuantileSorted(res, 1 - alpha_ / 4);
-      level_ok = true;
-    }
-  }
+  const std::vector<std::vector<int64_t>>& level_steps = nb.level_steps;
+  const std::vector<std::vector<double>>& level_durs = nb.level_durs;
+  const double level_res_lo = nb.level_res_lo, level_res_hi = nb.level_res_hi;
+  const bool level_ok =
+      want_levels && nb.level_res_n >= static_cast<size_t>(std::ceil(2 / alpha_)) &&
+      level_durs[static_cast<size_t>(step % np_period)].size() >= static_cast<size_t>(nk);
   // The level of step `st`'s class before it; NaN with fewer than k normal
   // steps of the class before it.
   const auto level_before = [&](int64_t st) {
