@@ -126,7 +126,7 @@ struct ForecastOptions {
 OMNI_EXPORT absl::Status ValidateForecastOptions(const ForecastOptions& options);
 
 // Windows of one kind in a step the forecaster tells apart (IdleWindow::ordinal).
-inline constexpr int kMaxIdleOrdinals = 8;
+inline constexpr int kMaxIdleOrdinals = 16;
 
 struct IdleWindow {
   // The interval that is idle at the stated confidence: [latest start,

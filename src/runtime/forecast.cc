@@ -126,10 +126,10 @@ StepKind Forecaster::Impl::KindAt(int64_t step) const {
   return StepKind::kNormal;
 }
 
-uint64_t Forecaster::Impl::RuleBits(int64_t step) const {
-  uint64_t bits = 0;
+SlotMask Forecaster::Impl::RuleBits(int64_t step) const {
+  SlotMask bits;
   for (const int key : rule_keys_) {
-    if (occ_[key].rule.OccursAt(step)) bits |= uint64_t{1} << key;
+    if (occ_[key].rule.OccursAt(step)) bits.set(key);
   }
   return bits;
 }
@@ -238,15 +238,15 @@ void Forecaster::Impl::LearnLengthRhythm(int key, Occurrences& o) const {
                                  static_cast<int>(kMinOccurrencesPerClass));
 }
 
-uint64_t Forecaster::Impl::SpikesOf(const StepObs& obs) const {
-  uint64_t bits = 0;
+SlotMask Forecaster::Impl::SpikesOf(const StepObs& obs) const {
+  SlotMask bits;
   for (int i = 0; i < obs.num_slots; ++i) {
     const SlotObs& s = obs.slots[static_cast<size_t>(i)];
     const double reference = spikes_[static_cast<size_t>(s.key)].reference;
     const auto length = static_cast<double>(s.b - s.a);
     if (reference > 0 && length >= kSpikeFactor * reference &&
         length - reference >= static_cast<double>(opt_.min_window_ns)) {
-      bits |= uint64_t{1} << s.key;
+      bits.set(s.key);
     }
   }
   return bits;
@@ -258,7 +258,7 @@ int64_t Forecaster::Impl::SlotLength(const StepObs& o, int key) {
 }
 
 void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
-  spike_mask_ = 0;
+  spike_mask_ = SlotMask();
   // The first step of the current regime (earlier when the history is
   // full): regime_steps_ does not count `obs` yet.
   const auto h = static_cast<int64_t>(hist_.size());
@@ -268,7 +268,7 @@ void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
   for (int key = 0; key < kNumSlots; ++key) {
     Spikes& sp = spikes_[static_cast<size_t>(key)];
     while (!sp.kept.empty() && sp.kept.front().step < since) sp.kept.pop_front();
-    const bool spiked = ((obs.spikes >> key) & 1) != 0;
+    const bool spiked = obs.spikes.test(key);
     if (spiked) {
       sp.kept.push_back(obs);
       // The rule is the major spikes': a loader's 300 ms stall every 150
@@ -311,7 +311,7 @@ void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
     const bool residues_learned = slot_period_[static_cast<int>(StepKind::kNormal)][key] > 1;
     if (sp.rule_valid && (sp.rule.every > opt_.max_period || !residues_learned) &&
         !ResiduesSeparateSpikes(key)) {
-      spike_mask_ |= uint64_t{1} << key;
+      spike_mask_.set(key);
     }
   }
 }
@@ -328,19 +328,18 @@ bool Forecaster::Impl::ResiduesSeparateSpikes(int key) const {
     return false;
   };
   for (const StepObs& o : hist_) {
-    if (o.kind == StepKind::kNormal && ((o.spikes >> key) & 1) == 0 && spiking_class(o.step)) {
+    if (o.kind == StepKind::kNormal && !o.spikes.test(key) && spiking_class(o.step)) {
       return false;
     }
   }
   return true;
 }
 
-uint64_t Forecaster::Impl::SpikeBits(int64_t step) const {
-  uint64_t bits = 0;
-  for (uint64_t m = spike_mask_; m != 0; m &= m - 1) {
-    const int key = __builtin_ctzll(m);
-    if (spikes_[static_cast<size_t>(key)].rule.OccursAt(step)) bits |= uint64_t{1} << key;
-  }
+SlotMask Forecaster::Impl::SpikeBits(int64_t step) const {
+  SlotMask bits;
+  spike_mask_.ForEach([&](int key) {
+    if (spikes_[static_cast<size_t>(key)].rule.OccursAt(step)) bits.set(key);
+  });
   return bits;
 }
 

@@ -82,8 +82,8 @@ struct StepModel {
   // walk over later steps needs a length) and the step has no duration
   // bound: an event's length is unknown until one was measured.
   bool kind_known = false;
-  uint64_t rule_bits = 0;   // which learned events occur at the step (cache check)
-  uint64_t spike_bits = 0;  // which spike rules put a spike at the step (cache check)
+  SlotMask rule_bits;   // which learned events occur at the step (cache check)
+  SlotMask spike_bits;  // which spike rules put a spike at the step (cache check)
 };
 
 class Forecaster::Impl {
@@ -157,11 +157,11 @@ class Forecaster::Impl {
   // The length of slot `key` in `o` (0 when `o` has none).
   static int64_t SlotLength(const StepObs& o, int key);
   // Which slots of `obs` spike (StepObs::spikes).
-  uint64_t SpikesOf(const StepObs& obs) const;
+  SlotMask SpikesOf(const StepObs& obs) const;
   // The spike rules after `obs` joined the history.
   void LearnSpikes(const StepObs& obs);
   // Which valid spike rules put a spike at `step`.
-  uint64_t SpikeBits(int64_t step) const;
+  SlotMask SpikeBits(int64_t step) const;
   // Whether the residue classes of slot `key`'s period (ChoosePeriod) hold
   // its spikes apart: every normal step of the history in a class of a kept
   // spike on the rule spiked (a stall every 3rd step, or every 4th in a log of every
@@ -183,7 +183,7 @@ class Forecaster::Impl {
   StepKind KindAt(int64_t step) const;
   // Whether a declared or learned checkpoint / eval event occurs at `step`.
   bool EventAt(IdleKind kind, int64_t step) const;
-  uint64_t RuleBits(int64_t step) const;
+  SlotMask RuleBits(int64_t step) const;
   // Bound of step `step`'s duration from the current model: the local-level
   // bound when it applies to the step (`local` says so), else the marginal
   // one. False when there is no model.
@@ -333,7 +333,7 @@ class Forecaster::Impl {
   std::array<Occurrences, kNumSlots> occ_;
   std::vector<int> rule_keys_;  // slots with a valid learned rule
   std::array<Spikes, kNumSlots> spikes_;
-  uint64_t spike_mask_ = 0;  // slots with a valid spike rule
+  SlotMask spike_mask_;  // slots with a valid spike rule
   std::array<std::string, kNumSlots> slot_phase_;
   std::array<MarginCalibrator, kNumIdleKinds> window_cal_;  // per window kind
   std::array<MarginCalibrator, kNumStepKinds> bound_cal_;   // per step kind (marginal)

@@ -278,14 +278,14 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
   // (A step's spikes off the rules are neither: a minor one that is no
   // rule's is the noise of the steps that did not spike.)
   const auto alike = [&](const StepObs& o) {
-    return (o.spikes & spike_mask_) == 0 ? m.spike_bits == 0
-                                         : (o.spikes & SpikeBits(o.step)) == m.spike_bits;
+    return !(o.spikes & spike_mask_).any() ? !m.spike_bits.any()
+                                           : (o.spikes & SpikeBits(o.step)) == m.spike_bits;
   };
   std::vector<const StepObs*> same;
   const auto matching = [&](int period) {
     same.clear();
-    if (m.spike_bits != 0) {
-      const int key = __builtin_ctzll(m.spike_bits);
+    if (m.spike_bits.any()) {
+      const int key = m.spike_bits.first();
       for (const StepObs& o : spikes_[static_cast<size_t>(key)].kept) {
         if (usable(o) && alike(o)) same.push_back(&o);
       }
@@ -301,7 +301,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
         if (usable(*o) && alike(*o)) same.push_back(o);
       }
     }
-    if (same.size() < 3 && m.spike_bits != 0) {
+    if (same.size() < 3 && m.spike_bits.any()) {
       same.clear();
       for (const StepObs* o : pool) {
         if (usable(*o)) same.push_back(o);
@@ -428,7 +428,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
     for (int i = 0; i < o->num_slots; ++i) candidates[o->slots[i].key] = true;
   }
   for (int key = 0; key < kNumSlots; ++key) {
-    if ((m.rule_bits >> key) & 1) candidates[key] = true;
+    if (m.rule_bits.test(key)) candidates[key] = true;
   }
   std::vector<double> a, b, d, lead, lead_level;
   std::vector<int64_t> d_step;  // the step of each length in d
@@ -456,8 +456,8 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
         d.push_back(static_cast<double>(s->b - s->a));
         d_step.push_back(o.step);
       };
-      if (m.spike_bits != 0) {
-        for (const StepObs& o : spikes_[static_cast<size_t>(__builtin_ctzll(m.spike_bits))].kept) {
+      if (m.spike_bits.any()) {
+        for (const StepObs& o : spikes_[static_cast<size_t>(m.spike_bits.first())].kept) {
           take(o);
         }
         if (a.size() < 3) {
@@ -730,8 +730,8 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
   const bool next = kind != StepKind::kNormal && step > last_step_ && step <= last_step_ + stride_;
   uint64_t h = (static_cast<uint64_t>(kind) * 2 + (combo ? 1 : 0)) * 2 + (next ? 1 : 0);
   for (const int p : periods_) h = h * 1'000'003 + static_cast<uint64_t>(step % p);
-  const uint64_t spikes = SpikeBits(step);
-  h = h * 1'000'003 + spikes;
+  const SlotMask spikes = SpikeBits(step);
+  h = h * 1'000'003 + spikes.Hash();
   if (kind != StepKind::kNormal) {
     // An event's lengths may follow its occurrences' rhythm
     // (KeepOccurrenceClass): its place in a cycle of every such rhythm.
@@ -740,7 +740,7 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
     }
   }
   const auto key = static_cast<int64_t>(h);
-  const uint64_t bits = RuleBits(step);
+  const SlotMask bits = RuleBits(step);
   auto it = cache_.find(key);
   if (it != cache_.end() && it->second.rule_bits == bits && it->second.spike_bits == spikes) {
     return it->second;
@@ -864,10 +864,10 @@ int64_t Forecaster::Impl::NextEventStep(int64_t from, int64_t limit) const {
   consider(opt_.checkpoint.every_steps, opt_.checkpoint.offset);
   consider(opt_.eval.every_steps, opt_.eval.offset);
   for (const int key : rule_keys_) consider(occ_[key].rule.every, occ_[key].rule.offset);
-  for (uint64_t m = spike_mask_; m != 0; m &= m - 1) {
-    const SpacingRule& r = spikes_[static_cast<size_t>(__builtin_ctzll(m))].rule;
+  spike_mask_.ForEach([&](int key) {
+    const SpacingRule& r = spikes_[static_cast<size_t>(key)].rule;
     consider(r.every, r.offset);
-  }
+  });
   return std::max(best, from);
 }
 
@@ -981,7 +981,7 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
             static_cast<double>(w.guaranteed_ns) >= kSpikeFactor * spikes_[key].reference &&
             static_cast<double>(w.guaranteed_ns) >= min_window &&
             residue_listed[key] < kResidueAhead;
-        if (!event_step && !occ_[sl.key].rule_valid && ((m.spike_bits >> sl.key) & 1) == 0 &&
+        if (!event_step && !occ_[sl.key].rule_valid && !m.spike_bits.test(sl.key) &&
             s > last_step_ + stride_ && !residue) {
           continue;
         }
@@ -1006,7 +1006,7 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
     if (cycle == 0) continue;
     if (pre_mid.empty()) {
       // Events and spikes neither count nor reset.
-      if (event_step || RuleBits(s) != 0 || m.spike_bits != 0) continue;
+      if (event_step || RuleBits(s).any() || m.spike_bits.any()) continue;
       if (s <= last_step_ + stride_ || f.windows.size() != windows_before) {
         quiet = 0;
         continue;

@@ -15,12 +15,55 @@ namespace omni {
 
 inline constexpr int kMaxOrdinal = kMaxIdleOrdinals;
 inline constexpr int kNumSlots = kNumIdleKinds * kMaxOrdinal;
-inline constexpr int kMaxSlotsPerStep = 16;
+inline constexpr int kMaxSlotsPerStep = 32;
 
 inline int SlotKey(IdleKind kind, int ordinal) {
   return static_cast<int>(kind) * kMaxOrdinal + ordinal;
 }
 inline IdleKind SlotKind(int key) { return static_cast<IdleKind>(key / kMaxOrdinal); }
+
+// A set of slot keys (a bit per key).
+class SlotMask {
+ public:
+  bool test(int key) const { return ((w_[Word(key)] >> Bit(key)) & 1) != 0; }
+  void set(int key) { w_[Word(key)] |= uint64_t{1} << Bit(key); }
+  bool any() const {
+    for (const uint64_t w : w_) {
+      if (w != 0) return true;
+    }
+    return false;
+  }
+  // The least key in the set; REQUIRES: any().
+  int first() const {
+    for (size_t i = 0;; ++i) {
+      if (w_[i] != 0) return static_cast<int>(i * 64) + __builtin_ctzll(w_[i]);
+    }
+  }
+  // Calls f(key) for each key in the set, in ascending order.
+  template <typename F>
+  void ForEach(F&& f) const {
+    for (size_t i = 0; i < w_.size(); ++i) {
+      for (uint64_t m = w_[i]; m != 0; m &= m - 1) f(static_cast<int>(i * 64) + __builtin_ctzll(m));
+    }
+  }
+  SlotMask operator&(const SlotMask& o) const {
+    SlotMask r;
+    for (size_t i = 0; i < w_.size(); ++i) r.w_[i] = w_[i] & o.w_[i];
+    return r;
+  }
+  bool operator==(const SlotMask& o) const { return w_ == o.w_; }
+  bool operator!=(const SlotMask& o) const { return w_ != o.w_; }
+  uint64_t Hash() const {
+    uint64_t h = 0;
+    for (const uint64_t w : w_) h = h * 1'000'003 + w;
+    return h;
+  }
+
+ private:
+  static size_t Word(int key) { return static_cast<size_t>(key) / 64; }
+  static int Bit(int key) { return key % 64; }
+  std::array<uint64_t, (kNumSlots + 63) / 64> w_{};
+};
 
 struct SlotObs {
   int key = 0;
@@ -37,7 +80,7 @@ struct StepObs {
   std::array<SlotObs, kMaxSlotsPerStep> slots{};
   // The slots far longer here than in most steps (a bit per key; the
   // forecaster's spike test).
-  uint64_t spikes = 0;
+  SlotMask spikes;
   int64_t duration() const { return end_ns - start_ns; }
   // The slot with `key`, or nullptr.
   const SlotObs* Find(int key) const;

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -428,16 +429,18 @@ TEST(Forecaster, TheNextEventsStartFollowsTheNormalStepsRecentLevel) {
   EXPECT_GT(ev->duration_ns, 200 * kMs);  // its sure part by the clock
 }
 
-// An eval of 12 decode passes (3 ms of device work each, 2 ms idle after
-// each but the last) and 60 ms idle after the last: 13 idle stretches, more
-// than the forecaster tells apart. The stretch after the last pass is most
-// of the eval's idle time; the ninth to twelfth are not, and leave out.
+// An eval of 20 decode passes (3 ms of device work each, 2 ms idle after
+// each but the last) and 60 ms idle after the last: 20 idle stretches, more
+// than the forecaster tells apart (kMaxIdleOrdinals, 16). The stretch after
+// the last pass is most of the eval's idle time; the 16th to 19th are not,
+// and leave out.
 TEST(Forecaster, AnEvalSplitIntoManyPassesIsForecastThroughItsIdleTimeAfterTheLast) {
   ForecastOptions o = Opts(30'000);
   o.eval = PeriodicEvent{20, 19, 0};
   Forecaster fc = Make(o);
-  constexpr int kPasses = 12;
-  constexpr int64_t kEvalMs = kPasses * 5 - 2 + 60;
+  constexpr int kPasses = 20;
+  constexpr int64_t kPassesMs = kPasses * 5 - 2;
+  constexpr int64_t kEvalMs = kPassesMs + 60;
   int64_t t = 0;
   for (int i = 0; i < 120; ++i) {
     const int64_t dw = 10, c = 50;
@@ -464,11 +467,49 @@ TEST(Forecaster, AnEvalSplitIntoManyPassesIsForecastThroughItsIdleTimeAfterTheLa
   ASSERT_NE(last, nullptr) << "no window for the idle time after step 139's last pass";
   EXPECT_EQ(last->ordinal, kMaxIdleOrdinals - 1);
   EXPECT_LE(last->guaranteed_ns, 60 * kMs);
-  // It starts after the last pass: 60 ms of training work and 58 of passes
+  // It starts after the last pass: 60 ms of training work and 98 of passes
   // into the step, 19 steps of 70 ms after the last one logged.
   const int64_t step_start = t + 19 * 70;
-  EXPECT_GE(last->earliest_start_ns, (step_start + 110) * kMs);
-  EXPECT_LE(last->earliest_start_ns, (step_start + 118) * kMs);
+  EXPECT_GE(last->earliest_start_ns, (step_start + 60 + kPassesMs - 8) * kMs);
+  EXPECT_LE(last->earliest_start_ns, (step_start + 60 + kPassesMs) * kMs);
+}
+
+// A pipeline stage that logs each of its 12 bubbles (a 1F1B schedule of 12
+// micro-batches: 2 ms idle between them, 12 ms after the last): every one
+// is forecast in the next step, each as its own window. With 8 ordinals
+// the 8th to 11th were not forecast (a fifth of the bubbles' time).
+TEST(Forecaster, EachOfAStagesTwelveLoggedBubblesIsForecast) {
+  Forecaster fc = Make(Opts(30'000));
+  constexpr int kBubbles = 12;
+  int64_t t = 0;
+  for (int i = 0; i < 100; ++i) {
+    constexpr int64_t kStepMs = 2 + kBubbles * 4 + (kBubbles - 1) * 2 + 12;
+    StepRecord r = MakeStep(i, t, kStepMs, {{phase::kDataWait, 0, 2}});
+    int64_t at = 2;
+    const auto add = [&](PhaseId ph, int64_t a, int64_t b) {
+      PhaseSpan& p = r.spans[r.num_spans++];
+      p.phase = ph;
+      p.start_ns = r.start_ns + a * kMs;
+      p.end_ns = r.start_ns + b * kMs;
+    };
+    for (int k = 0; k < kBubbles; ++k) {
+      const int64_t idle = k + 1 < kBubbles ? 2 : 12;
+      add(phase::kCompute, at, at + 4);
+      add(phase::kPipelineBubble, at + 4, at + 4 + idle);
+      at += 4 + idle;
+    }
+    Feed(fc, r);
+    t += kStepMs;
+  }
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  std::set<int> ordinals;
+  for (const IdleWindow& w : f->windows) {
+    if (w.step == 100 && w.kind == IdleKind::kPipelineBubble && w.guaranteed_ns >= 1 * kMs) {
+      ordinals.insert(w.ordinal);
+    }
+  }
+  EXPECT_EQ(ordinals.size(), static_cast<size_t>(kBubbles));
 }
 
 // Feeds 350 steps of data wait 20 ms and compute `before` ms, `after` ms
