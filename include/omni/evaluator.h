@@ -14,7 +14,9 @@
 // Two ways to score:
 //  - kLive (default): each forecast is scored while it is the current one, from
 //    its boundary to the next forecast's (what a scheduler that re-reads the
-//    latest forecast experiences);
+//    latest forecast experiences); a claim that began before the next
+//    forecast counts to its own end in the precision (a guest that started
+//    to use a window keeps it);
 //  - kHorizon: each forecast is scored over its whole horizon (clipped to the
 //    end of the log): how good the long-range predictions are.
 #pragma once

@@ -202,6 +202,46 @@ TEST(Evaluator, ScoresAMissedStallAsLostRecallAndAWrongForecastAsLostPrecision) 
   EXPECT_EQ(host.real_covered_ns, 0);
 }
 
+// An eval at the end of its step, declared with an expected length of
+// 1 s (80% of it claimed before one was measured), that lasts 300 ms: its
+// claim runs 500 ms past the step's end, where the next forecast is made.
+// A guest that began to use it keeps it: those 500 ms are false time.
+// Cut at the next forecast before, the claim was all true.
+TEST(Evaluator, AClaimPastTheNextForecastCountsToItsEndInThePrecision) {
+  StepLog log;
+  log.header.eval = PeriodicEvent{20, 19, 1000 * kMs};
+  int64_t t = 0;
+  for (int i = 0; i < 20; ++i) {
+    const bool eval = i == 19;
+    const int64_t dur = eval ? 400 : 100;
+    log.steps.push_back(
+        eval
+            ? MakeStep(
+                  i, t, dur,
+                  {{phase::kDataWait, 0, 20}, {phase::kCompute, 20, 100}, {phase::kEval, 100, 400}})
+            : MakeStep(i, t, dur, {{phase::kDataWait, 0, 20}, {phase::kCompute, 20, 100}}));
+    t += dur;
+  }
+  for (int i = 20; i < 30; ++i) {
+    log.steps.push_back(
+        MakeStep(i, t, 100, {{phase::kDataWait, 0, 20}, {phase::kCompute, 20, 100}}));
+    t += 100;
+  }
+  EvaluateOptions o = Opts();
+  o.events_from_header = true;
+  auto r = Evaluate(log, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto& ev = r->by_kind[static_cast<int>(IdleKind::kEval)];
+  ASSERT_GT(ev.forecast_ns, 0) << "the eval was not claimed";
+  // Claimed 800 ms from its open: the eval's 300 ms true, then 5 steps
+  // of 100 ms whose 20 ms data waits are idle too: 400 ms false.
+  EXPECT_GE(ev.forecast_ns - ev.forecast_true_ns, 380 * kMs);
+  EXPECT_LE(ev.forecast_ns - ev.forecast_true_ns, 400 * kMs);
+  // The recall's real time is unchanged: the eval's 300 ms, all claimed.
+  EXPECT_EQ(ev.real_ns, 300 * kMs);
+  EXPECT_EQ(ev.real_covered_ns, 300 * kMs);
+}
+
 TEST(Evaluator, RejectsBadOptionsAndEmptyLogs) {
   EvaluateOptions o = Opts();
   o.stride_steps = 0;
