@@ -117,7 +117,52 @@ bool Forecaster::Impl::EventAt(IdleKind kind, int64_t step) const {
   const PeriodicEvent& declared = kind == IdleKind::kCheckpoint ? opt_.checkpoint : opt_.eval;
   if (declared.OccursAt(step)) return true;
   const Occurrences& o = occ_[SlotKey(kind, 0)];
-  return o.rule_valid && o.rule.OccursAt(step);
+  return (o.rule_valid && o.rule.OccursAt(step)) || o.InRun(step, last_step_);
+}
+
+void Forecaster::Impl::Occurrences::TrackRun(int64_t step, bool present) {
+  const auto close = [&] {
+    run_lengths.push_back(run_last - run_start + 1);
+    if (run_lengths.size() > kMaxRuns) run_lengths.pop_front();
+    run_open = false;
+  };
+  if (!present) {
+    if (run_open) close();
+    // A step the rule starts a run at that has none ends the rule.
+    if (run_rule_valid && InRun(step, -1)) run_rule_valid = false;
+    return;
+  }
+  if (run_open && run_last == step - 1) {
+    run_last = step;
+    return;
+  }
+  if (run_open) close();  // a gap in a sampled log
+  run_open = true;
+  run_start = run_last = step;
+  run_starts.push_back(step);
+  if (run_starts.size() > kMaxRuns) run_starts.erase(run_starts.begin());
+  run_rule = LearnSpacing(run_starts);
+  run_rule_valid = run_rule.every > 0 && RunLength() >= 2;
+}
+
+int64_t Forecaster::Impl::Occurrences::RunLength() const {
+  if (run_lengths.empty()) return 0;
+  std::vector<int64_t> v(run_lengths.begin(), run_lengths.end());
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+bool Forecaster::Impl::Occurrences::InRun(int64_t step, int64_t last_step) const {
+  const int64_t len = RunLength();
+  const bool open = run_open && run_last == last_step && step > run_last;
+  // The first run, two steps long so far: it goes on one more step.
+  if (len == 0 && open) return run_last > run_start && step == run_last + 1;
+  if (len < 2) return false;
+  if (open) return step < run_start + len;
+  if (!run_rule_valid) return false;
+  const int64_t into =
+      ((step - run_rule.offset) % run_rule.every + run_rule.every) % run_rule.every;
+  return into < len && step - into > run_last;
 }
 
 StepKind Forecaster::Impl::KindAt(int64_t step) const {
@@ -175,6 +220,9 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   for (int key = 0; key < kNumSlots; ++key) {
     Occurrences& o = occ_[key];
     const SlotObs* s = obs.Find(key);
+    if (key == SlotKey(IdleKind::kEval, 0) || key == SlotKey(IdleKind::kCheckpoint, 0)) {
+      o.TrackRun(rec.step, s != nullptr);
+    }
     if (s == nullptr) {
       if (o.rule_valid && o.rule.OccursAt(rec.step)) o.rule_valid = false;
       continue;
@@ -427,6 +475,14 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
     local_cal_[static_cast<int>(obs.kind)].Update(d > hi || d < lo);
   }
   if (!MarginalBound(obs.step, lo, hi)) return;
+  // A step of another kind than the one predicted for it (its bound was
+  // that kind's) is a miss of the bound, but no sign of a new regime: an
+  // eval loop logged as 30 eval steps every 500 made a "change" of its
+  // first three steps, and the regime started again at every loop.
+  if (obs.kind != KindAt(obs.step)) {
+    bound_cal_[static_cast<int>(obs.kind)].Update(d > hi || d < lo);
+    return;
+  }
   if (obs.kind == StepKind::kNormal && d > kRestartFactor * hi) {
     // A step far beyond any the regime makes: the job restarted (its
     // kernels compiled again, on a device that may be slower or faster),

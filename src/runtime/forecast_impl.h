@@ -123,7 +123,26 @@ class Forecaster::Impl {
     bool HasLengthRhythm() const { return length_period > 1 && length_every > 0; }
     // REQUIRES: HasLengthRhythm().
     int64_t ClassOf(int64_t step) const { return (step / length_every) % length_period; }
+    // An event logged as a run of consecutive steps (an eval loop whose
+    // batches are steps of their own): the current or last run's first and
+    // last step, the lengths of the last completed runs, the first steps of
+    // the last runs and their rule (LearnSpacing).
+    bool run_open = false;
+    int64_t run_start = -1, run_last = -1;
+    std::deque<int64_t> run_lengths;  // newest last, at most kMaxRuns
+    std::vector<int64_t> run_starts;  // newest last, at most kMaxRuns
+    SpacingRule run_rule;
+    bool run_rule_valid = false;
+    // Updates the runs with whether the slot occurs at `step`.
+    void TrackRun(int64_t step, bool present);
+    // The median length of the completed runs (0: none; 1: single steps,
+    // no runs).
+    int64_t RunLength() const;
+    // Whether `step` lies in a run: the open one, which was at `last_step`
+    // and is shorter than RunLength() yet, or one the rule starts.
+    bool InRun(int64_t step, int64_t last_step) const;
   };
+  static constexpr size_t kMaxRuns = 8;
 
   // A window of every step that runs far longer at equally spaced steps:
   // a loader refilling its shuffle buffer at each epoch's end, metrics

@@ -856,6 +856,7 @@ int64_t Forecaster::Impl::CycleLength() const {
 }
 
 int64_t Forecaster::Impl::NextEventStep(int64_t from, int64_t limit) const {
+  if (KindAt(from) != StepKind::kNormal) return from;  // inside a run of event steps
   int64_t best = limit;
   const auto consider = [&](int64_t every, int64_t offset) {
     if (every <= 0) return;
@@ -864,6 +865,10 @@ int64_t Forecaster::Impl::NextEventStep(int64_t from, int64_t limit) const {
   consider(opt_.checkpoint.every_steps, opt_.checkpoint.offset);
   consider(opt_.eval.every_steps, opt_.eval.offset);
   for (const int key : rule_keys_) consider(occ_[key].rule.every, occ_[key].rule.offset);
+  for (const IdleKind k : {IdleKind::kEval, IdleKind::kCheckpoint}) {
+    const Occurrences& o = occ_[SlotKey(k, 0)];
+    if (o.run_rule_valid && o.RunLength() >= 2) consider(o.run_rule.every, o.run_rule.offset);
+  }
   spike_mask_.ForEach([&](int key) {
     const SpacingRule& r = spikes_[static_cast<size_t>(key)].rule;
     consider(r.every, r.offset);

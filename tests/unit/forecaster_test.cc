@@ -243,6 +243,54 @@ TEST(Forecaster, AStallWithinTheResiduePeriodsIsForecastFromItsThirdOccurrence) 
   EXPECT_GT(claimed, 200 * kMs) << "the stall at 239 claimed " << claimed / 1e6 << " ms";
 }
 
+// An eval loop whose batches are steps of their own (a framework's step
+// hook fires on validation batches too): 10 eval steps every 200. The
+// loop is a run of the eval slot: within a run the next steps are evals
+// (as long as the runs before), and the runs' first steps have a rule, so
+// the next loop is forecast ahead. Before, each loop's first steps missed
+// the normal steps' bound and made a regime change, every 200 steps.
+TEST(Forecaster, AnEvalLoopLoggedAsStepsIsARunOfEvalSteps) {
+  Forecaster fc = Make(Opts(60'000));
+  Jitter j;
+  int64_t t = 0;
+  const auto feed = [&](int i) {
+    if (i >= 200 && i % 200 < 10) {
+      const int64_t ev = j(60, 0.05);
+      Feed(fc, MakeStep(i, t, ev, {{phase::kEval, 0, ev}}));
+      t += ev;
+    } else {
+      const int64_t dw = j(10, 0.2), c = j(90, 0.02);
+      Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
+      t += dw + c;
+    }
+  };
+  for (int i = 0; i < 803; ++i) feed(i);  // loops at 200, 400, 600 and 800
+  EXPECT_EQ(fc.regime_changes(), 0);
+  // Inside the fourth loop: its steps 803-809 are evals, 810 is not.
+  auto b = fc.NextStepBounds(8);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->size(), 8u);
+  for (const StepBound& sb : *b) {
+    if (sb.step < 810) {
+      EXPECT_LT(sb.hi_ns, 80 * kMs) << "step " << sb.step << " bounded as a training step";
+    } else {
+      EXPECT_GT(sb.lo_ns, 80 * kMs) << "step " << sb.step << " bounded as an eval step";
+    }
+  }
+  for (int i = 803; i < 850; ++i) feed(i);
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  std::set<int64_t> eval_steps;
+  for (const IdleWindow& w : f->windows) {
+    if (w.kind == IdleKind::kEval && w.guaranteed_ns > 40 * kMs && w.step < 1200) {
+      eval_steps.insert(w.step);  // (and the loops after it, as far as the horizon)
+    }
+  }
+  std::set<int64_t> next_loop;
+  for (int64_t s = 1000; s < 1010; ++s) next_loop.insert(s);
+  EXPECT_EQ(eval_steps, next_loop);
+}
+
 // A step of a data wait, training work and an eval after it (ms).
 StepRecord EvalStep(int64_t step, int64_t start_ms, int64_t dw, int64_t c, int64_t ev) {
   return MakeStep(step, start_ms, dw + c + ev,
