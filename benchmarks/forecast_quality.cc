@@ -58,6 +58,7 @@ std::vector<Trace> Corpus() {
       {"alternating_evals.jsonl", {K::kEval}},
       {"epoch_ramp.jsonl", {}},
       {"split_eval.jsonl", {K::kEval}},
+      {"eval_loop.jsonl", {K::kEval}},
       // Held out (tests/data/README.md): not tuned on.
       {"drift.jsonl", {K::kEval}, true},
       {"contention.jsonl", {K::kCheckpoint}, true},

@@ -333,6 +333,22 @@ void AddRegressions(std::map<std::string, Scenario>& m) {
                        for (const auto& [a, d] : passes) b.Nested(ev, phase::kCompute, a, d);
                        return b.Finish();
                      }};
+  // An eval loop logged as steps of its own (a framework's step hook that
+  // fires on validation batches too): 30 eval steps every 500 from step
+  // 500, each a ~50 ms forward pass and ~30 ms idle after it, among
+  // training steps of ~95 ms (2026-12-05).
+  m["eval_loop"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+                      StepBuilder b(s, t);
+                      if (s >= 500 && s % 500 < 30) {
+                        const double forward = n.Jit(50, 0.03);
+                        const int ev = b.Phase(phase::kEval, forward + n.LogN(30, 0.1));
+                        b.Nested(ev, phase::kCompute, 0, forward);
+                        return b.Finish();
+                      }
+                      b.Phase(phase::kDataWait, n.LogN(4, 0.3));
+                      b.Phase(phase::kCompute, n.Jit(90, 0.02));
+                      return b.Finish();
+                    }};
 }
 
 std::map<std::string, Scenario> Scenarios() {

@@ -40,7 +40,8 @@ constexpr const char* kCorpus[] = {
     "sampled5.jsonl", "gc_pauses.jsonl", "pytorch_dataloader.jsonl",
     // Regressions: behaviours a stress test with new logs found wrong.
     "rhythm_change.jsonl", "events_on_rhythm.jsonl", "slow_spells.jsonl", "rare_events.jsonl",
-    "coin_waits.jsonl", "alternating_evals.jsonl", "epoch_ramp.jsonl", "split_eval.jsonl"};
+    "coin_waits.jsonl", "alternating_evals.jsonl", "epoch_ramp.jsonl", "split_eval.jsonl",
+    "eval_loop.jsonl"};
 
 TEST(ForecasterCorpus, EveryTraceIsAtLeastAsPreciseAsItsWindowsClaim) {
   for (const char* name : kCorpus) {
