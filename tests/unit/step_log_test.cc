@@ -73,6 +73,46 @@ TEST(StepLog, ReportsMalformedLinesWithFileAndLine) {
   fs::remove(path);
 }
 
+// A log without its header line (written by hand, or converted from
+// another tool's trace) is read with the built-in phases and no declared
+// events; a phase outside them is refused by name, as is a first line that
+// is neither a header nor a step.
+TEST(StepLog, ALogWithoutAHeaderIsReadWithTheBuiltInPhases) {
+  const std::string path = TempPath("steplog_noheader.jsonl");
+  {
+    std::ofstream out(path);
+    out << "{\"type\":\"step\",\"step\":0,\"start_ns\":0,\"end_ns\":100,\"spans\":["
+           "{\"phase\":\"data_wait\",\"start_ns\":0,\"end_ns\":20,\"depth\":0},"
+           "{\"phase\":\"compute\",\"start_ns\":20,\"end_ns\":100,\"depth\":0}]}\n"
+           "{\"type\":\"step\",\"step\":1,\"start_ns\":100,\"end_ns\":200,\"spans\":["
+           "{\"phase\":\"eval\",\"start_ns\":100,\"end_ns\":200,\"depth\":0}]}\n";
+  }
+  auto log = ReadStepLog(path);
+  ASSERT_TRUE(log.ok()) << log.status();
+  ASSERT_EQ(log->steps.size(), 2u);
+  EXPECT_EQ(log->steps[0].spans[0].phase, phase::kDataWait);
+  EXPECT_EQ(log->steps[1].kind(), StepKind::kEval);
+  EXPECT_EQ(log->header.eval.every_steps, 0);
+  {
+    std::ofstream out(path);
+    out << "{\"type\":\"step\",\"step\":0,\"start_ns\":0,\"end_ns\":100,\"spans\":["
+           "{\"phase\":\"prefetch\",\"start_ns\":0,\"end_ns\":20,\"depth\":0}]}\n";
+  }
+  log = ReadStepLog(path);
+  ASSERT_FALSE(log.ok());
+  EXPECT_NE(log.status().message().find("prefetch"), absl::string_view::npos) << log.status();
+  {
+    std::ofstream out(path);
+    out << "{\"type\":\"metrics\",\"loss\":0.5}\n";
+  }
+  log = ReadStepLog(path);
+  ASSERT_FALSE(log.ok());
+  EXPECT_NE(log.status().message().find("neither an omni.steplog header nor a step"),
+            absl::string_view::npos)
+      << log.status();
+  fs::remove(path);
+}
+
 // A running job's log read while its writer is mid-line (or the log of a
 // writer killed mid-line): the steps before are read, the unfinished line is
 // left out and counted. The same bytes followed by a newline are a malformed
