@@ -65,6 +65,19 @@ void MergeInPlace(std::vector<Interval>& v) {
   v.resize(n);
 }
 
+// `v` merged (MergeInPlace), then cut to known time (`known` is sorted and
+// disjoint).
+std::vector<Interval> MergedKnownPart(std::vector<Interval>& v,
+                                      const std::vector<Interval>& known) {
+  MergeInPlace(v);
+  std::vector<Interval> cut;
+  ForEachOverlap(
+      v.data(), v.size(), known.data(), known.size(), [&](size_t vi, size_t ki, int64_t) {
+        cut.push_back({std::max(v[vi].a, known[ki].a), std::min(v[vi].b, known[ki].b), v[vi].kind});
+      });
+  return cut;
+}
+
 // Claims past the next forecast (Evaluate): their claimed and true time,
 // by kind and in total, cut to known time; the cut claims are appended to
 // `kept` (the combined guest's).
@@ -77,13 +90,7 @@ void ScoreBeyond(const std::vector<Interval>& claims, const std::vector<Interval
     if (c.b > c.a) by_kind[static_cast<int>(c.kind)].push_back(c);
   }
   for (std::vector<Interval>& v : by_kind) {
-    MergeInPlace(v);
-    std::vector<Interval> cut;
-    ForEachOverlap(
-        v.data(), v.size(), known.data(), known.size(), [&](size_t vi, size_t ki, int64_t) {
-          cut.push_back(
-              {std::max(v[vi].a, known[ki].a), std::min(v[vi].b, known[ki].b), v[vi].kind});
-        });
+    const std::vector<Interval> cut = MergedKnownPart(v, known);
     if (cut.empty()) continue;
     kept.insert(kept.end(), cut.begin(), cut.end());
     const auto first = std::lower_bound(truth.begin(), truth.end(), cut.front().a,
@@ -109,8 +116,8 @@ void ScoreCombined(const std::vector<Interval>& forecast_claims,
                    const std::vector<NoticeClaim>& notice_claims,
                    const std::vector<Interval>& truth, const std::vector<Interval>& known,
                    int64_t from, bool keep_claims, EvaluationReport& report) {
-  // Each kind's claims merged, then cut to known time (`known` is sorted
-  // and disjoint); `all`: every kind's together.
+  // Each kind's claims merged, then cut to known time; `all`: every kind's
+  // together.
   std::array<std::vector<Interval>, kNumIdleKinds> by_kind;
   for (const Interval& c : forecast_claims) by_kind[static_cast<int>(c.kind)].push_back(c);
   for (const NoticeClaim& c : notice_claims) {
@@ -120,14 +127,7 @@ void ScoreCombined(const std::vector<Interval>& forecast_claims,
   }
   std::vector<Interval> all;
   for (std::vector<Interval>& v : by_kind) {
-    MergeInPlace(v);
-    std::vector<Interval> cut;
-    ForEachOverlap(
-        v.data(), v.size(), known.data(), known.size(), [&](size_t vi, size_t ki, int64_t) {
-          cut.push_back(
-              {std::max(v[vi].a, known[ki].a), std::min(v[vi].b, known[ki].b), v[vi].kind});
-        });
-    v = std::move(cut);
+    v = MergedKnownPart(v, known);
     all.insert(all.end(), v.begin(), v.end());
   }
   std::vector<Interval> real;

@@ -89,6 +89,13 @@ TEST(Forecaster, RefusesStepsOutOfOrderAndLeavesTheModelAsItWas) {
 }
 
 // Noise of a few percent on every phase, as in real jobs.
+// Feeds step `i` starting at `t` ms: a data wait of `dw` ms, then `c` ms of
+// compute. Returns its end (ms).
+int64_t FeedWaitThenCompute(Forecaster& fc, int64_t i, int64_t t, int64_t dw, int64_t c) {
+  Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
+  return t + dw + c;
+}
+
 struct Jitter {
   std::mt19937_64 rng{7};
   int64_t operator()(double ms, double rel) {
@@ -103,8 +110,7 @@ TEST(Forecaster, StallEveryThirdStepIsForecastOnThoseStepsOnly) {
   for (int i = 0; i < 120; ++i) {
     const int64_t dw = i % 3 == 0 ? j(400, 0.05) : j(4, 0.2);
     const int64_t c = j(900, 0.02);
-    Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
-    t += dw + c;
+    t = FeedWaitThenCompute(fc, i, t, dw, c);
   }
   auto f = fc.Predict(t * kMs);
   ASSERT_TRUE(f.ok()) << f.status();
@@ -155,8 +161,7 @@ TEST(Forecaster, AStallEvery150StepsIsForecastOnThoseStepsFromItsThirdOccurrence
   const auto feed = [&](int i, bool spike) {
     const int64_t dw = spike ? j(300, 0.05) : j(2, 0.2);
     const int64_t c = j(80, 0.02);
-    Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
-    t += dw + c;
+    t = FeedWaitThenCompute(fc, i, t, dw, c);
   };
   for (int i = 0; i < 596; ++i) feed(i, i % 150 == 149);  // spikes at 149, 299, 449
   auto f = fc.Predict(t * kMs);
@@ -202,8 +207,7 @@ TEST(Forecaster, AStallEvery150StepsIsForecastAmongShortSpikesOfTheSameWait) {
     minor += slow ? 1 : 0;
     const int64_t dw = stall ? j(300, 0.05) : (slow ? j(10, 0.1) : j(2, 0.2));
     const int64_t c = j(80, 0.02);
-    Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
-    t += dw + c;
+    t = FeedWaitThenCompute(fc, i, t, dw, c);
   }
   ASSERT_GE(minor, 8);
   auto f = fc.Predict(t * kMs);
@@ -228,8 +232,7 @@ TEST(Forecaster, AStallWithinTheResiduePeriodsIsForecastFromItsThirdOccurrence) 
   for (int i = 0; i < 181; ++i) {  // stalls at 59, 119, 179
     const int64_t dw = i % 60 == 59 ? j(300, 0.05) : j(2, 0.2);
     const int64_t c = j(80, 0.02);
-    Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
-    t += dw + c;
+    t = FeedWaitThenCompute(fc, i, t, dw, c);
   }
   auto f = fc.Predict(t * kMs);
   ASSERT_TRUE(f.ok()) << f.status();
@@ -260,8 +263,7 @@ TEST(Forecaster, AnEvalLoopLoggedAsStepsIsARunOfEvalSteps) {
       t += ev;
     } else {
       const int64_t dw = j(10, 0.2), c = j(90, 0.02);
-      Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
-      t += dw + c;
+      t = FeedWaitThenCompute(fc, i, t, dw, c);
     }
   };
   for (int i = 0; i < 803; ++i) feed(i);  // loops at 200, 400, 600 and 800
@@ -464,8 +466,7 @@ TEST(Forecaster, TheNextEventsStartFollowsTheNormalStepsRecentLevel) {
       Feed(fc, EvalStep(i, t, dw, c, ev));
       t += dw + c + ev;
     } else {
-      Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
-      t += dw + c;
+      t = FeedWaitThenCompute(fc, i, t, dw, c);
     }
   }
   const std::optional<IdleWindow> ev = FirstWindowOf(fc, t, IdleKind::kEval);
@@ -584,8 +585,7 @@ int64_t FeedAChangeBeforeAnEval(Forecaster& fc, double before, double after, dou
       }
       t += dw + c + fwd + ev;
     } else {
-      Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
-      t += dw + c;
+      t = FeedWaitThenCompute(fc, i, t, dw, c);
     }
   }
   return t;
@@ -677,8 +677,7 @@ TEST(Forecaster, AStallEveryTenthStepIsListedForItsNextOccurrences) {
   int64_t t = 0;
   for (int i = 0; i < 301; ++i) {
     const int64_t dw = i % 10 == 0 ? j(60, 0.05) : 1, c = j(10, 0.05);
-    Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
-    t += dw + c;
+    t = FeedWaitThenCompute(fc, i, t, dw, c);
   }
   auto f = fc.Predict(t * kMs);
   ASSERT_TRUE(f.ok()) << f.status();
@@ -1279,8 +1278,7 @@ TEST(Forecaster, SpellsThatRecurStayInTheHistoryAndTheNextStepBoundCoversThem) {
     for (const int s : starts) spell = spell || (i >= s && i < s + 4);
     const int64_t dw = spell ? j(130, 0.05) : j(2, 0.2);
     const int64_t c = j(190, 0.02);
-    Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
-    t += dw + c;
+    t = FeedWaitThenCompute(fc, i, t, dw, c);
   }
   auto b = fc.NextStepBounds(1);
   ASSERT_TRUE(b.ok()) << b.status();
