@@ -124,6 +124,9 @@ void Forecaster::Impl::Occurrences::TrackRun(int64_t step, bool present) {
   const auto close = [&] {
     run_lengths.push_back(run_last - run_start + 1);
     if (run_lengths.size() > kMaxRuns) run_lengths.pop_front();
+    std::vector<int64_t> v(run_lengths.begin(), run_lengths.end());
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    run_length = v[v.size() / 2];
     run_open = false;
   };
   if (!present) {
@@ -142,18 +145,11 @@ void Forecaster::Impl::Occurrences::TrackRun(int64_t step, bool present) {
   run_starts.push_back(step);
   if (run_starts.size() > kMaxRuns) run_starts.erase(run_starts.begin());
   run_rule = LearnSpacing(run_starts);
-  run_rule_valid = run_rule.every > 0 && RunLength() >= 2;
-}
-
-int64_t Forecaster::Impl::Occurrences::RunLength() const {
-  if (run_lengths.empty()) return 0;
-  std::vector<int64_t> v(run_lengths.begin(), run_lengths.end());
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
+  run_rule_valid = run_rule.every > 0 && run_length >= 2;
 }
 
 bool Forecaster::Impl::Occurrences::InRun(int64_t step, int64_t last_step) const {
-  const int64_t len = RunLength();
+  const int64_t len = run_length;
   const bool open = run_open && run_last == last_step && step > run_last;
   // The first run, two steps long so far: it goes on one more step.
   if (len == 0 && open) return run_last > run_start && step == run_last + 1;
@@ -211,7 +207,6 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     if (static_cast<int>(gaps_.size()) > kMaxGaps) gaps_.pop_front();
   }
   hist_.push_back(obs);
-  basis_valid_ = false;
   if (static_cast<int>(hist_.size()) > opt_.history_steps) EvictOldest();
   LearnSpikes(obs);
   ++regime_steps_;
@@ -262,8 +257,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   if (last_step_ >= 0) stride_ = rec.step - last_step_;
   last_step_ = rec.step;
   last_end_ns_ = rec.end_ns;
-  cache_.clear();
-  basis_valid_ = false;
+  ForgetModels();
   const int every = hist_.size() < 64 ? 4 : 16;
   if (++since_learn_ >= every) Relearn();
   return absl::OkStatus();
@@ -495,7 +489,6 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
     bound_cal_[static_cast<int>(obs.kind)].Update(true);
     KeepPriorRegime(obs.step, {obs.step});
     hist_.clear();
-    basis_valid_ = false;
     BeginRegime();
     return;
   }
@@ -544,7 +537,6 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
     KeepPriorRegime(obs.step, missed);
   }
   while (static_cast<int>(hist_.size()) > run_len_ - 1) hist_.pop_front();
-  basis_valid_ = false;
   BeginRegime();
 }
 
@@ -568,7 +560,6 @@ bool Forecaster::Impl::ScatteredMisses() {
   }
   prior_.reset();  // a changed rhythm is no slow spell
   while (!hist_.empty() && hist_.front().step < first) hist_.pop_front();
-  basis_valid_ = false;
   BeginRegime();
   return true;
 }
@@ -700,7 +691,6 @@ void Forecaster::Impl::EvictOldest() {
     if (kept_events_.size() > kKeptEvents) kept_events_.pop_front();
   }
   hist_.pop_front();
-  basis_valid_ = false;
 }
 
 void Forecaster::Impl::ResetRegimeState() {
@@ -723,14 +713,12 @@ void Forecaster::Impl::TrimWarmup() {
     }
     if (static_cast<double>(hist_.front().duration()) <= 3 * QuantileInPlace(d, 0.5)) break;
     hist_.pop_front();
-    basis_valid_ = false;
     since_learn_ = std::numeric_limits<int>::max() / 2;
   }
 }
 
 void Forecaster::Impl::Relearn() {
   since_learn_ = 0;
-  basis_valid_ = false;  // the periods and level windows it reads change
   periods_.clear();
   const auto fold = [&](int p) {
     if (p > 1 && std::find(periods_.begin(), periods_.end(), p) == periods_.end()) {
@@ -797,8 +785,7 @@ void Forecaster::Impl::Relearn() {
       }
     }
   }
-  cache_.clear();
-  basis_valid_ = false;
+  ForgetModels();
   normal_slots_.clear();
 }
 

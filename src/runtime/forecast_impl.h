@@ -130,16 +130,15 @@ class Forecaster::Impl {
     bool run_open = false;
     int64_t run_start = -1, run_last = -1;
     std::deque<int64_t> run_lengths;  // newest last, at most kMaxRuns
+    // Their median (0: none; 1: single steps, no runs).
+    int64_t run_length = 0;
     std::vector<int64_t> run_starts;  // newest last, at most kMaxRuns
     SpacingRule run_rule;
     bool run_rule_valid = false;
     // Updates the runs with whether the slot occurs at `step`.
     void TrackRun(int64_t step, bool present);
-    // The median length of the completed runs (0: none; 1: single steps,
-    // no runs).
-    int64_t RunLength() const;
     // Whether `step` lies in a run: the open one, which was at `last_step`
-    // and is shorter than RunLength() yet, or one the rule starts.
+    // and is shorter than run_length yet, or one the rule starts.
     bool InRun(int64_t step, int64_t last_step) const;
   };
   static constexpr size_t kMaxRuns = 8;
@@ -358,13 +357,20 @@ class Forecaster::Impl {
   std::array<MarginCalibrator, kNumStepKinds> bound_cal_;   // per step kind (marginal)
   std::array<MarginCalibrator, kNumStepKinds> local_cal_;   // ... local-level bounds
   std::vector<WindowClaim> claims_;
-  mutable std::unordered_map<int64_t, StepModel> cache_;  // cleared by Observe
+  // Models are built from the history as it stands after an Observe or a
+  // Relearn (CheckRegime's, inside Observe, before the history changes):
+  // both end by forgetting the models built before.
+  mutable std::unordered_map<int64_t, StepModel> cache_;
+  void ForgetModels() {
+    cache_.clear();
+    basis_valid_ = false;
+  }
   // What every model built from one history shares (BuildModel): the
   // normal steps' residue-class means and the quantiles of their residuals,
   // and (levels) the normal steps' durations by class and the residuals
   // about their recent level. Built at the first BuildModel after the
-  // history changed (basis_valid_: 50 models of one forecast sorted the
-  // same 512 residuals 50 times).
+  // models were forgotten (50 models of one forecast sorted the
+  // same 512 residuals 50 times); forgotten with the models.
   struct NormalBasis {
     int period = 1;
     std::vector<double> class_sum;

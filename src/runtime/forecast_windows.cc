@@ -867,7 +867,7 @@ int64_t Forecaster::Impl::NextEventStep(int64_t from, int64_t limit) const {
   for (const int key : rule_keys_) consider(occ_[key].rule.every, occ_[key].rule.offset);
   for (const IdleKind k : {IdleKind::kEval, IdleKind::kCheckpoint}) {
     const Occurrences& o = occ_[SlotKey(k, 0)];
-    if (o.run_rule_valid && o.RunLength() >= 2) consider(o.run_rule.every, o.run_rule.offset);
+    if (o.run_rule_valid && o.run_length >= 2) consider(o.run_rule.every, o.run_rule.offset);
   }
   spike_mask_.ForEach([&](int key) {
     const SpacingRule& r = spikes_[static_cast<size_t>(key)].rule;
