@@ -88,10 +88,13 @@ absl::StatusOr<std::vector<Span>> LiveForecast(const StepLog& log, const PlotOpt
     // and its guaranteed length from the moment it opened.
     for (const IdleWindow& w : f->windows) {
       const StepRecord* rec_w = nullptr;
+      int64_t prev_end = -1;
       for (size_t j = i + 1; j < log.steps.size() && log.steps[j].start_ns < until; ++j) {
-        if (log.steps[j].step == w.step) rec_w = &log.steps[j];
+        if (log.steps[j].step != w.step) continue;
+        rec_w = &log.steps[j];
+        if (log.steps[j - 1].step == w.step - 1) prev_end = log.steps[j - 1].end_ns;
       }
-      for (const ClaimedSpan& c : WindowClaimedSpans(w, rec_w, log.header.phases, fo)) {
+      for (const ClaimedSpan& c : WindowClaimedSpans(w, rec_w, log.header.phases, fo, prev_end)) {
         Span s{std::max(c.start_ns, now), std::min(c.end_ns, until), w.kind};
         if (s.b > s.a) out.push_back(s);
       }

@@ -74,6 +74,8 @@ struct EvaluateOptions {
 // written). A window whose slot does not open in that step claimed its
 // guaranteed length from its latest start (false time). `step_record` nullptr
 // (the step is not in the log): the sure part only. Disjoint, in time order.
+// `prev_end_ns`: the end of step w.step − 1 when it is logged (else -1),
+// where a window before the step (IdleWindow::before_step) opens.
 struct ClaimedSpan {
   int64_t start_ns = 0, end_ns = 0;
 };
@@ -89,7 +91,8 @@ struct NoticeClaim {
 OMNI_EXPORT std::vector<ClaimedSpan> WindowClaimedSpans(const IdleWindow& w,
                                                         const StepRecord* step_record,
                                                         const PhaseCatalog& catalog,
-                                                        const ForecastOptions& options);
+                                                        const ForecastOptions& options,
+                                                        int64_t prev_end_ns = -1);
 
 struct OMNI_EXPORT EvaluationReport {
   struct Score {

@@ -153,6 +153,10 @@ struct IdleWindow {
   // matched to that ordinal, since a window's open does not tell whether it
   // is the last.
   int ordinal = 0;
+  // The host-side time between steps: from the end of step `step` − 1 to
+  // the start of `step` (kind kHostSide, phase "", ordinal 0). Such a gap
+  // has no live notice: nothing in the step hooks marks it as idle.
+  bool before_step = false;
 };
 
 // "How long will step `step` take?": its duration lies in [lo_ns, hi_ns]

@@ -214,12 +214,13 @@ struct BoundTally {
 namespace {
 
 WindowClaim ClaimOf(const IdleWindow& w) {
-  return WindowClaim{w.step,
-                     SlotKey(w.kind, std::clamp(w.ordinal, 0, kMaxOrdinal - 1)),
-                     w.start_ns,
-                     w.start_ns + w.duration_ns,
-                     w.latest_start_ns,
-                     w.guaranteed_ns};
+  return WindowClaim{
+      w.step,
+      w.before_step ? kGapKey : SlotKey(w.kind, std::clamp(w.ordinal, 0, kMaxOrdinal - 1)),
+      w.start_ns,
+      w.start_ns + w.duration_ns,
+      w.latest_start_ns,
+      w.guaranteed_ns};
 }
 
 // RealiseClaim; `obs` nullptr: the step is not logged (the sure part only).
@@ -236,11 +237,12 @@ int Realise(const IdleWindow& w, const StepObs* obs, std::array<ClaimInterval, 2
 
 std::vector<ClaimedSpan> WindowClaimedSpans(const IdleWindow& w, const StepRecord* step_record,
                                             const PhaseCatalog& catalog,
-                                            const ForecastOptions& options) {
+                                            const ForecastOptions& options, int64_t prev_end_ns) {
   std::array<ClaimInterval, 2> parts{};
   int n = 0;
   if (step_record != nullptr) {
-    const StepObs obs = ReduceStep(*step_record, catalog, options.pipeline, options.min_window_ns);
+    const StepObs obs =
+        ReduceStep(*step_record, catalog, options.pipeline, options.min_window_ns, prev_end_ns);
     n = Realise(w, &obs, parts);
   } else {
     n = Realise(w, nullptr, parts);
@@ -312,8 +314,11 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
   // actually opened (the moment its live notice would be written).
   std::vector<StepObs> obs;
   obs.reserve(log.steps.size());
-  for (const StepRecord& rec : log.steps) {
-    obs.push_back(ReduceStep(rec, log.header.phases, fo.pipeline, fo.min_window_ns));
+  for (size_t i = 0; i < log.steps.size(); ++i) {
+    const StepRecord& rec = log.steps[i];
+    const bool consecutive = i > 0 && rec.step == log.steps[i - 1].step + 1;
+    obs.push_back(ReduceStep(rec, log.header.phases, fo.pipeline, fo.min_window_ns,
+                             consecutive ? log.steps[i - 1].end_ns : -1));
   }
   const auto obs_of = [&](int64_t step) -> const StepObs* {
     auto it = std::lower_bound(obs.begin(), obs.end(), step,

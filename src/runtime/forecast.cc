@@ -196,13 +196,15 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   }
   if (catalog.size() != catalog_.size()) catalog_ = catalog;
   if (first_step_ < 0) first_step_ = rec.step;
-  StepObs obs = ReduceStep(rec, catalog_, opt_.pipeline, opt_.min_window_ns);
+  const bool consecutive = last_step_ >= 0 && rec.step == last_step_ + 1;
+  StepObs obs =
+      ReduceStep(rec, catalog_, opt_.pipeline, opt_.min_window_ns, consecutive ? last_end_ns_ : -1);
   obs.spikes = SpikesOf(obs);
   if (Ready()) {
     ScoreClaims(rec, obs, catalog_);
     CheckRegime(obs);
   }
-  if (last_step_ >= 0 && rec.step == last_step_ + 1) {
+  if (consecutive) {
     gaps_.push_back(static_cast<double>(std::max<int64_t>(rec.start_ns - last_end_ns_, 0)));
     if (static_cast<int>(gaps_.size()) > kMaxGaps) gaps_.pop_front();
   }
@@ -391,15 +393,21 @@ SpacingRule Forecaster::Impl::SkippingOnlyUnloggedSteps(int key, SpacingRule rul
   const int64_t from = occ[occ.size() - 3], to = occ.back();
   if (from < hist_.front().step) return {};  // steps older than the history: unknown
   for (const StepObs& h : hist_) {
-    if (h.step > from && h.step < to && rule.OccursAt(h.step) && h.Find(key) == nullptr) return {};
+    if (h.step > from && h.step < to && rule.OccursAt(h.step) && h.Find(key) == nullptr &&
+        (key != kGapKey || h.after_logged)) {
+      return {};
+    }
   }
   return rule;
 }
 
 void Forecaster::Impl::ScoreClaims(const StepRecord& rec, const StepObs& obs,
                                    const PhaseCatalog& catalog) {
-  std::array<IdleInterval, 2 * kMaxSpansPerStep + 2> idle{};
+  std::array<IdleInterval, 2 * kMaxSpansPerStep + 3> idle{};
   int n = 0;
+  if (rec.step == last_step_ + 1 && rec.start_ns > last_end_ns_) {  // the gap before it
+    idle[n++] = {last_end_ns_, rec.start_ns, IdleKind::kHostSide};
+  }
   ForEachIdleInterval(rec, catalog, [&](const IdleInterval& iv) {
     if (n > 0 && idle[n - 1].end_ns == iv.start_ns) {
       idle[n - 1].end_ns = iv.end_ns;  // adjacent idle of another kind: one idle stretch

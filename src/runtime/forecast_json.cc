@@ -46,6 +46,7 @@ std::string ForecastToJson(const Forecast& f) {
                   {"ordinal", w.ordinal},
                   {"guaranteed_ms", Ms(static_cast<double>(w.guaranteed_ns))},
                   {"expected_ms", Ms(static_cast<double>(w.expected_ns))}});
+    if (w.before_step) ws.back()["before_step"] = true;
   }
   j["windows"] = std::move(ws);
   json bs = json::array();
@@ -139,6 +140,7 @@ absl::StatusOr<Forecast> ParseForecast(const std::string& text) {
     iw.guaranteed_ns = w.value("guaranteed_ns", iw.duration_ns);
     iw.expected_ns = w.value("expected_ns", iw.duration_ns);
     iw.ordinal = w.value("ordinal", 0);
+    iw.before_step = w.value("before_step", false);
     f.windows.push_back(iw);
   }
   return f;

@@ -16,6 +16,8 @@ namespace {
 constexpr double kMinSpreadNs = 50'000;  // 50 µs
 constexpr int kBoundsInForecast = 8;
 constexpr int kClaimSteps = 64;
+// The gaps between steps a gap slot is learned from: the latest ones.
+constexpr size_t kRecentGaps = 64;
 // How many occurrences ahead a residue class's window that stands out of
 // its slot's other steps is listed without a sure part (Predict).
 constexpr int kResidueAhead = 16;
@@ -475,7 +477,11 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       if (a.empty()) continue;
     } else {
       matching(slot_period_[kb][key]);
-      const auto n = static_cast<int>(same.size());
+      // A step whose predecessor is not logged has no known gap before it.
+      const auto n = static_cast<int>(
+          key != kGapKey ? same.size()
+                         : std::count_if(same.begin(), same.end(),
+                                         [](const StepObs* o) { return o->after_logged; }));
       for (const StepObs* o : same) {
         const SlotObs* s = o->Find(key);
         if (s == nullptr) continue;
@@ -492,6 +498,17 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       if (n < need || static_cast<double>(a.size()) < (1 - alpha_ / 2) * n) continue;
     }
     const bool recurring = Recurring(key);
+    if (key == kGapKey && d.size() > kRecentGaps) {
+      // The gaps between steps come from the host's own loop (a loader
+      // outside the hooks, logging), which may slow down or speed up without
+      // any change in the steps (no regime change): their latest ones.
+      const size_t n = d.size();
+      const auto cut = static_cast<std::ptrdiff_t>(n - kRecentGaps);
+      for (auto* xs : {&a, &b, &d, &lead, &lead_level}) {
+        if (xs->size() == n) xs->erase(xs->begin(), xs->begin() + cut);
+      }
+      d_step.erase(d_step.begin(), d_step.begin() + cut);
+    }
     // An event whose lengths follow its occurrences' own rhythm (a quick
     // eval every 200 steps and a full one every 400): the occurrences in
     // the next one's class only.
@@ -903,7 +920,7 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
   const auto min_window = static_cast<double>(opt_.min_window_ns);
   const auto last_end = static_cast<double>(last_end_ns_);
   double mid = last_end + gap_mean;  // expected start of the step
-  double var = 0;                    // variance of that start
+  double var = gap_var;              // variance of that start
   double level = 0;                  // accumulated uncertainty of the level
   bool needed_known = false;
   const auto n_hist = static_cast<double>(hist_.size());
@@ -930,10 +947,23 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
   for (int64_t s = last_step_ + 1; s < limit; ++s) {
     const StepModel& m = ModelFor(s);
     if (!m.ok || m.dur.mean <= 0) break;
+    // A step whose model has a gap before it (kGapKey: a flush every 50
+    // steps, a batch fetched outside the hooks) starts after that gap, not
+    // after the pooled gaps' mean.
+    const auto gs = std::find_if(m.slots.begin(), m.slots.end(),
+                                 [](const StepModel::Slot& sl) { return sl.key == kGapKey; });
+    const bool own_gap = gs != m.slots.end();
+    const double gap_m = own_gap ? gs->d.mean : gap_mean, gap_v = own_gap ? gs->d.var : gap_var;
+    mid += gap_m - gap_mean;
+    var = std::max(var + gap_v - gap_var, 0.0);
     double s_lo = mid - z_ * std::sqrt(var) - level, s_hi = mid + z_ * std::sqrt(var) + level;
+    // Where the step before it ends (the gap before it opens).
+    const double pe_sd = z_ * std::sqrt(std::max(var - gap_v, 0.0));
+    double pe_lo = mid - gap_m - pe_sd - level, pe_hi = mid - gap_m + pe_sd + level;
     if (s == last_step_ + 1) {
-      s_lo = last_end + gap_lo;
-      s_hi = last_end + gap_hi;
+      s_lo = last_end + (own_gap ? gs->d.lo : gap_lo);
+      s_hi = last_end + (own_gap ? gs->d.hi : gap_hi);
+      pe_lo = pe_hi = last_end;
     }
     if (s_lo >= horizon_end) break;
     if (!needed_known) {
@@ -955,14 +985,21 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
       w.ordinal = sl.key % kMaxOrdinal;
       w.confidence = conf_;
       w.phase = sl.phase;
-      w.earliest_start_ns = static_cast<int64_t>(s_lo + std::max(sl.a.lo, 0.0));
-      w.latest_start_ns = static_cast<int64_t>(s_hi + std::max(sl.a.hi, 0.0));
+      // The gap before a step starts when the step before it ends: known
+      // for the next step, before its start (negative offsets) for others.
+      w.before_step = sl.key == kGapKey;
+      const double earliest = w.before_step ? pe_lo : s_lo + std::max(sl.a.lo, 0.0);
+      const double latest = w.before_step ? pe_hi : s_hi + std::max(sl.a.hi, 0.0);
+      w.earliest_start_ns = static_cast<int64_t>(earliest);
+      w.latest_start_ns = static_cast<int64_t>(latest);
       w.guaranteed_ns = static_cast<int64_t>(std::max(sl.d.low_tail, 0.0));
       w.expected_ns = static_cast<int64_t>(std::max(sl.d.median, 0.0));
       double end_lo = sl.b.lo;
       CapByPriorRegime(s, sl.key, w.guaranteed_ns, end_lo);
-      const double start = std::max(s_hi + std::max(sl.a.hi, 0.0), now);
-      const double end = std::min(s_lo + end_lo, horizon_end);
+      const double start = std::max(latest, now);
+      const double end =
+          std::min(w.before_step ? earliest + static_cast<double>(w.guaranteed_ns) : s_lo + end_lo,
+                   horizon_end);
       // After one step far outside its bound (the start times are in doubt)
       // and for the slots marked so, no time is claimed by the clock; the
       // length once open still is.
@@ -1022,8 +1059,8 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
         inc_seen.assign(static_cast<size_t>(cycle), 0);
       }
       const auto r = static_cast<size_t>(s % cycle);
-      inc_mid[r] = d_mid;
-      inc_var[r] = d_var;
+      inc_mid[r] = d_mid + gap_m - gap_mean;  // with the gap before it (above)
+      inc_var[r] = std::max(d_var + gap_v - gap_var, 0.0);
       inc_level[r] = d_level;
       inc_seen[r] = 1;
       if (++quiet < cycle) continue;
@@ -1032,8 +1069,12 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
         if (inc_seen[static_cast<size_t>(r2)] != 0) continue;
         const StepModel nm =
             BuildModel(s + 1 + (((r2 - s - 1) % cycle) + cycle) % cycle, StepKind::kNormal, false);
-        inc_mid[static_cast<size_t>(r2)] = nm.dur.mean + gap_mean;
-        inc_var[static_cast<size_t>(r2)] = nm.dur.var + gap_var;
+        const auto ng = std::find_if(nm.slots.begin(), nm.slots.end(),
+                                     [](const StepModel::Slot& sl) { return sl.key == kGapKey; });
+        inc_mid[static_cast<size_t>(r2)] =
+            nm.dur.mean + (ng != nm.slots.end() ? ng->d.mean : gap_mean);
+        inc_var[static_cast<size_t>(r2)] =
+            nm.dur.var + (ng != nm.slots.end() ? ng->d.var : gap_var);
         inc_level[static_cast<size_t>(r2)] = z_ * std::sqrt(nm.dur.var / std::max(n_hist, 1.0));
       }
       pre_mid.assign(static_cast<size_t>(cycle) + 1, 0);

@@ -59,12 +59,19 @@ void AddSlot(StepObs& o, std::array<int, kNumIdleKinds>& ordinals, IdleKind kind
 }  // namespace
 
 StepObs ReduceStep(const StepRecord& rec, const PhaseCatalog& catalog,
-                   const PipelineSchedule& pipeline, int64_t min_host_ns) {
+                   const PipelineSchedule& pipeline, int64_t min_host_ns, int64_t prev_end_ns) {
   StepObs o;
   o.step = rec.step;
   o.start_ns = rec.start_ns;
   o.end_ns = rec.end_ns;
   o.kind = rec.kind();
+  o.after_logged = prev_end_ns >= 0;
+  if (o.after_logged && rec.start_ns - prev_end_ns >= std::max<int64_t>(min_host_ns, 1)) {
+    SlotObs& g = o.slots[o.num_slots++];
+    g.key = kGapKey;
+    g.a = prev_end_ns - rec.start_ns;
+    g.b = 0;
+  }
   std::array<int, kNumIdleKinds> ordinals{};
   bool bubbles = false;
   ForEachIdleInterval(rec, catalog, [&](const IdleInterval& iv) {

@@ -20,7 +20,14 @@ inline constexpr int kMaxSlotsPerStep = 32;
 inline int SlotKey(IdleKind kind, int ordinal) {
   return static_cast<int>(kind) * kMaxOrdinal + ordinal;
 }
-inline IdleKind SlotKind(int key) { return static_cast<IdleKind>(key / kMaxOrdinal); }
+// The host-side time before a step: from the end of the step before it
+// (when that step was logged) to this step's start, a gap between steps. It
+// has its own key (kind kNone, which has no other slot) and is published as
+// a host_side window with IdleWindow::before_step.
+inline constexpr int kGapKey = 0;
+inline IdleKind SlotKind(int key) {
+  return key == kGapKey ? IdleKind::kHostSide : static_cast<IdleKind>(key / kMaxOrdinal);
+}
 
 // A set of slot keys (a bit per key).
 class SlotMask {
@@ -67,7 +74,7 @@ class SlotMask {
 
 struct SlotObs {
   int key = 0;
-  int64_t a = 0, b = 0;  // relative to the step's start
+  int64_t a = 0, b = 0;  // relative to the step's start (negative before it: kGapKey)
   PhaseId phase = 0;
   bool has_phase = false;  // false: uncovered (host-side) time
 };
@@ -76,6 +83,7 @@ struct StepObs {
   int64_t step = 0;
   int64_t start_ns = 0, end_ns = 0;
   StepKind kind = StepKind::kNormal;
+  bool after_logged = false;  // the step before it is logged: its gap (kGapKey) is known
   int num_slots = 0;
   std::array<SlotObs, kMaxSlotsPerStep> slots{};
   // The slots far longer here than in most steps (a bit per key; the
@@ -89,9 +97,11 @@ struct StepObs {
 // Reduces a valid record. Host-side intervals shorter than `min_host_ns` are
 // dropped (the slivers between phases); when the schedule has stages > 1 and
 // the record logs no pipeline_bubble time, the bubbles are derived from its
-// compute phase.
+// compute phase. `prev_end_ns`: the end of step rec.step − 1 when it was
+// logged (else -1); a gap of at least `min_host_ns` from it to the step's
+// start is the step's first slot, kGapKey.
 StepObs ReduceStep(const StepRecord& rec, const PhaseCatalog& catalog,
-                   const PipelineSchedule& pipeline, int64_t min_host_ns);
+                   const PipelineSchedule& pipeline, int64_t min_host_ns, int64_t prev_end_ns);
 
 // What a published window lets a guest use, as replay scores it: its sure
 // part [sure_a, sure_b) (absolute clock time; empty when the start is too

@@ -242,6 +242,26 @@ TEST(Evaluator, AClaimPastTheNextForecastCountsToItsEndInThePrecision) {
   EXPECT_EQ(ev.real_covered_ns, 300 * kMs);
 }
 
+TEST(Evaluator, GapsBetweenStepsAreForecastAndScoredAsHostSideTime) {
+  // A loop that loads its batch outside the step hooks: 20 ms (±1) before
+  // each 60 ms step, and 45 ms before every 8th.
+  StepLog log;
+  int64_t t = 0;
+  for (int i = 0; i < 400; ++i) {
+    t += (i % 8 == 0 ? 45 : 20) + (i * 7 % 3) - 1;
+    log.steps.push_back(MakeStep(i, t, 60, {{phase::kCompute, 0, 60}}));
+    t += 60;
+  }
+  auto r = Evaluate(log, Opts());
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto& host = r->by_kind[static_cast<int>(IdleKind::kHostSide)];
+  EXPECT_GT(host.real_ns, 8000 * kMs);
+  EXPECT_GE(host.recall(), 0.8);
+  EXPECT_GE(host.precision(), r->claimed_confidence);
+  EXPECT_GE(r->total.recall(), 0.8);
+  EXPECT_GE(r->next_step.coverage(), r->claimed_confidence);
+}
+
 TEST(Evaluator, RejectsBadOptionsAndEmptyLogs) {
   EvaluateOptions o = Opts();
   o.stride_steps = 0;

@@ -129,6 +129,65 @@ TEST(Forecaster, StallEveryThirdStepIsForecastOnThoseStepsOnly) {
   EXPECT_LT((*b)[1].hi_ns, 1000 * kMs);  // step 121: without
 }
 
+// Steps of `c` ms of compute only, a gap of `gap` ms before each (a loop that
+// fetches its batch or logs outside the step hooks). Returns the end (ms).
+int64_t FeedGapThenCompute(Forecaster& fc, int64_t i, int64_t t, int64_t gap, int64_t c) {
+  Feed(fc, MakeStep(i, t + gap, c, {{phase::kCompute, 0, c}}));
+  return t + gap + c;
+}
+
+TEST(Forecaster, TheGapBetweenStepsIsForecastAsHostSideTimeBeforeTheStep) {
+  Forecaster fc = Make(Opts(1000));
+  Jitter j;
+  int64_t t = 0;
+  for (int i = 0; i < 200; ++i) t = FeedGapThenCompute(fc, i, t, j(12, 0.05), j(60, 0.02));
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  std::set<int64_t> steps;
+  for (const IdleWindow& w : f->windows) {
+    EXPECT_TRUE(w.before_step) << "step " << w.step << " " << IdleKindName(w.kind);
+    if (!w.before_step) continue;
+    EXPECT_EQ(w.kind, IdleKind::kHostSide);
+    EXPECT_EQ(w.phase, "");
+    steps.insert(w.step);
+    EXPECT_GE(w.guaranteed_ns, 9 * kMs);
+    EXPECT_LE(w.guaranteed_ns, 12 * kMs);
+    if (w.step != 200) continue;
+    // The next step's gap has begun: it started when step 199 ended.
+    EXPECT_EQ(w.earliest_start_ns, t * kMs);
+    EXPECT_EQ(w.latest_start_ns, t * kMs);
+    EXPECT_EQ(w.start_ns, t * kMs);
+    EXPECT_GE(w.duration_ns, 9 * kMs);
+  }
+  EXPECT_EQ(steps.count(200), 1u);
+  EXPECT_GE(steps.size(), 2u);
+  // The gaps are no part of a step's bound.
+  auto b = fc.NextStepBounds(1);
+  ASSERT_TRUE(b.ok());
+  EXPECT_LT((*b)[0].hi_ns, 66 * kMs);
+}
+
+TEST(Forecaster, ALongGapEveryTenthStepIsForecastBeforeThoseStepsOnly) {
+  // A metrics flush before every 10th step, outside the step hooks.
+  Forecaster fc = Make(Opts(2000));
+  Jitter j;
+  int64_t t = 0;
+  for (int i = 0; i < 300; ++i) {
+    t = FeedGapThenCompute(fc, i, t, i % 10 == 0 ? j(40, 0.05) : 0, j(60, 0.02));
+  }
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  std::set<int64_t> steps;
+  for (const IdleWindow& w : f->windows) {
+    ASSERT_TRUE(w.before_step) << "step " << w.step << " " << IdleKindName(w.kind);
+    EXPECT_EQ(w.step % 10, 0) << "a gap forecast before step " << w.step;
+    EXPECT_GE(w.guaranteed_ns, 30 * kMs);
+    steps.insert(w.step);
+  }
+  EXPECT_GE(steps.size(), 2u);  // steps 300 and 310 at least
+  EXPECT_EQ(steps.count(300), 1u);
+}
+
 TEST(Forecaster, NoiseDoesNotBuyASpuriousPeriod) {
   Forecaster fc = Make(Opts(2000));
   std::mt19937_64 rng(3);

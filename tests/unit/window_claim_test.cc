@@ -103,6 +103,38 @@ TEST(WindowClaim, AWindowCountsFromItsActualOpenAndFromItsLatestStartWhenItNever
   EXPECT_EQ(spans[0].end_ns, 300 * kMs);
 }
 
+TEST(WindowClaim, AGapBeforeAStepCountsFromTheEndOfTheStepBeforeIt) {
+  IdleWindow w;
+  w.kind = IdleKind::kHostSide;
+  w.before_step = true;
+  w.step = 19;
+  w.earliest_start_ns = 60 * kMs;
+  w.latest_start_ns = 80 * kMs;
+  w.guaranteed_ns = 20 * kMs;
+  const ForecastOptions fo;
+  // Step 18 ended at 70 ms; step 19 started at 95 ms.
+  const StepRecord next = EvalJobStep(19, 95, 0, 0);
+  auto spans = WindowClaimedSpans(w, &next, PhaseCatalog(), fo, 70 * kMs);
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_EQ(spans[0].start_ns, 70 * kMs);
+  EXPECT_EQ(spans[0].end_ns, 90 * kMs);
+  // Step 18 not logged: the gap is unknown, claimed from its latest start.
+  spans = WindowClaimedSpans(w, &next, PhaseCatalog(), fo);
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_EQ(spans[0].start_ns, 80 * kMs);
+  // The window survives the forecast's JSON.
+  Forecast f;
+  f.windows.push_back(w);
+  auto back = ForecastFromJson(ForecastToJson(f));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->windows.size(), 1u);
+  EXPECT_TRUE(back->windows[0].before_step);
+  f.windows[0].before_step = false;
+  back = ForecastFromJson(ForecastToJson(f));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(back->windows[0].before_step);
+}
+
 TEST(WindowClaim, EvalsHalfAnHourAheadKeepTheirLengthAndStartWhereTheStepsBeforeThemEnd) {
   // 10 ms steps (data wait 1, 2 or 3 ms by step % 3) and a 200 ms eval every
   // 100 steps; forecast over half an hour: 150,000 steps, most of them jumped.
