@@ -349,6 +349,18 @@ void AddRegressions(std::map<std::string, Scenario>& m) {
                       b.Phase(phase::kCompute, n.Jit(90, 0.02));
                       return b.Finish();
                     }};
+  // A loop that collates its batch and logs outside the step hooks: a
+  // host-side gap before every step (~12 ms ± 5%) and a ~150 ms metrics
+  // flush after every 100th, steps of ~70 ms with an undeclared ~400 ms
+  // eval every 500 (2026-12-05).
+  m["host_gaps"] = {nullptr, [](Noise& n, int64_t s, int64_t t, const StepLogHeader&) {
+                      const double gap = s % 100 == 1 ? n.Jit(150, 0.05) : n.Jit(12, 0.05);
+                      StepBuilder b(s, t + Ms(gap));
+                      b.Phase(phase::kCompute, n.Jit(60, 0.02));
+                      b.Phase(phase::kOptimizer, n.Jit(8, 0.03));
+                      if (s % 500 == 499) b.Phase(phase::kEval, n.Jit(400, 0.04));
+                      return b.Finish();
+                    }};
 }
 
 std::map<std::string, Scenario> Scenarios() {
