@@ -175,6 +175,8 @@ class RuntimeImpl final : public Runtime {
   int64_t current_ = 0;         // the step being run
   int64_t last_tel_step_ = -1;  // the telemetry's number of the last attempt
   int64_t step_start_ns_ = 0;   // its start
+  int64_t ended_ns_ = 0;        // when the last EndStep returned (0: none yet)
+  int64_t gap_before_ns_ = 0;   // from then to the open step's start (host work between steps)
   absl::Status failure_;        // the first failed collective of the step
   bool recovered_ = false;      // the next commit is the first after a recovery
   int rank_ = 0;
@@ -355,6 +357,7 @@ absl::Status RuntimeImpl::BeginStep() {
   step_open_ = true;
   current_ = step_;
   step_start_ns_ = NowNs();
+  gap_before_ns_ = ended_ns_ > 0 ? step_start_ns_ - ended_ns_ : 0;
   failure_ = absl::OkStatus();
   // The telemetry numbers steps strictly increasing: a redone step (after a
   // failed collective) is another attempt, numbered after the last one.
@@ -398,9 +401,11 @@ absl::Status RuntimeImpl::Save(bool background, bool alone) {
 }
 
 // The next step is costed at the upper end of the forecaster's bound for it
-// (calibrated online: the stated confidence is what replay measures); while
-// the model has no bound (warm-up, a new regime, a step not yet forecast),
-// at the worst duration this process has seen for its kind. An eval step
+// (calibrated online: the stated confidence is what replay measures), with
+// the host-side time before it (StepBound::gap_hi_ns: a batch fetched or a
+// flush done between EndStep and BeginStep); while the model has no bound
+// (warm-up, a new regime, a step not yet forecast), at the worst this
+// process has seen for its kind from one boundary to the next. An eval step
 // not seen yet costs more than any deadline: its length is unknown. In a
 // group the agreed stop comes one boundary after the first local decision,
 // so two steps are looked ahead. The save is the forecaster's save bound;
@@ -415,7 +420,7 @@ std::pair<Cost, Cost> RuntimeImpl::PreemptionCosts(int64_t next_step) {
     if (IsEvalStep(s) && worst_eval_step_s_ == 0) return std::numeric_limits<double>::infinity();
     if (bounds.ok()) {
       for (const StepBound& b : *bounds) {
-        if (b.step == s) return static_cast<double>(b.hi_ns) / 1e9;
+        if (b.step == s) return static_cast<double>(b.hi_ns + b.gap_hi_ns) / 1e9;
       }
     }
     return IsEvalStep(s) ? worst_eval_step_s_ : worst_step_s_;
@@ -480,7 +485,10 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
   if (!step_open_) return absl::FailedPreconditionError("Runtime::EndStep: no step is open");
   step_open_ = false;
   // The boundary (checkpoint included) belongs to the step in the telemetry.
-  absl::Cleanup end_step = [this] { tel_->EndStep().IgnoreError(); };
+  absl::Cleanup end_step = [this] {
+    tel_->EndStep().IgnoreError();
+    ended_ns_ = NowNs();
+  };
   const int64_t step = current_;
   Decision out;
 
@@ -503,7 +511,8 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
   }
 
   // ---- commit
-  const double step_s = static_cast<double>(NowNs() - step_start_ns_) / 1e9;
+  // A step costs its time from the last boundary: the host work before it too.
+  const double step_s = static_cast<double>(NowNs() - step_start_ns_ + gap_before_ns_) / 1e9;
   double& worst = IsEvalStep(step) ? worst_eval_step_s_ : worst_step_s_;
   worst = std::max(worst, step_s);
   if (sampler_.has_value()) sampler_->Commit();

@@ -93,6 +93,8 @@ class Forecaster::Impl {
   absl::Status Observe(const StepRecord& rec, const PhaseCatalog& catalog);
   absl::StatusOr<Forecast> Predict(int64_t now_ns);
   absl::StatusOr<std::vector<StepBound>> NextStepBounds(int n) const;
+  // StepBound::gap_hi_ns of `step` (after the last observed one).
+  double GapHi(int64_t step) const;
   absl::StatusOr<StepBound> SaveBound() const;
 
   const ForecastOptions& options() const { return opt_; }

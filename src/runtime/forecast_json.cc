@@ -55,6 +55,7 @@ std::string ForecastToJson(const Forecast& f) {
                   {"lo_ns", b.lo_ns},
                   {"hi_ns", b.hi_ns},
                   {"confidence", std::round(b.confidence * 1e4) / 1e4}});
+    if (b.gap_hi_ns > 0) bs.back()["gap_hi_ns"] = b.gap_hi_ns;
   }
   j["next_steps"] = std::move(bs);
   j["save_hi_ns"] = f.save_hi_ns;
@@ -113,6 +114,7 @@ absl::StatusOr<Forecast> ParseForecast(const std::string& text) {
         *dst = *v;
       }
       sb.confidence = b.value("confidence", 0.0);
+      sb.gap_hi_ns = b.value("gap_hi_ns", int64_t{0});
       f.next_steps.push_back(sb);
     }
   }
@@ -184,6 +186,10 @@ std::string ForecastToTable(const Forecast& f, int max_rows) {
       absl::StrAppend(
           &out, absl::StrFormat(" %d:[%.4g, %.4g]", b.step, static_cast<double>(b.lo_ns) / 1e6,
                                 static_cast<double>(b.hi_ns) / 1e6));
+      if (b.gap_hi_ns > 0) {
+        absl::StrAppend(&out,
+                        absl::StrFormat("+%.4g before", static_cast<double>(b.gap_hi_ns) / 1e6));
+      }
     }
     absl::StrAppend(&out, "\n");
   }

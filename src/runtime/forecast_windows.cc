@@ -834,9 +834,27 @@ absl::StatusOr<std::vector<StepBound>> Forecaster::Impl::NextStepBounds(int n) c
     double lo = 0, hi = 0;
     if (!DurationBound(last_step_ + i, lo, hi)) break;
     out.push_back(StepBound{last_step_ + i, static_cast<int64_t>(std::floor(lo)),
-                            static_cast<int64_t>(std::ceil(hi)), conf_});
+                            static_cast<int64_t>(std::ceil(hi)), conf_,
+                            static_cast<int64_t>(std::ceil(GapHi(last_step_ + i)))});
   }
   return out;
+}
+
+double Forecaster::Impl::GapHi(int64_t step) const {
+  for (const StepModel::Slot& sl : ModelFor(step).slots) {
+    if (sl.key == kGapKey) return std::max(sl.d.hi, 0.0);
+  }
+  // No gap slot (gaps below min_window, or not in nearly every step of its
+  // class): the gaps before the past steps of its residue class.
+  const int64_t p = std::max(slot_period_[static_cast<int>(StepKind::kNormal)][kGapKey], 1);
+  std::vector<double> v;
+  for (const StepObs& o : hist_) {
+    if (o.gap_ns >= 0 && o.step % p == step % p) v.push_back(static_cast<double>(o.gap_ns));
+  }
+  if (v.empty()) return 0;
+  SampleSummary s;
+  Summarize(v, s, 0.0, Spread::kWhole);
+  return std::max(s.hi, 0.0);
 }
 
 absl::StatusOr<StepBound> Forecaster::Impl::SaveBound() const {

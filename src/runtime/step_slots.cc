@@ -66,6 +66,7 @@ StepObs ReduceStep(const StepRecord& rec, const PhaseCatalog& catalog,
   o.end_ns = rec.end_ns;
   o.kind = rec.kind();
   o.after_logged = prev_end_ns >= 0;
+  if (o.after_logged) o.gap_ns = std::max<int64_t>(rec.start_ns - prev_end_ns, 0);
   if (o.after_logged && rec.start_ns - prev_end_ns >= std::max<int64_t>(min_host_ns, 1)) {
     SlotObs& g = o.slots[o.num_slots++];
     g.key = kGapKey;

@@ -84,6 +84,7 @@ struct StepObs {
   int64_t start_ns = 0, end_ns = 0;
   StepKind kind = StepKind::kNormal;
   bool after_logged = false;  // the step before it is logged: its gap (kGapKey) is known
+  int64_t gap_ns = -1;        // that gap, however short (-1: unknown)
   int num_slots = 0;
   std::array<SlotObs, kMaxSlotsPerStep> slots{};
   // The slots far longer here than in most steps (a bit per key; the

@@ -186,6 +186,13 @@ TEST(Forecaster, ALongGapEveryTenthStepIsForecastBeforeThoseStepsOnly) {
   }
   EXPECT_GE(steps.size(), 2u);  // steps 300 and 310 at least
   EXPECT_EQ(steps.count(300), 1u);
+  // The time from one step's end to the next one's: the gap before it too.
+  auto b = fc.NextStepBounds(2);
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(b->size(), 2u);
+  EXPECT_GE((*b)[0].gap_hi_ns, 42 * kMs);  // step 300: after the flush
+  EXPECT_LE((*b)[0].gap_hi_ns, 50 * kMs);
+  EXPECT_LT((*b)[1].gap_hi_ns, 1 * kMs);  // step 301: none
 }
 
 TEST(Forecaster, NoiseDoesNotBuyASpuriousPeriod) {
@@ -1711,6 +1718,7 @@ TEST(ForecastJson, RoundTripsVersionTwoAndReadsVersionOne) {
   w.expected_ns = 400;
   f.windows.push_back(w);
   f.next_steps.push_back(StepBound{8, 90, 120, 0.95});
+  f.next_steps.push_back(StepBound{9, 90, 120, 0.95, 40});
   f.save_hi_ns = 777;
   const std::string json = ForecastToJson(f);
   EXPECT_NE(json.find("\"schema\":\"omni.forecast\""), std::string::npos);
@@ -1724,8 +1732,10 @@ TEST(ForecastJson, RoundTripsVersionTwoAndReadsVersionOne) {
   EXPECT_EQ(back->windows[0].earliest_start_ns, 1050);
   EXPECT_EQ(back->windows[0].guaranteed_ns, 350);
   EXPECT_EQ(back->windows[0].expected_ns, 400);
-  ASSERT_EQ(back->next_steps.size(), 1u);
+  ASSERT_EQ(back->next_steps.size(), 2u);
   EXPECT_EQ(back->next_steps[0].hi_ns, 120);
+  EXPECT_EQ(back->next_steps[0].gap_hi_ns, 0);
+  EXPECT_EQ(back->next_steps[1].gap_hi_ns, 40);
   EXPECT_EQ(back->save_hi_ns, 777);
   EXPECT_EQ(back->devices_needed_at_ns, 1500);
   // A version-1 document (no anchoring fields) still reads.

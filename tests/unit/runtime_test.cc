@@ -244,6 +244,37 @@ TEST(Runtime, NoticeWithTimeLeftContinuesThenSavesAndAResumeIsExact) {
   EXPECT_EQ(rt->sampler()->cursor().offset, saved % 10 * 10);
 }
 
+TEST(Runtime, HostWorkBetweenStepsCountsInTheNextStepsCostUnderANotice) {
+  // Steps of 100 ms with 150 ms of host work between them (a batch fetched
+  // outside the step): a notice 1 s ahead leaves room for three more of
+  // 250 ms and the save, not for steps of 100 ms.
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  Model m;
+  auto rt = MustCreate(Local(dir, &clock, &log), m);
+  ASSERT_EQ(*rt->Start(), 0);
+  const auto step = [&] {
+    clock.Advance(milliseconds(150));
+    return Step(*rt, m, clock, 100);
+  };
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(step().kind, Decision::kContinue);
+  const int64_t deadline = clock.NowNanos() + 1'000'000'000;
+  rt->preemption()->Notice(deadline);
+  int continued = 0;
+  for (;;) {
+    const Decision d = step();
+    if (d.kind == Decision::kSaveAndExit) {
+      EXPECT_EQ(d.exit_code, kExitPreempted) << d.reason;
+      EXPECT_LE(clock.NowNanos(), deadline);
+      break;
+    }
+    ASSERT_EQ(d.kind, Decision::kContinue);
+    ASSERT_LT(++continued, 10);
+  }
+  EXPECT_EQ(continued, 2);  // the stop after the third step, at 750 ms
+}
+
 // A Runtime made with `o` (checkpoints every 2 steps), started, after
 // `steps` steps of 10 ms.
 struct StartedJob {
