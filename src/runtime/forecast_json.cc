@@ -171,13 +171,14 @@ std::string ForecastToTable(const Forecast& f, int max_rows) {
           &out, absl::StrFormat("  ... %d more\n", static_cast<int>(f.windows.size()) - max_rows));
       break;
     }
-    absl::StrAppend(&out,
-                    absl::StrFormat("  %10d %12.3f %12.3f %12.3f %12.3f  %-16s %s\n", w.step,
-                                    static_cast<double>(w.latest_start_ns - f.made_at_ns) / 1e6,
-                                    static_cast<double>(w.duration_ns) / 1e6,
-                                    static_cast<double>(w.guaranteed_ns) / 1e6,
-                                    static_cast<double>(w.expected_ns) / 1e6,
-                                    std::string(IdleKindName(w.kind)), w.phase));
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("  %10d %12.3f %12.3f %12.3f %12.3f  %-16s %s\n", w.step,
+                        static_cast<double>(w.latest_start_ns - f.made_at_ns) / 1e6,
+                        static_cast<double>(w.duration_ns) / 1e6,
+                        static_cast<double>(w.guaranteed_ns) / 1e6,
+                        static_cast<double>(w.expected_ns) / 1e6, std::string(IdleKindName(w.kind)),
+                        w.before_step ? std::string("(before the step)") : w.phase));
   }
   if (!f.next_steps.empty()) {
     // Four significant digits: microsecond steps (a tight loop) do not read as 0.0.

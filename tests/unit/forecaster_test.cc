@@ -1697,6 +1697,20 @@ TEST(ForecastTable, MicrosecondStepBoundsAndSavesKeepTheirDigits) {
   EXPECT_NE(table.find("save takes at most 0.01235 ms"), std::string::npos) << table;
 }
 
+TEST(ForecastTable, AGapBeforeAStepIsNamedAsSuch) {
+  Forecast f;
+  f.last_step = 9;
+  IdleWindow w;
+  w.step = 10;
+  w.before_step = true;
+  w.guaranteed_ns = 12'000'000;
+  f.windows.push_back(w);
+  f.next_steps.push_back(StepBound{10, 60'000'000, 66'000'000, 0.95, 14'000'000});
+  const std::string table = ForecastToTable(f);
+  EXPECT_NE(table.find("host_side        (before the step)"), std::string::npos) << table;
+  EXPECT_NE(table.find("10:[60, 66]+14 before"), std::string::npos) << table;
+}
+
 TEST(ForecastJson, RoundTripsVersionTwoAndReadsVersionOne) {
   Forecast f;
   f.made_at_ns = 1000;
