@@ -168,8 +168,9 @@ struct StepBound {
   // The host-side time before the step, from the end of the one before it
   // (a batch fetched or a flush done outside the step hooks), is at most
   // this at the same confidence: the step's own gap where its model has
-  // one (IdleWindow::before_step), else the latest gaps' upper quantile;
-  // 0 when no gaps were measured (a sampled log). The time from one step's
+  // one (IdleWindow::before_step), else the upper quantile of the gaps
+  // before the past steps of its residue class; 0 when no gaps were
+  // measured (a sampled log). The time from one step's
   // end to the next one's is at most gap_hi_ns + hi_ns.
   int64_t gap_hi_ns = 0;
 };

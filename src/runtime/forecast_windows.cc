@@ -842,7 +842,10 @@ absl::StatusOr<std::vector<StepBound>> Forecaster::Impl::NextStepBounds(int n) c
 
 double Forecaster::Impl::GapHi(int64_t step) const {
   for (const StepModel::Slot& sl : ModelFor(step).slots) {
-    if (sl.key == kGapKey) return std::max(sl.d.hi, 0.0);
+    // Never below mean + z·σ: the windows' calibrator, which narrows the
+    // quantiles of claims that held more often than needed, is no judge of
+    // an upper bound.
+    if (sl.key == kGapKey) return std::max({sl.d.hi, sl.d.mean + z_ * std::sqrt(sl.d.var), 0.0});
   }
   // No gap slot (gaps below min_window, or not in nearly every step of its
   // class): the gaps before the past steps of its residue class.
