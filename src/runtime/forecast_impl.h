@@ -366,7 +366,11 @@ class Forecaster::Impl {
   void ForgetModels() {
     cache_.clear();
     basis_valid_ = false;
+    class_gap_hi_.clear();
   }
+  // GapHi of the steps without a gap slot, by residue (of the gap slot's
+  // period); forgotten with the models.
+  mutable std::map<int64_t, double> class_gap_hi_;
   // What every model built from one history shares (BuildModel): the
   // normal steps' residue-class means and the quantiles of their residuals,
   // and (levels) the normal steps' durations by class and the residuals

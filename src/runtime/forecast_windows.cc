@@ -850,6 +850,8 @@ double Forecaster::Impl::GapHi(int64_t step) const {
   // No gap slot (gaps below min_window, or not in nearly every step of its
   // class): the gaps before the past steps of its residue class.
   const int64_t p = std::max(slot_period_[static_cast<int>(StepKind::kNormal)][kGapKey], 1);
+  auto [it, fresh] = class_gap_hi_.try_emplace(step % p, 0.0);
+  if (!fresh) return it->second;
   std::vector<double> v;
   for (const StepObs& o : hist_) {
     if (o.gap_ns >= 0 && o.step % p == step % p) v.push_back(static_cast<double>(o.gap_ns));
@@ -857,7 +859,8 @@ double Forecaster::Impl::GapHi(int64_t step) const {
   if (v.empty()) return 0;
   SampleSummary s;
   Summarize(v, s, 0.0, Spread::kWhole);
-  return std::max(s.hi, 0.0);
+  it->second = std::max(s.hi, 0.0);
+  return it->second;
 }
 
 absl::StatusOr<StepBound> Forecaster::Impl::SaveBound() const {
