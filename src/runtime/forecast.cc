@@ -32,7 +32,6 @@ absl::Status CheckEvent(const PeriodicEvent& e, const char* name) {
   return absl::OkStatus();
 }
 
-constexpr int kMaxGaps = 64;
 constexpr size_t kMaxOccurrences = 8;
 constexpr size_t kMaxLengths = 32;
 // The longest rhythm of an event's lengths over its occurrences
@@ -205,8 +204,8 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     CheckRegime(obs);
   }
   if (consecutive) {
-    gaps_.push_back(static_cast<double>(std::max<int64_t>(rec.start_ns - last_end_ns_, 0)));
-    if (static_cast<int>(gaps_.size()) > kMaxGaps) gaps_.pop_front();
+    gaps_.push_back(static_cast<double>(obs.gap_ns));
+    if (gaps_.size() > kRecentGaps) gaps_.pop_front();
   }
   hist_.push_back(obs);
   if (static_cast<int>(hist_.size()) > opt_.history_steps) EvictOldest();
@@ -393,8 +392,8 @@ SpacingRule Forecaster::Impl::SkippingOnlyUnloggedSteps(int key, SpacingRule rul
   const int64_t from = occ[occ.size() - 3], to = occ.back();
   if (from < hist_.front().step) return {};  // steps older than the history: unknown
   for (const StepObs& h : hist_) {
-    if (h.step > from && h.step < to && rule.OccursAt(h.step) && h.Find(key) == nullptr &&
-        (key != kGapKey || h.after_logged)) {
+    if (h.step > from && h.step < to && rule.OccursAt(h.step) && h.Knows(key) &&
+        h.Find(key) == nullptr) {
       return {};
     }
   }

@@ -37,6 +37,9 @@ inline constexpr double kDurationPriorCv = 0.2;
 // fewest per class on average the rhythm is learned from (a quick and a
 // full eval alternating: from the fourth occurrence).
 inline constexpr size_t kMinOccurrencesPerClass = 2;
+// The latest gaps between steps the step starts are predicted from (pooled)
+// and a gap slot is learned from (per class).
+inline constexpr size_t kRecentGaps = 64;
 
 // Summary of the matching past values of one quantity for one future step.
 struct SampleSummary {
@@ -77,6 +80,13 @@ struct StepModel {
     bool anchored_only = false;
   };
   std::vector<Slot> slots;
+  // The gap before the step (kGapKey), or nullptr.
+  const Slot* GapSlot() const {
+    for (const Slot& sl : slots) {
+      if (sl.key == kGapKey) return &sl;
+    }
+    return nullptr;
+  }
   // A step of its kind is in the history, or its length was declared
   // (PeriodicEvent::expected_ns). Else the model is a normal step's (the
   // walk over later steps needs a length) and the step has no duration

@@ -16,8 +16,6 @@ namespace {
 constexpr double kMinSpreadNs = 50'000;  // 50 µs
 constexpr int kBoundsInForecast = 8;
 constexpr int kClaimSteps = 64;
-// The gaps between steps a gap slot is learned from: the latest ones.
-constexpr size_t kRecentGaps = 64;
 // How many occurrences ahead a residue class's window that stands out of
 // its slot's other steps is listed without a sure part (Predict).
 constexpr int kResidueAhead = 16;
@@ -477,11 +475,8 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       if (a.empty()) continue;
     } else {
       matching(slot_period_[kb][key]);
-      // A step whose predecessor is not logged has no known gap before it.
       const auto n = static_cast<int>(
-          key != kGapKey ? same.size()
-                         : std::count_if(same.begin(), same.end(),
-                                         [](const StepObs* o) { return o->after_logged; }));
+          std::count_if(same.begin(), same.end(), [&](const StepObs* o) { return o->Knows(key); }));
       for (const StepObs* o : same) {
         const SlotObs* s = o->Find(key);
         if (s == nullptr) continue;
@@ -841,11 +836,11 @@ absl::StatusOr<std::vector<StepBound>> Forecaster::Impl::NextStepBounds(int n) c
 }
 
 double Forecaster::Impl::GapHi(int64_t step) const {
-  for (const StepModel::Slot& sl : ModelFor(step).slots) {
-    // Never below mean + z·σ: the windows' calibrator, which narrows the
-    // quantiles of claims that held more often than needed, is no judge of
-    // an upper bound.
-    if (sl.key == kGapKey) return std::max({sl.d.hi, sl.d.mean + z_ * std::sqrt(sl.d.var), 0.0});
+  // Never below mean + z·σ: the windows' calibrator, which narrows the
+  // quantiles of claims that held more often than needed, is no judge of an
+  // upper bound.
+  if (const StepModel::Slot* gs = ModelFor(step).GapSlot()) {
+    return std::max({gs->d.hi, gs->d.mean + z_ * std::sqrt(gs->d.var), 0.0});
   }
   // No gap slot (gaps below min_window, or not in nearly every step of its
   // class): the gaps before the past steps of its residue class.
@@ -974,9 +969,8 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
     // A step whose model has a gap before it (kGapKey: a flush every 50
     // steps, a batch fetched outside the hooks) starts after that gap, not
     // after the pooled gaps' mean.
-    const auto gs = std::find_if(m.slots.begin(), m.slots.end(),
-                                 [](const StepModel::Slot& sl) { return sl.key == kGapKey; });
-    const bool own_gap = gs != m.slots.end();
+    const StepModel::Slot* gs = m.GapSlot();
+    const bool own_gap = gs != nullptr;
     const double gap_m = own_gap ? gs->d.mean : gap_mean, gap_v = own_gap ? gs->d.var : gap_var;
     mid += gap_m - gap_mean;
     var = std::max(var + gap_v - gap_var, 0.0);
@@ -1093,12 +1087,9 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
         if (inc_seen[static_cast<size_t>(r2)] != 0) continue;
         const StepModel nm =
             BuildModel(s + 1 + (((r2 - s - 1) % cycle) + cycle) % cycle, StepKind::kNormal, false);
-        const auto ng = std::find_if(nm.slots.begin(), nm.slots.end(),
-                                     [](const StepModel::Slot& sl) { return sl.key == kGapKey; });
-        inc_mid[static_cast<size_t>(r2)] =
-            nm.dur.mean + (ng != nm.slots.end() ? ng->d.mean : gap_mean);
-        inc_var[static_cast<size_t>(r2)] =
-            nm.dur.var + (ng != nm.slots.end() ? ng->d.var : gap_var);
+        const StepModel::Slot* ng = nm.GapSlot();
+        inc_mid[static_cast<size_t>(r2)] = nm.dur.mean + (ng != nullptr ? ng->d.mean : gap_mean);
+        inc_var[static_cast<size_t>(r2)] = nm.dur.var + (ng != nullptr ? ng->d.var : gap_var);
         inc_level[static_cast<size_t>(r2)] = z_ * std::sqrt(nm.dur.var / std::max(n_hist, 1.0));
       }
       pre_mid.assign(static_cast<size_t>(cycle) + 1, 0);

@@ -93,6 +93,9 @@ struct StepObs {
   int64_t duration() const { return end_ns - start_ns; }
   // The slot with `key`, or nullptr.
   const SlotObs* Find(int key) const;
+  // Whether the step tells if slot `key` occurred: not the gap before it
+  // when its predecessor is not logged (the first step, a sampled log).
+  bool Knows(int key) const { return key != kGapKey || after_logged; }
 };
 
 // Reduces a valid record. Host-side intervals shorter than `min_host_ns` are
