@@ -10,6 +10,7 @@
 // StepRecord is a plain value.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -137,6 +138,24 @@ struct PhaseWindow {
 // The phase windows of a valid record, in time order. Calls `out` for each.
 template <typename Fn>
 void ForEachPhaseWindow(const StepRecord& rec, const PhaseCatalog& catalog, Fn&& out);
+
+// The time between one step's end and the next step's begin (host work a
+// trainer does outside the step hooks: fetching its batch, logging) as the
+// live notices see it: a host_side window of this pseudo-phase, which no
+// catalog holds, announced by EndStep and closed by BeginStep
+// (omni/window_channel.h). Its ordinal is always 0.
+inline constexpr PhaseId kBetweenStepsPhase = kMaxPhases;
+
+// The window between steps before `rec`: the gap from the end of step
+// rec.step − 1 (`prev_step`, `prev_end_ns`: the step logged before `rec`,
+// prev_step −1 for none) to rec's start. False when that step is not the
+// one before `rec` (the first step, a sampled log, a dropped record).
+inline bool GapWindowBefore(int64_t prev_step, int64_t prev_end_ns, const StepRecord& rec,
+                            PhaseWindow* out) {
+  if (prev_step < 0 || rec.step != prev_step + 1) return false;
+  *out = PhaseWindow{prev_end_ns, std::max(rec.start_ns, prev_end_ns), kBetweenStepsPhase, 0};
+  return true;
+}
 
 }  // namespace omni
 

@@ -13,7 +13,9 @@
 // per-step path: they read the clock, write into a preallocated ring of
 // StepRecords and never allocate, lock or do I/O (on success). Entering and
 // leaving an idle phase also writes a window notice into a seqlock record
-// (omni/window_channel.h), likewise without allocating or locking. A worker thread
+// (omni/window_channel.h), likewise without allocating or locking; so do
+// EndStep and BeginStep for the gap between steps, while the host's gaps are
+// long enough to matter (at least the forecast's min_window). A worker thread
 // drains the ring: statistics, step log, trace, forecasts, sinks, and the
 // window channel's phase table and outlook (the next forecast window per idle
 // kind, for guests deciding whether to wait). Misuse

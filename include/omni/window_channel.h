@@ -20,6 +20,14 @@
 // while fewer than TelemetryOptions::window_min_samples windows of it were
 // measured.
 //
+// The time between one step's end and the next step's begin (host work the
+// trainer does outside the step hooks) has notices too, once it matters:
+// while one of the last StatsOptions::window gaps lasted at least the
+// forecast's min_window, EndStep opens a host_side window of the pseudo-phase
+// kBetweenStepsPhase (WindowNotice::before_step; `step` is the step that
+// follows) and BeginStep closes it. Its quantiles are the gaps' (every gap,
+// the short ones too), learned like a phase's.
+//
 //   // In the training process (Telemetry owns the writer):
 //   TelemetryOptions o;  o.window_channel_name = "job-42";
 //   // In a scheduler on the same host:
@@ -51,6 +59,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -75,6 +84,16 @@ inline constexpr int kMaxWindowOrdinals = 4;
 
 // The quantile table of a phase's window number `ordinal` in its step.
 inline int WindowTableOf(int ordinal) { return std::clamp(ordinal, 0, kMaxWindowOrdinals - 1); }
+
+// The phases with notices: a catalog's (kMaxPhases) and the gap between
+// steps (kBetweenStepsPhase, omni/phase.h).
+inline constexpr int kNoticePhases = kMaxPhases + 1;
+// The index of (phase, ordinal)'s table among kNoticePhases ×
+// kMaxWindowOrdinals; REQUIRES phase < kNoticePhases.
+inline size_t NoticeTableIndex(PhaseId phase, int ordinal) {
+  return static_cast<size_t>(phase) * kMaxWindowOrdinals +
+         static_cast<size_t>(WindowTableOf(ordinal));
+}
 
 struct DurationQuantiles {
   int64_t samples = 0;                          // 0 = nothing measured yet
@@ -121,9 +140,10 @@ OMNI_EXPORT const char* WindowStateName(WindowState state);  // "none", "open", 
 // the 1 - confidence tail holds at least one measured window (20 at 0.95).
 OMNI_EXPORT int64_t MinWindowSamples(double confidence);
 
-// Per phase (index = PhaseId) and window ordinal, the window durations' quantiles.
+// Per phase (index = PhaseId; kBetweenStepsPhase: the gaps between steps)
+// and window ordinal, the window durations' quantiles.
 using WindowQuantileTable =
-    std::array<std::array<DurationQuantiles, kMaxWindowOrdinals>, kMaxPhases>;
+    std::array<std::array<DurationQuantiles, kMaxWindowOrdinals>, kNoticePhases>;
 
 struct WindowNotice {
   uint64_t sequence = 0;  // notices written so far (each open and each close)
@@ -132,7 +152,10 @@ struct WindowNotice {
   std::string phase_name;  // "" until the worker published the phase names
   IdleKind kind = IdleKind::kNone;
   int64_t step = -1;
-  int ordinal = 0;        // which window of the phase in the step (0 = first)
+  int ordinal = 0;  // which window of the phase in the step (0 = first)
+  // The window is the gap before `step`, between steps (phase
+  // kBetweenStepsPhase, phase_name "", kind host_side).
+  bool before_step = false;
   int64_t opened_ns = 0;  // writer's clock (CLOCK_MONOTONIC: comparable on one host)
   int64_t closed_ns = 0;  // 0 while open
   // Filled by the reader at `read_at_ns` (its clock) from the phase's
@@ -195,6 +218,8 @@ struct NextIdleWindow {
 // of `kind` that opens as window `ordinal` of `phase` in `step` lasts at
 // least guaranteed_ns from its open (IdleWindow::guaranteed_ns; in the
 // channel scaled so that a notice's claim holds at the stated confidence).
+// The gap before `step` (IdleWindow::before_step) is phase
+// kBetweenStepsPhase, ordinal 0.
 struct ForecastClaim {
   int64_t step = -1;
   int64_t guaranteed_ns = 0;
@@ -272,7 +297,8 @@ struct OMNI_EXPORT WindowOutlook {
 // kWithdrawn (see OutlookState).
 // `catalog` (may be null: no claims): the phases the windows' names refer
 // to. The claims are the forecast's first kMaxForecastClaims windows with a
-// guaranteed length whose phase the catalog names with the window's kind,
+// guaranteed length that are a gap before a step (phase kBetweenStepsPhase)
+// or whose phase the catalog names with the window's kind,
 // except where a step lists windows of one kind in several phases (the
 // forecast counts a step's windows per kind, the notices per phase: their
 // ordinals could then name different windows).
@@ -280,8 +306,10 @@ OMNI_EXPORT WindowOutlook OutlookOf(const Forecast& forecast, int max_windows,
                                     const std::array<int64_t, kNumIdleKinds>& last_seen_step,
                                     const PhaseCatalog* catalog = nullptr);
 
-// Versioned JSON (schema "omni.outlook", version 1; docs/telemetry.md): what
-// a store sink writes under <prefix>/outlook for guests on other hosts.
+// Versioned JSON (schema "omni.outlook", version 2; docs/telemetry.md): what
+// a store sink writes under <prefix>/outlook for guests on other hosts. The
+// claims of gaps between steps go in "gap_claims" (step and guaranteed_ns),
+// which a reader that predates them ignores.
 OMNI_EXPORT std::string WindowOutlookToJson(const WindowOutlook& outlook);
 // InvalidArgument naming the field for malformed input (a missing or
 // mistyped field, an unknown state, a negative horizon or count);
@@ -311,7 +339,8 @@ class OMNI_EXPORT WindowChannelWriter {
   virtual ~WindowChannelWriter() = default;  // marks the channel closed, unlinks it
 
   // Training thread: allocation-, lock- and I/O-free. `ordinal`: which
-  // window of `phase` in the step this is (0 = first).
+  // window of `phase` in the step this is (0 = first); `phase` a catalog's
+  // or kBetweenStepsPhase (the gap before `step`).
   virtual void OpenWindow(PhaseId phase, IdleKind kind, int64_t step, int ordinal,
                           int64_t now_ns) = 0;
   void OpenWindow(PhaseId phase, IdleKind kind, int64_t step, int64_t now_ns) {
@@ -320,10 +349,11 @@ class OMNI_EXPORT WindowChannelWriter {
   virtual void CloseWindow(int64_t now_ns) = 0;
 
   // Worker thread: each phase's name and, per window ordinal, the window
-  // duration quantiles. May allocate.
+  // duration quantiles (quantiles[kBetweenStepsPhase][0]: the gaps between
+  // steps'). May allocate.
   virtual void PublishWindowQuantiles(const PhaseCatalog& catalog,
                                       const WindowQuantileTable& quantiles) = 0;
-  // The same with one table per phase for every ordinal.
+  // The same with one table per phase for every ordinal (no gap table).
   void PublishPhases(const PhaseCatalog& catalog,
                      const std::array<DurationQuantiles, kMaxPhases>& quantiles);
 

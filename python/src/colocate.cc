@@ -133,6 +133,7 @@ py::dict OutlookDict(const omni::WindowOutlook& o) {
     w["phase"] = static_cast<int>(c.phase);
     w["kind"] = omni::IdleKindName(c.kind);
     w["ordinal"] = c.ordinal;
+    w["before_step"] = c.phase == omni::kBetweenStepsPhase;  // the gap before the step
     w["guaranteed_ns"] = c.guaranteed_ns;
     claims.append(w);
   }

@@ -438,7 +438,7 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
   report.notice_options = options.notices;
   std::vector<NoticeClaim> notice_claims;
   report.notices =
-      ReplayNotices(log, options.notices,
+      ReplayNotices(log, options.notices, fo.min_window_ns,
                     options.notices.match_forecast ? &outlook_claims : nullptr, &notice_claims);
   ScoreCombined(forecast_claims, notice_claims, truth, known, scored_from,
                 options.keep_notice_claims, report);

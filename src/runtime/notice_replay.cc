@@ -55,18 +55,24 @@ void ScoreWindow(const DurationQuantiles& q, int64_t guaranteed, int64_t origin,
 }  // namespace
 
 EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeReplayOptions& o,
+                                            int64_t min_window_ns,
                                             const std::vector<std::vector<ForecastClaim>>* forecast,
                                             std::vector<NoticeClaim>* claims) {
   EvaluationReport::NoticeScore out;
   const PhaseCatalog& catalog = log.header.phases;
   // The durations of each (phase, ordinal)'s last `window` windows, as the
   // telemetry worker keeps them (LearnWindows in telemetry.cc).
-  std::vector<RollingWindow> seen(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals,
+  std::vector<RollingWindow> seen(static_cast<size_t>(kNoticePhases) * kMaxWindowOrdinals,
                                   RollingWindow(o.window));
   const auto slot = [&](const PhaseWindow& w) -> RollingWindow& {
-    return seen[static_cast<size_t>(w.phase) * kMaxWindowOrdinals +
-                static_cast<size_t>(WindowTableOf(w.ordinal))];
+    return seen[NoticeTableIndex(w.phase, w.ordinal)];
   };
+  const auto kind_of = [&](const PhaseWindow& w) {
+    return w.phase == kBetweenStepsPhase ? IdleKind::kHostSide : catalog.idle_kind(w.phase);
+  };
+  // Of the last `window` gaps between steps, 1 for each that lasted
+  // min_window: the gaps are announced while one did (telemetry.cc).
+  RollingWindow long_gaps(o.window);
   // The forecast's claims scaled as the worker scales them.
   ForecastClaimScale scale(o.window, o.min_samples, o.confidence);
   // The confidence the tables' claims are computed at, as the worker
@@ -81,15 +87,21 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeRepl
   for (size_t i = 0; i < log.steps.size(); ++i) {
     const StepRecord& rec = log.steps[i];
     windows.clear();
+    PhaseWindow gap;
+    const bool gap_known =
+        i > 0 && GapWindowBefore(log.steps[i - 1].step, log.steps[i - 1].end_ns, rec, &gap);
+    if (gap_known) windows.push_back(gap);
     ForEachPhaseWindow(rec, catalog, [&](const PhaseWindow& w) { windows.push_back(w); });
     matched.assign(windows.size(), Matched{});
     for (size_t wi = 0; wi < windows.size(); ++wi) {
       const PhaseWindow& w = windows[wi];
-      const IdleKind kind = catalog.idle_kind(w.phase);
+      const IdleKind kind = kind_of(w);
       if (kind == IdleKind::kNone) continue;
       const int64_t d = w.end_ns - w.start_ns;
       EvaluationReport::Score& s = out.by_kind[static_cast<int>(kind)];
       s.real_ns += d;
+      // No notice for a gap while none of the last ones was long.
+      const bool announced = w.phase != kBetweenStepsPhase || long_gaps.mean() > 0;
       int64_t guaranteed = 0;
       if (forecast != nullptr && i < forecast->size()) {
         const std::vector<ForecastClaim>& c = (*forecast)[i];
@@ -105,15 +117,20 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeRepl
       matched[wi] = {guaranteed, RemainingGivenElapsed(table, 0, o.confidence)};
       const int64_t scaled =
           scale.Scaled(w.phase, w.ordinal, guaranteed, level.Confidence(w.phase, w.ordinal));
-      if (scaled > 0) ++out.forecast_matched;
       matched[wi].claimed = WithForecastClaim(matched[wi].table, scaled, 0);
+      if (!announced) continue;
+      if (scaled > 0) ++out.forecast_matched;
       if (table.samples == 0 && scaled <= 0) continue;
       ScoreWindow(table, scaled, w.start_ns, d, kind, o, s, out, claims);
     }
-    if (rec.spans_truncated) continue;  // not all its windows are there
+    if (gap_known) {
+      long_gaps.Add(gap.end_ns - gap.start_ns >= min_window_ns ? 1.0 : 0.0);
+    }
     for (size_t wi = 0; wi < windows.size(); ++wi) {
       const PhaseWindow& w = windows[wi];
-      if (catalog.idle_kind(w.phase) == IdleKind::kNone) continue;
+      if (kind_of(w) == IdleKind::kNone) continue;
+      // A record whose spans were truncated: not all its windows are there.
+      if (rec.spans_truncated && w.phase != kBetweenStepsPhase) continue;
       const int64_t d = w.end_ns - w.start_ns;
       if (matched[wi].guaranteed > 0) {
         scale.Record(w.phase, w.ordinal, d, matched[wi].table, matched[wi].guaranteed);

@@ -1,5 +1,7 @@
 // Replays the live window notices a guest on the same host would have read
-// from a step log, and scores the remaining durations they stated. Private
+// from a step log, and scores the remaining durations they stated: the idle
+// phases' windows and the gaps between consecutive steps (announced while one
+// of the last `window` gaps lasted `min_window_ns`, as the telemetry does). Private
 // to omni_core (Evaluate calls it).
 //
 // Thread safety: a pure function.
@@ -26,6 +28,7 @@ namespace omni {
 // matched to one is claimed as the channel reader claims it
 // (WithForecastClaim).
 EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeReplayOptions& o,
+                                            int64_t min_window_ns,
                                             const std::vector<std::vector<ForecastClaim>>* forecast,
                                             std::vector<NoticeClaim>* claims);
 

@@ -37,7 +37,7 @@ class TelemetryImpl final : public Telemetry {
         mask_(static_cast<uint64_t>(options.ring_capacity) - 1),
         stats_(std::move(stats)),
         forecaster_(std::move(forecaster)),
-        window_durations_(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals,
+        window_durations_(static_cast<size_t>(kNoticePhases) * kMaxWindowOrdinals,
                           RollingWindow(options.stats.window)),
         claim_scale_(options.stats.window, options.window_min_samples, options.window_confidence),
         claim_level_(options.window_confidence) {
@@ -140,6 +140,10 @@ class TelemetryImpl final : public Telemetry {
     cur_->start_ns = clock_->NowNanos();
     cur_->end_ns = cur_->start_ns;
     sibling_end_[0] = cur_->start_ns;
+    if (gap_open_) {  // the gap between steps ends
+      window_->CloseWindow(cur_->start_ns);
+      gap_open_ = false;
+    }
     return absl::OkStatus();
   }
 
@@ -161,6 +165,12 @@ class TelemetryImpl final : public Telemetry {
       dropped_.fetch_add(1, std::memory_order_relaxed);
     } else {
       head_.store(head_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    }
+    // The host's work until the next BeginStep is idle time for the devices:
+    // announced while the worker finds gaps long enough to matter.
+    if (gap_notices_.load(std::memory_order_relaxed)) {
+      window_->OpenWindow(kBetweenStepsPhase, IdleKind::kHostSide, last_step_ + 1, 0, now);
+      gap_open_ = true;
     }
   }
 
@@ -505,6 +515,8 @@ class TelemetryImpl final : public Telemetry {
           forecaster_.Observe(rec, catalog_).IgnoreError();  // same checks as stats_.Add
         }
         if (!warmup) LearnWindows(rec);
+        prev_step_ = rec.step;
+        prev_end_ns_ = rec.end_ns;
       }
       if (log_) RecordExportError(log_->Append(rec, catalog_, warmup));
       if (trace_) RecordExportError(trace_->Append(rec, catalog_, warmup));
@@ -564,13 +576,19 @@ class TelemetryImpl final : public Telemetry {
   }
 
   // The last step with an idle interval of each kind, as the forecaster sees
-  // the step (ForEachIdleInterval): whether its model knows a kind
+  // the step (ForEachIdleInterval, and the gap before it): whether its model knows a kind
   // (OutlookOf).
   void NoteIdleKinds(const StepRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ForEachIdleInterval(rec, catalog_, [&](const IdleInterval& iv) {
       const auto k = static_cast<size_t>(iv.kind);
       if (k < last_seen_step_.size()) last_seen_step_[k] = rec.step;
     });
+    // A gap before the step that the forecaster counts as a window.
+    PhaseWindow gap;
+    if (GapWindowBefore(prev_step_, prev_end_ns_, rec, &gap) &&
+        gap.end_ns - gap.start_ns >= options_.forecast.min_window_ns) {
+      last_seen_step_[static_cast<size_t>(IdleKind::kHostSide)] = rec.step;
+    }
   }
 
   // The worker's outlook, with the busy period announced last.
@@ -586,30 +604,38 @@ class TelemetryImpl final : public Telemetry {
   // The durations of the windows the hooks announce: one per contiguous
   // stretch in which an idle phase is innermost, keyed by (phase, ordinal in
   // the step), so the remainder of a window reopened after nested busy work
-  // comes from windows like it, not from the whole phase. A record whose
-  // spans were truncated is not learned from (its windows are not all there).
+  // comes from windows like it, not from the whole phase; and the gap
+  // before the step when the step before it was the last record. A record
+  // whose spans were truncated is not learned from (its windows are not all
+  // there), its gap is.
   // A window matched to one of the published forecast claims also records
   // how that claim and the table's fared (ForecastClaimScale).
   void LearnWindows(const StepRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    PhaseWindow gap;
+    if (GapWindowBefore(prev_step_, prev_end_ns_, rec, &gap)) LearnWindow(rec.step, gap);
     if (rec.spans_truncated) return;
-    ForEachPhaseWindow(rec, catalog_, [&](const PhaseWindow& w) {
-      const int64_t d = w.end_ns - w.start_ns;
-      const int64_t g = ClaimFor(raw_claims_.data(), raw_claims_.data() + raw_claims_.size(),
-                                 rec.step, w.phase, catalog_.idle_kind(w.phase), w.ordinal);
-      const DurationQuantiles& claimed_from =
-          quantiles_[w.phase][static_cast<size_t>(WindowTableOf(w.ordinal))];
-      const int64_t table = RemainingGivenElapsed(claimed_from, 0, options_.window_confidence);
-      // What a reader was told at the open: the longer of the table's claim
-      // and the scaled forecast claim the outlook published.
-      const int64_t claimed = WithForecastClaim(
-          table,
-          ClaimFor(published_claims_.data(), published_claims_.data() + published_claims_.size(),
-                   rec.step, w.phase, catalog_.idle_kind(w.phase), w.ordinal),
-          0);
-      if (g > 0) claim_scale_.Record(w.phase, w.ordinal, d, table, g);
-      if (claimed > 0) claim_level_.Record(w.phase, w.ordinal, d >= claimed);
-      WindowDurations(w.phase, w.ordinal).Add(static_cast<double>(d));
-    });
+    ForEachPhaseWindow(rec, catalog_, [&](const PhaseWindow& w) { LearnWindow(rec.step, w); });
+  }
+
+  void LearnWindow(int64_t step, const PhaseWindow& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t d = w.end_ns - w.start_ns;
+    const IdleKind kind =
+        w.phase == kBetweenStepsPhase ? IdleKind::kHostSide : catalog_.idle_kind(w.phase);
+    const int64_t g = ClaimFor(raw_claims_.data(), raw_claims_.data() + raw_claims_.size(), step,
+                               w.phase, kind, w.ordinal);
+    const DurationQuantiles& claimed_from =
+        quantiles_[w.phase][static_cast<size_t>(WindowTableOf(w.ordinal))];
+    const int64_t table = RemainingGivenElapsed(claimed_from, 0, options_.window_confidence);
+    // What a reader was told at the open: the longer of the table's claim
+    // and the scaled forecast claim the outlook published.
+    const int64_t claimed = WithForecastClaim(
+        table,
+        ClaimFor(published_claims_.data(), published_claims_.data() + published_claims_.size(),
+                 step, w.phase, kind, w.ordinal),
+        0);
+    if (g > 0) claim_scale_.Record(w.phase, w.ordinal, d, table, g);
+    if (claimed > 0) claim_level_.Record(w.phase, w.ordinal, d >= claimed);
+    WindowDurations(w.phase, w.ordinal).Add(static_cast<double>(d));
   }
 
   // The outlook's claims as the forecast states them are kept (to score
@@ -629,8 +655,7 @@ class TelemetryImpl final : public Telemetry {
   }
 
   RollingWindow& WindowDurations(PhaseId phase, int ordinal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return window_durations_[static_cast<size_t>(phase) * kMaxWindowOrdinals +
-                             static_cast<size_t>(WindowTableOf(ordinal))];
+    return window_durations_[NoticeTableIndex(phase, ordinal)];
   }
 
   // Window notices (worker side): each idle phase's window duration
@@ -638,19 +663,31 @@ class TelemetryImpl final : public Telemetry {
   // phase table, and each new notice to the sinks.
   void PublishPhaseQuantiles() {
     absl::MutexLock l(&mu_);
-    const int64_t min_samples = options_.window_min_samples;
     for (int p = 0; p < catalog_.size(); ++p) {
       const auto id = static_cast<PhaseId>(p);
       for (int k = 0; k < kMaxWindowOrdinals; ++k) {
-        const RollingWindow& d = WindowDurations(id, k);
-        DurationQuantiles& q = quantiles_[id][static_cast<size_t>(k)];
-        q = catalog_.idle_kind(id) == IdleKind::kNone || d.size() < min_samples
-                ? DurationQuantiles{}
-                : ClaimableQuantilesOf(d.Values());
-        q.claim_confidence = claim_level_.Confidence(id, k);
+        SetQuantiles(id, k, catalog_.idle_kind(id) != IdleKind::kNone);
       }
     }
+    // The gaps between steps: announced while one of the last gaps lasted
+    // at least the forecast's min_window (shorter ones are no window).
+    const std::vector<double> gaps = WindowDurations(kBetweenStepsPhase, 0).Values();
+    const auto min_window = static_cast<double>(options_.forecast.min_window_ns);
+    gap_notices_.store(
+        std::any_of(gaps.begin(), gaps.end(), [&](double g) { return g >= min_window; }),
+        std::memory_order_relaxed);
+    SetQuantiles(kBetweenStepsPhase, 0, true);
     window_->PublishWindowQuantiles(catalog_, quantiles_);
+  }
+
+  // (phase, ordinal)'s quantiles from its window durations: none for a busy
+  // phase or below window_min_samples.
+  void SetQuantiles(PhaseId phase, int ordinal, bool idle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const RollingWindow& d = WindowDurations(phase, ordinal);
+    DurationQuantiles& q = quantiles_[phase][static_cast<size_t>(ordinal)];
+    q = !idle || d.size() < options_.window_min_samples ? DurationQuantiles{}
+                                                        : ClaimableQuantilesOf(d.Values());
+    q.claim_confidence = claim_level_.Confidence(phase, ordinal);
   }
 
   void PublishWindowToSinks() {
@@ -713,6 +750,7 @@ class TelemetryImpl final : public Telemetry {
   PhaseId window_phase_ = 0;
   std::array<int, kMaxPhases> window_count_{};           // windows of each phase in the step
   std::array<int64_t, kMaxPhases> window_count_step_{};  // the step window_count_ counts
+  bool gap_open_ = false;  // EndStep announced the gap before the next step
   // Written by RegisterPhase before num_phases_ is released; read by the hooks.
   std::array<std::atomic<IdleKind>, kMaxPhases> idle_kind_{};
   // Created in Start(); the hooks write notices, the worker the phase table.
@@ -732,6 +770,8 @@ class TelemetryImpl final : public Telemetry {
   std::atomic<int> num_phases_{phase::kNumBuiltin};
   std::atomic<bool> closed_{false};
   std::atomic<bool> has_sinks_{false};  // AddSink was called: the worker polls
+  // The worker finds gaps between steps long enough to announce (EndStep).
+  std::atomic<bool> gap_notices_{false};
   std::atomic<int64_t> misuse_{0}, dropped_{0}, truncated_{0};
   std::atomic<int64_t> wakeups_{0};  // written by the worker only
 
@@ -757,6 +797,9 @@ class TelemetryImpl final : public Telemetry {
   std::unique_ptr<internal::TraceWriter> trace_ ABSL_GUARDED_BY(mu_);
   std::optional<Forecast> latest_ ABSL_GUARDED_BY(mu_);
   std::array<int64_t, kNumIdleKinds> last_seen_step_ ABSL_GUARDED_BY(mu_);  // NoteIdleKinds
+  // The last record learned from (LearnWindows: the gap before the next).
+  int64_t prev_step_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t prev_end_ns_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status latest_error_ ABSL_GUARDED_BY(mu_) =
       absl::FailedPreconditionError("no forecast yet: no step has been processed");
   int64_t unpublished_steps_ ABSL_GUARDED_BY(mu_) = 0;

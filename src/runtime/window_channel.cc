@@ -66,7 +66,8 @@ bool TryReadNotice(const internal::NoticeRecord& r, WindowNotice& n) {
   std::atomic_thread_fence(std::memory_order_acquire);
   if (r.seq.load(std::memory_order_relaxed) != s1) return false;
   n.state = state <= 2 ? static_cast<WindowState>(state) : WindowState::kNone;
-  n.phase = static_cast<PhaseId>(phase < kMaxPhases ? phase : 0);
+  n.phase = static_cast<PhaseId>(phase < kNoticePhases ? phase : 0);
+  n.before_step = n.phase == kBetweenStepsPhase;
   n.kind = kind < kNumIdleKinds ? static_cast<IdleKind>(kind) : IdleKind::kNone;
   n.ordinal = static_cast<int>(std::min<uint32_t>(ordinal, 1u << 30));
   return true;
@@ -134,7 +135,7 @@ bool TryReadOutlook(const internal::OutlookRecord& r, WindowOutlook& o) {
     c.guaranteed_ns = in.guaranteed_ns.load(std::memory_order_relaxed);
     const uint32_t phase = in.phase.load(std::memory_order_relaxed);
     const uint16_t kind = in.kind.load(std::memory_order_relaxed);
-    c.phase = static_cast<PhaseId>(phase < kMaxPhases ? phase : 0);
+    c.phase = static_cast<PhaseId>(phase < kNoticePhases ? phase : 0);
     c.kind = kind < kNumIdleKinds ? static_cast<IdleKind>(kind) : IdleKind::kNone;
     c.ordinal = in.ordinal.load(std::memory_order_relaxed);
   }
@@ -317,27 +318,34 @@ class WriterImpl final : public WindowChannelWriter {
     BeginWrite(r.seq, phases_seq_);
     r.num_phases.store(static_cast<uint32_t>(catalog.size()), std::memory_order_relaxed);
     for (int id = 0; id < catalog.size(); ++id) {
-      internal::PhaseRecord& p = r.phases[id];
-      char buf[internal::kPhaseNameWords * 8] = {};  // NUL-padded
-      const std::string& name = catalog.name(static_cast<PhaseId>(id));
-      name.copy(buf, sizeof(buf) - 1);
-      for (size_t i = 0; i < internal::kPhaseNameWords; ++i) {
-        uint64_t w = 0;
-        std::memcpy(&w, buf + 8 * i, 8);
-        p.name[i].store(w, std::memory_order_relaxed);
-      }
-      p.kind.store(static_cast<uint32_t>(catalog.idle_kind(static_cast<PhaseId>(id))),
-                   std::memory_order_relaxed);
-      for (int k = 0; k < kMaxWindowOrdinals; ++k) {
-        const DurationQuantiles& q = quantiles[static_cast<size_t>(id)][static_cast<size_t>(k)];
-        p.samples[k].store(q.samples, std::memory_order_relaxed);
-        p.claim_confidence[k].store(q.claim_confidence, std::memory_order_relaxed);
-        for (int i = 0; i < kDurationQuantiles; ++i) {
-          p.quantile_ns[k][i].store(q.ns[static_cast<size_t>(i)], std::memory_order_relaxed);
-        }
+      const auto phase = static_cast<PhaseId>(id);
+      WritePhase(r.phases[id], catalog.name(phase), catalog.idle_kind(phase),
+                 quantiles[static_cast<size_t>(id)]);
+    }
+    WritePhase(r.phases[kBetweenStepsPhase], "", IdleKind::kHostSide,
+               quantiles[kBetweenStepsPhase]);
+    EndWrite(r.seq, phases_seq_);
+  }
+
+  // One phase's record: its name (NUL-padded), kind and tables.
+  static void WritePhase(internal::PhaseRecord& p, const std::string& name, IdleKind kind,
+                         const std::array<DurationQuantiles, kMaxWindowOrdinals>& tables) {
+    char buf[internal::kPhaseNameWords * 8] = {};
+    name.copy(buf, sizeof(buf) - 1);
+    for (size_t i = 0; i < internal::kPhaseNameWords; ++i) {
+      uint64_t w = 0;
+      std::memcpy(&w, buf + 8 * i, 8);
+      p.name[i].store(w, std::memory_order_relaxed);
+    }
+    p.kind.store(static_cast<uint32_t>(kind), std::memory_order_relaxed);
+    for (int k = 0; k < kMaxWindowOrdinals; ++k) {
+      const DurationQuantiles& q = tables[static_cast<size_t>(k)];
+      p.samples[k].store(q.samples, std::memory_order_relaxed);
+      p.claim_confidence[k].store(q.claim_confidence, std::memory_order_relaxed);
+      for (int i = 0; i < kDurationQuantiles; ++i) {
+        p.quantile_ns[k][i].store(q.ns[static_cast<size_t>(i)], std::memory_order_relaxed);
       }
     }
-    EndWrite(r.seq, phases_seq_);
   }
 
   void PublishOutlook(const WindowOutlook& o) override { WriteOutlook(o, ++outlooks_); }

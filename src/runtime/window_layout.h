@@ -14,10 +14,11 @@
 namespace omni::internal {
 
 inline constexpr uint64_t kWindowMagic = 0x314e57494e4d4f00ULL;  // "\0OMNIWN1"
-// 5: the claim confidence per window ordinal; 4: the outlook's forecast
+// 6: the gap between steps' table (phases[kBetweenStepsPhase]); 5: the
+// claim confidence per window ordinal; 4: the outlook's forecast
 // claims; 3: the outlook record (the forecast's next window per idle kind,
 // an announced busy period) after the phase table; 2: window ordinals.
-inline constexpr uint32_t kWindowSchemaVersion = 5;
+inline constexpr uint32_t kWindowSchemaVersion = 6;
 inline constexpr size_t kPhaseNameWords = 6;  // 47 characters + NUL
 
 // Seqlock: `seq` is odd while the record is being written.
@@ -44,8 +45,10 @@ struct PhaseRecord {
 struct alignas(64) PhasesRecord {
   std::atomic<uint64_t> seq;
   std::atomic<double> confidence;
-  std::atomic<uint32_t> num_phases;
-  PhaseRecord phases[kMaxPhases];
+  std::atomic<uint32_t> num_phases;  // the catalog's
+  // The catalog's phases, then (schema version 6) the gap between steps
+  // (kBetweenStepsPhase: name "", kind host_side).
+  PhaseRecord phases[kNoticePhases];
 };
 
 // The host's outlook (omni::WindowOutlook): per idle kind, the next window
@@ -109,11 +112,11 @@ static_assert(offsetof(WindowLayout, writer_pid) == 24);
 static_assert(offsetof(WindowLayout, notice) == 64);
 static_assert(offsetof(WindowLayout, phases) == 128);
 static_assert(offsetof(PhasesRecord, phases) == 24 && sizeof(PhaseRecord) == 4248);
-static_assert(offsetof(WindowLayout, outlook) == 136128);
+static_assert(offsetof(WindowLayout, outlook) == 140352);
 static_assert(sizeof(NextWindowRecord) == 64 && offsetof(OutlookRecord, kinds) == 80);
 static_assert(offsetof(OutlookRecord, num_claims) == 464 && sizeof(ClaimRecord) == 24);
 static_assert(offsetof(OutlookRecord, claims) == 472);
-static_assert(sizeof(WindowLayout) == 136128 + 2048);
+static_assert(sizeof(WindowLayout) == 140352 + 2048);
 static_assert(std::atomic<uint16_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<double>::is_always_lock_free);

@@ -155,7 +155,7 @@ double FactorOf(std::vector<double> outcomes, double c) {
 ForecastClaimScale::ForecastClaimScale(int window, int min_samples, double confidence)
     : min_samples_(std::max(min_samples, 1)),
       confidence_(confidence),
-      outcomes_(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals,
+      outcomes_(static_cast<size_t>(kNoticePhases) * kMaxWindowOrdinals,
                 RollingWindow(std::max(window, 1))),
       levels_(outcomes_.size(), RollingWindow(std::max(window, 1))),
       level_factors_(outcomes_.size()),
@@ -164,9 +164,8 @@ ForecastClaimScale::ForecastClaimScale(int window, int min_samples, double confi
       stale_(outcomes_.size(), 0) {}
 
 size_t ForecastClaimScale::Slot(PhaseId phase, int ordinal) const {
-  if (phase >= kMaxPhases || ordinal < 0) return outcomes_.size();
-  return static_cast<size_t>(phase) * kMaxWindowOrdinals +
-         static_cast<size_t>(WindowTableOf(ordinal));
+  if (phase >= kNoticePhases || ordinal < 0) return outcomes_.size();
+  return NoticeTableIndex(phase, ordinal);
 }
 
 void ForecastClaimScale::Record(PhaseId phase, int ordinal, int64_t duration_ns, int64_t table_ns,
@@ -232,19 +231,17 @@ int64_t ForecastClaimScale::Scaled(PhaseId phase, int ordinal, int64_t guarantee
 NoticeClaimLevel::NoticeClaimLevel(double confidence, double gain)
     : target_(1.0 - std::clamp(confidence, 0.0, 1.0)),
       gain_(gain),
-      miss_rate_(static_cast<size_t>(kMaxPhases) * kMaxWindowOrdinals, target_) {}
+      miss_rate_(static_cast<size_t>(kNoticePhases) * kMaxWindowOrdinals, target_) {}
 
 void NoticeClaimLevel::Record(PhaseId phase, int ordinal, bool held) {
-  if (phase >= kMaxPhases || ordinal < 0) return;
-  double& a = miss_rate_[static_cast<size_t>(phase) * kMaxWindowOrdinals +
-                         static_cast<size_t>(WindowTableOf(ordinal))];
+  if (phase >= kNoticePhases || ordinal < 0) return;
+  double& a = miss_rate_[NoticeTableIndex(phase, ordinal)];
   a = std::clamp(a + gain_ * (target_ - (held ? 0.0 : 1.0)), 0.0, target_);
 }
 
 double NoticeClaimLevel::Confidence(PhaseId phase, int ordinal) const {
-  if (phase >= kMaxPhases || ordinal < 0) return 1.0 - target_;
-  return 1.0 - miss_rate_[static_cast<size_t>(phase) * kMaxWindowOrdinals +
-                          static_cast<size_t>(WindowTableOf(ordinal))];
+  if (phase >= kNoticePhases || ordinal < 0) return 1.0 - target_;
+  return 1.0 - miss_rate_[NoticeTableIndex(phase, ordinal)];
 }
 
 int64_t RemainingGivenElapsed(const DurationQuantiles& q, int64_t elapsed_ns, double confidence) {
@@ -309,6 +306,7 @@ std::string WindowNoticeToJson(const WindowNotice& n) {
   j["kind"] = IdleKindName(n.kind);
   j["step"] = n.step;
   j["ordinal"] = n.ordinal;
+  if (n.before_step) j["before_step"] = true;  // added within version 1
   j["opened_ns"] = n.opened_ns;
   j["closed_ns"] = n.closed_ns;
   j["read_at_ns"] = n.read_at_ns;
@@ -412,6 +410,12 @@ absl::StatusOr<WindowNotice> ParseWindowNotice(const std::string& text) {
   auto phase = need("phase", json::value_t::string);
   if (!phase.ok()) return phase.status();
   n.phase_name = (*phase)->get<std::string>();
+  if (j.contains("before_step")) {  // added within version 1 too
+    auto before = need("before_step", json::value_t::boolean);
+    if (!before.ok()) return before.status();
+    n.before_step = (*before)->get<bool>();
+    if (n.before_step) n.phase = kBetweenStepsPhase;
+  }
   auto closed = need("writer_closed", json::value_t::boolean);
   if (!closed.ok()) return closed.status();
   n.writer_closed = (*closed)->get<bool>();

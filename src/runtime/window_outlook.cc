@@ -52,13 +52,22 @@ void AddClaims(const Forecast& forecast, const PhaseCatalog& catalog, WindowOutl
     for (end = i + 1; end < ws.size() && ws[end].step == ws[i].step;) ++end;
     for (size_t a = i; a < end && o.num_claims < kMaxForecastClaims; ++a) {
       const IdleWindow& w = ws[a];
+      if (w.before_step) {  // the gap before the step: its own notices
+        if (w.guaranteed_ns > 0) {
+          o.claims[static_cast<size_t>(o.num_claims++)] =
+              ForecastClaim{w.step, w.guaranteed_ns, kBetweenStepsPhase, IdleKind::kHostSide, 0};
+        }
+        continue;
+      }
       // The last ordinal may stand for a later window (IdleWindow::ordinal).
       if (w.guaranteed_ns <= 0 || w.kind == IdleKind::kNone || w.phase.empty() ||
           w.ordinal >= kMaxIdleOrdinals - 1) {
         continue;
       }
       bool one_phase = true;
-      for (size_t b = i; b < end; ++b) one_phase &= ws[b].kind != w.kind || ws[b].phase == w.phase;
+      for (size_t b = i; b < end; ++b) {
+        one_phase &= ws[b].before_step || ws[b].kind != w.kind || ws[b].phase == w.phase;
+      }
       const absl::StatusOr<PhaseId> phase = catalog.Find(w.phase);
       if (!one_phase || !phase.ok() || catalog.idle_kind(*phase) != w.kind) continue;
       o.claims[static_cast<size_t>(o.num_claims++)] =
@@ -182,9 +191,15 @@ std::string WindowOutlookToJson(const WindowOutlook& o) {
                                                      {"step", n.step},
                                                      {"last_seen_step", n.last_seen_step}};
   }
-  json claims = json::array();
+  // The gaps between steps' claims apart ("gap_claims", added within version
+  // 2): a reader that knows only the catalog's phases ignores them.
+  json claims = json::array(), gap_claims = json::array();
   for (int i = 0; i < std::min(o.num_claims, kMaxForecastClaims); ++i) {
     const ForecastClaim& c = o.claims[static_cast<size_t>(i)];
+    if (c.phase == kBetweenStepsPhase) {
+      gap_claims.push_back({{"step", c.step}, {"guaranteed_ns", c.guaranteed_ns}});
+      continue;
+    }
     claims.push_back({{"step", c.step},
                       {"phase", c.phase},
                       {"kind", IdleKindName(c.kind)},
@@ -208,6 +223,7 @@ std::string WindowOutlookToJson(const WindowOutlook& o) {
   j["writer_closed"] = o.writer_closed;
   j["kinds"] = std::move(kinds);
   j["claims"] = std::move(claims);
+  if (!gap_claims.empty()) j["gap_claims"] = std::move(gap_claims);
   return j.dump();
 }
 
@@ -269,6 +285,34 @@ absl::Status ReadClaims(const json& j, WindowOutlook& o) {
     if (!kind.ok() || *kind == IdleKind::kNone) continue;  // a newer writer's kind
     o.claims[static_cast<size_t>(o.num_claims++)] = ForecastClaim{
         step, guaranteed, static_cast<PhaseId>(phase), *kind, static_cast<int>(ordinal)};
+  }
+  // The gaps between steps' claims (optional): after the others.
+  auto gaps = j.find("gap_claims");
+  if (gaps == j.end()) return absl::OkStatus();
+  if (!gaps->is_array()) {
+    return absl::InvalidArgumentError("window outlook: field 'gap_claims' is not an array");
+  }
+  if (static_cast<size_t>(o.num_claims) + gaps->size() > static_cast<size_t>(kMaxForecastClaims)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window outlook: fields 'claims' and 'gap_claims' have ",
+                     claims->size() + gaps->size(), " entries (at most ", kMaxForecastClaims, ")"));
+  }
+  for (size_t i = 0; i < gaps->size(); ++i) {
+    const json& v = (*gaps)[i];
+    const std::string where = absl::StrCat("gap_claims[", i, "].");
+    if (!v.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("window outlook: field 'gap_claims[", i, "]' is not an object"));
+    }
+    int64_t step = 0, guaranteed = 0;
+    if (auto st = ReadInt(v, "step", where, step); !st.ok()) return st;
+    if (auto st = ReadInt(v, "guaranteed_ns", where, guaranteed); !st.ok()) return st;
+    if (guaranteed < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("window outlook: field '", where, "guaranteed_ns' is negative"));
+    }
+    o.claims[static_cast<size_t>(o.num_claims++)] =
+        ForecastClaim{step, guaranteed, kBetweenStepsPhase, IdleKind::kHostSide, 0};
   }
   return absl::OkStatus();
 }

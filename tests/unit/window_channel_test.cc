@@ -529,9 +529,9 @@ TEST(WindowChannel, ACorruptOrOtherVersionChannelIsRefusedWithAClearError) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_NE(r.status().message().find("schema version 99"), absl::string_view::npos)
         << r.status();
-    // The previous layout (version 4: no claim confidence per table) is
-    // refused too, naming both versions.
-    const uint32_t previous = 4;
+    // The previous layout (version 5: no table for the gap between steps)
+    // is refused too, naming both versions.
+    const uint32_t previous = 5;
     const int fd1 = ::shm_open(("/omni-window." + name).c_str(), O_RDWR, 0);
     ASSERT_GE(fd1, 0);
     ASSERT_EQ(::pwrite(fd1, &previous, sizeof(previous), 8),
@@ -539,7 +539,7 @@ TEST(WindowChannel, ACorruptOrOtherVersionChannelIsRefusedWithAClearError) {
     ::close(fd1);
     r = WindowChannelReader::Open(name);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_NE(r.status().message().find("schema version 4; this reader reads version 5"),
+    EXPECT_NE(r.status().message().find("schema version 5; this reader reads version 6"),
               absl::string_view::npos)
         << r.status();
     // Garbage where the magic should be.
