@@ -265,6 +265,9 @@ class Telemetry(_ClosingContext):
       and with each forecast the next window of each idle kind
       (``latest_outlook``), are published in shared memory under it for
       same-host readers (``omni::WindowChannelReader``, docs/telemetry.md);
+      the time between ``end_step`` and the next ``begin_step`` (a batch
+      fetched outside the step) is a ``host_side`` window too, once such
+      gaps last ``min_window_s``;
     - ``on_existing``: what happens to a non-empty ``step_log`` or ``trace``
       file that exists already (a resumed run's previous attempt):
       ``"rotate"`` (default) moves it to ``<path>.<n>`` (the first free n >=

@@ -124,6 +124,28 @@ def test_a_guest_sees_a_python_hosts_live_windows_of_the_kinds_it_uses():
     assert wait_until(stalls, lambda w: stalls.stats()["writer_closed"])
 
 
+def test_a_guest_sees_the_gap_between_a_python_hosts_steps_as_a_host_side_window():
+    # The naive loop: the batch is fetched outside the step hooks.
+    name = f"omni-pytest-gap-{os.getpid()}"
+    tel = omni.Telemetry(window_channel=name, **NO_WARMUP)
+    try:
+        gaps = omni.ChannelWindowSource.open(name, kinds="host_side")
+        for _ in range(4):
+            tel.begin_step()
+            tel.end_step()
+            time.sleep(0.005)  # the loader's next batch, outside the step
+        tel.flush()  # the worker has measured those gaps
+        tel.begin_step()
+        tel.end_step()
+        assert wait_until(gaps, lambda w: w.open), "the gap after the step is a window"
+        tel.begin_step()
+        assert wait_until(gaps, lambda w: not w.open), "busy again at the next step"
+        tel.end_step()
+        assert gaps.stats()["opens"] >= 1 and gaps.stats()["closes"] >= 1
+    finally:
+        tel.close()
+
+
 def test_a_guest_that_will_not_wait_stops_when_the_host_is_busy_beyond_max_wait(clock):
     gate = omni.GuestGate(clock=clock)
     source = omni.ManualWindowSource(gate)
