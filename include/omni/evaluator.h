@@ -120,14 +120,17 @@ struct OMNI_EXPORT EvaluationReport {
   std::array<Score, kNumIdleKinds> by_kind;  // indexed by IdleKind
   BoundScore next_step;
   std::array<BoundScore, kNumStepKinds> next_step_by_kind;  // indexed by StepKind
-  // The live notices replayed: at each window of an idle phase in the log,
-  // the remaining durations a guest reading every NoticeReplayOptions::poll_ns
-  // was told (from the windows measured before that step, and the guaranteed
-  // length of the forecast window it was matched to, from the forecast made
-  // after the step before, scaled as the telemetry worker scales it: as the
-  // channel reader states them), each used to its end. forecast_ns is the claimed time,
-  // forecast_true_ns the part of it inside the window; real_ns the windows' time (the gaps between
-  // steps have no notices). first_claims: windows whose notice at the open claimed a remaining
+  // The live notices replayed: at each window of an idle phase in the log
+  // and each gap between consecutive steps (announced while one of the last
+  // `window` gaps lasted ForecastOptions::min_window_ns, as the telemetry
+  // does), the remaining durations a guest reading every
+  // NoticeReplayOptions::poll_ns was told (from the windows measured before
+  // that step, and the guaranteed length of the forecast window it was
+  // matched to, from the forecast made after the step before, scaled as the
+  // telemetry worker scales it: as the channel reader states them), each
+  // used to its end. forecast_ns is the claimed time, forecast_true_ns the
+  // part of it inside the window; real_ns the windows' and gaps' time.
+  // first_claims: windows whose notice at the open claimed a remaining
   // duration; first_claims_held: ... that lasted it.
   struct NoticeScore {
     Score total;
