@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "unique_channel.h"
 
 namespace omni::colocate {
 namespace {
@@ -18,10 +19,7 @@ namespace {
 constexpr int64_t kMs = 1'000'000;
 constexpr absl::Duration kBound = absl::Seconds(5);  // bounded waits, never reached when it works
 
-std::string UniqueChannel() {
-  static std::atomic<int> n{0};
-  return absl::StrCat("omni-coloc-test-", ::getpid(), "-", n.fetch_add(1));
-}
+std::string UniqueChannel() { return testing::UniqueChannel("coloc-test"); }
 
 // A host whose data stalls have lasted 200 ms each.
 std::unique_ptr<WindowChannelWriter> Host(const std::string& name) {

@@ -30,6 +30,7 @@
 #include "omni/telemetry.h"
 #include "runtime/quantile.h"
 #include "runtime/window_doorbell.h"
+#include "unique_channel.h"
 
 namespace omni {
 namespace {
@@ -37,10 +38,7 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-std::string UniqueChannel() {
-  static std::atomic<int> n{0};
-  return absl::StrCat("omni-test-", ::getpid(), "-", n.fetch_add(1));
-}
+std::string UniqueChannel() { return testing::UniqueChannel("test"); }
 
 TelemetryOptions FastOptions() {
   TelemetryOptions o;

@@ -22,6 +22,7 @@
 #include "omni/telemetry.h"
 #include "omni/window_channel.h"
 #include "runtime/quantile.h"
+#include "unique_channel.h"
 
 namespace omni {
 namespace {
@@ -30,10 +31,7 @@ using std::chrono::microseconds;
 using std::chrono::milliseconds;
 constexpr int64_t kMs = 1'000'000;
 
-std::string UniqueChannel() {
-  static std::atomic<int> n{0};
-  return absl::StrCat("omni-gap-test-", ::getpid(), "-", n.fetch_add(1));
-}
+std::string UniqueChannel() { return testing::UniqueChannel("gap-test"); }
 
 TelemetryOptions GapOptions() {
   TelemetryOptions o;

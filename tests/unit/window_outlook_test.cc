@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "omni/telemetry.h"
 #include "omni/window_channel.h"
+#include "unique_channel.h"
 
 namespace omni {
 namespace {
@@ -214,10 +215,7 @@ TEST(OutlookOf, AForecastWithoutAnyWindowIsWithdrawnAndStatesNothing) {
 
 // ------------------------------------------------ from a host's telemetry
 
-std::string UniqueChannel() {
-  static std::atomic<int> n{0};
-  return absl::StrCat("omni-outlook-test-", ::getpid(), "-", n.fetch_add(1));
-}
+std::string UniqueChannel() { return testing::UniqueChannel("outlook-test"); }
 
 TelemetryOptions HostOptions(int64_t eval_every) {
   TelemetryOptions o;
