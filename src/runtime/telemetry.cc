@@ -40,7 +40,8 @@ class TelemetryImpl final : public Telemetry {
         window_durations_(static_cast<size_t>(kNoticePhases) * kMaxWindowOrdinals,
                           RollingWindow(options.stats.window)),
         claim_scale_(options.stats.window, options.window_min_samples, options.window_confidence),
-        claim_level_(options.window_confidence) {
+        claim_level_(options.window_confidence),
+        long_gaps_(options.stats.window) {
     window_count_step_.fill(-1);
     last_seen_step_.fill(-1);
     const PhaseCatalog builtin;
@@ -612,7 +613,10 @@ class TelemetryImpl final : public Telemetry {
   // how that claim and the table's fared (ForecastClaimScale).
   void LearnWindows(const StepRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     PhaseWindow gap;
-    if (GapWindowBefore(prev_step_, prev_end_ns_, rec, &gap)) LearnWindow(rec.step, gap);
+    if (GapWindowBefore(prev_step_, prev_end_ns_, rec, &gap)) {
+      LearnWindow(rec.step, gap);
+      long_gaps_.Add(gap.end_ns - gap.start_ns >= options_.forecast.min_window_ns ? 1.0 : 0.0);
+    }
     if (rec.spans_truncated) return;
     ForEachPhaseWindow(rec, catalog_, [&](const PhaseWindow& w) { LearnWindow(rec.step, w); });
   }
@@ -671,11 +675,7 @@ class TelemetryImpl final : public Telemetry {
     }
     // The gaps between steps: announced while one of the last gaps lasted
     // at least the forecast's min_window (shorter ones are no window).
-    const std::vector<double> gaps = WindowDurations(kBetweenStepsPhase, 0).Values();
-    const auto min_window = static_cast<double>(options_.forecast.min_window_ns);
-    gap_notices_.store(
-        std::any_of(gaps.begin(), gaps.end(), [&](double g) { return g >= min_window; }),
-        std::memory_order_relaxed);
+    gap_notices_.store(long_gaps_.mean() > 0, std::memory_order_relaxed);
     SetQuantiles(kBetweenStepsPhase, 0, true);
     window_->PublishWindowQuantiles(catalog_, quantiles_);
   }
@@ -797,6 +797,10 @@ class TelemetryImpl final : public Telemetry {
   std::unique_ptr<internal::TraceWriter> trace_ ABSL_GUARDED_BY(mu_);
   std::optional<Forecast> latest_ ABSL_GUARDED_BY(mu_);
   std::array<int64_t, kNumIdleKinds> last_seen_step_ ABSL_GUARDED_BY(mu_);  // NoteIdleKinds
+  // Of the last `window` gaps between steps, 1 for each that lasted
+  // min_window (the gap notices are on while one did; notice_replay.cc
+  // replays the same rule).
+  RollingWindow long_gaps_ ABSL_GUARDED_BY(mu_);
   // The last record learned from (LearnWindows: the gap before the next).
   int64_t prev_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t prev_end_ns_ ABSL_GUARDED_BY(mu_) = 0;

@@ -13,6 +13,7 @@
 
 #include "omni/step_log.h"
 #include "runtime/worker_pacing.h"
+#include "telemetry_options.h"
 #include "temp_dir.h"
 
 namespace omni {
@@ -28,15 +29,6 @@ std::string ReadAll(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-TelemetryOptions FastOptions() {
-  TelemetryOptions o;
-  o.stats.warmup.max_steps = 0;
-  o.stats.warmup.min_steps = 0;
-  o.publish_interval_ns = 0;
-  o.forecast.horizon_ns = 1'000'000'000;
-  return o;
 }
 
 // One step: data_wait `dw` ms, compute 50 ms, optimizer 10 ms.
@@ -65,7 +57,7 @@ const StatsSnapshot::Row* FindRow(const StatsSnapshot& s, const std::string& nam
 
 TEST(Telemetry, MeasuresStepsAndPhasesOnTheInjectedClock) {
   FakeClock clock;
-  auto tel = Telemetry::Create(FastOptions(), &clock);
+  auto tel = Telemetry::Create(testing::FastTelemetryOptions(), &clock);
   ASSERT_TRUE(tel.ok()) << tel.status();
   for (int i = 0; i < 10; ++i) RunStep(**tel, clock, i % 2 ? 30 : 10);
   ASSERT_TRUE((*tel)->Flush().ok());
@@ -114,7 +106,7 @@ TEST(Telemetry, ItsWorkerThreadIsNamedOmniTelemetry) {
 
 TEST(Telemetry, PublishesForecastsAfterStationarySteps) {
   FakeClock clock;
-  auto tel = Telemetry::Create(FastOptions(), &clock);
+  auto tel = Telemetry::Create(testing::FastTelemetryOptions(), &clock);
   ASSERT_TRUE(tel.ok());
   std::atomic<int> calls{0};
   Forecast last;
@@ -137,7 +129,7 @@ TEST(Telemetry, PublishesForecastsAfterStationarySteps) {
 
 TEST(Telemetry, NextStepBoundsComeFromTheWorkersLatestModel) {
   FakeClock clock;
-  auto tel = Telemetry::Create(FastOptions(), &clock);
+  auto tel = Telemetry::Create(testing::FastTelemetryOptions(), &clock);
   ASSERT_TRUE(tel.ok());
   for (int i = 0; i < 3; ++i) RunStep(**tel, clock, 20);
   ASSERT_TRUE((*tel)->Flush().ok());
@@ -157,7 +149,7 @@ TEST(Telemetry, NextStepBoundsComeFromTheWorkersLatestModel) {
 
 TEST(Telemetry, MisuseReturnsErrorsAndTelemetryKeepsWorking) {
   FakeClock clock;
-  auto tel = Telemetry::Create(FastOptions(), &clock);
+  auto tel = Telemetry::Create(testing::FastTelemetryOptions(), &clock);
   ASSERT_TRUE(tel.ok());
   Telemetry& t = **tel;
   EXPECT_EQ(t.EndStep().code(), absl::StatusCode::kFailedPrecondition);  // no step
@@ -200,7 +192,7 @@ TEST(Telemetry, MisuseReturnsErrorsAndTelemetryKeepsWorking) {
 
 TEST(Telemetry, DropsStepsWhenTheWorkerIsBehindAndCountsThem) {
   FakeClock clock;
-  TelemetryOptions o = FastOptions();
+  TelemetryOptions o = testing::FastTelemetryOptions();
   o.ring_capacity = 4;
   o.worker_poll = absl::Hours(1);  // the worker only runs on Flush
   auto tel = Telemetry::Create(o, &clock);
@@ -234,7 +226,7 @@ TEST(Telemetry, RejectsBadOptionsNamingThem) {
 TEST(Telemetry, WritesStepLogAndPerfettoTrace) {
   TempDir dir;
   FakeClock clock;
-  TelemetryOptions o = FastOptions();
+  TelemetryOptions o = testing::FastTelemetryOptions();
   o.step_log_path = dir / "steps.jsonl";
   o.trace_path = dir / "trace.json";
   o.source = "unit-test";
@@ -286,7 +278,7 @@ TEST(Telemetry, UnwritablePathsFailCreateNamingThePath) {
 TEST(Telemetry, FileSinkReplacesTheForecastAtomically) {
   TempDir dir;
   FakeClock clock;
-  auto tel = Telemetry::Create(FastOptions(), &clock);
+  auto tel = Telemetry::Create(testing::FastTelemetryOptions(), &clock);
   auto sink = MakeFileSink(dir / "forecast.json");
   ASSERT_TRUE(sink.ok());
   (*tel)->AddSink(*std::move(sink));
@@ -308,7 +300,7 @@ TEST(Telemetry, FileSinkReplacesTheForecastAtomically) {
 
 TEST(Telemetry, SinkFailuresAreCountedAndTrainingContinues) {
   FakeClock clock;
-  auto tel = Telemetry::Create(FastOptions(), &clock);
+  auto tel = Telemetry::Create(testing::FastTelemetryOptions(), &clock);
   (*tel)->AddSink(MakeCallbackSink(
       [](const Forecast&) { return absl::UnavailableError("agent down"); }, "node-agent"));
   for (int i = 0; i < 5; ++i) RunStep(**tel, clock, 20);
@@ -324,7 +316,7 @@ TEST(Telemetry, SinkFailuresAreCountedAndTrainingContinues) {
 
 TEST(Telemetry, RejectsStepsWhoseClockWentBackwards) {
   FakeClock clock;
-  auto tel = Telemetry::Create(FastOptions(), &clock);
+  auto tel = Telemetry::Create(testing::FastTelemetryOptions(), &clock);
   ASSERT_TRUE((*tel)->BeginStep(0).ok());
   clock.Set(clock.NowNanos() - 1000);
   ASSERT_TRUE((*tel)->EndStep().ok());

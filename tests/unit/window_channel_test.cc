@@ -30,6 +30,7 @@
 #include "omni/telemetry.h"
 #include "runtime/quantile.h"
 #include "runtime/window_doorbell.h"
+#include "telemetry_options.h"
 #include "unique_channel.h"
 
 namespace omni {
@@ -39,15 +40,6 @@ namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
 std::string UniqueChannel() { return testing::UniqueChannel("test"); }
-
-TelemetryOptions FastOptions() {
-  TelemetryOptions o;
-  o.stats.warmup.max_steps = 0;
-  o.stats.warmup.min_steps = 0;
-  o.publish_interval_ns = 0;
-  o.forecast.horizon_ns = 1'000'000'000;
-  return o;
-}
 
 // Durations drawn from a bimodal, heavy-tailed mix (ns): what data stalls look like.
 std::vector<double> BimodalDurations(int n, uint32_t seed) {
@@ -555,7 +547,7 @@ TEST(WindowChannel, ACorruptOrOtherVersionChannelIsRefusedWithAClearError) {
 
 TEST(WindowChannel, ReaderSeesOpenAndCloseWithTheRemainingDurationGivenElapsed) {
   FakeClock clock;
-  TelemetryOptions o = FastOptions();
+  TelemetryOptions o = testing::FastTelemetryOptions();
   o.window_channel_name = UniqueChannel();
   auto tel = Telemetry::Create(o, &clock);
   ASSERT_TRUE(tel.ok()) << tel.status();
@@ -617,7 +609,7 @@ TEST(WindowChannel, ReaderSeesOpenAndCloseWithTheRemainingDurationGivenElapsed) 
 
 TEST(WindowChannel, BusyWorkNestedInAnIdlePhaseClosesTheWindowUntilItEnds) {
   FakeClock clock;
-  auto tel = Telemetry::Create(FastOptions(), &clock);
+  auto tel = Telemetry::Create(testing::FastTelemetryOptions(), &clock);
   ASSERT_TRUE(tel.ok());
   Telemetry& t = **tel;
   ASSERT_TRUE(t.BeginStep(0).ok());
@@ -651,7 +643,7 @@ TEST(WindowChannel, BusyWorkNestedInAnIdlePhaseClosesTheWindowUntilItEnds) {
 // phase restarted at the reopen.
 TEST(WindowChannel, AWindowReopenedAfterNestedBusyWorkStatesOnlyWhatIsLeftOfTheIdlePhase) {
   FakeClock clock;
-  auto tel = Telemetry::Create(FastOptions(), &clock);
+  auto tel = Telemetry::Create(testing::FastTelemetryOptions(), &clock);
   ASSERT_TRUE(tel.ok()) << tel.status();
   Telemetry& t = **tel;
   std::mt19937 rng(11);
@@ -927,7 +919,7 @@ TEST(WindowChannel, AReaderInAnotherProcessSeesTheWindowOpenAndClose) {
     ::_exit(n.ok() && n->state == WindowState::kClosed && n->step == 4 ? 0 : 13);
   }
   ::close(to_parent[1]);
-  TelemetryOptions o = FastOptions();
+  TelemetryOptions o = testing::FastTelemetryOptions();
   o.window_channel_name = name;
   auto tel = Telemetry::Create(o);
   ASSERT_TRUE(tel.ok()) << tel.status();
@@ -955,7 +947,7 @@ TEST(StoreSink, PublishesTheLatestNoticeAndForecastUnderDocumentedKeys) {
   auto sink = MakeStoreSink(**store, "job7/rank0");
   ASSERT_TRUE(sink.ok()) << sink.status();
   FakeClock clock;
-  auto tel = Telemetry::Create(FastOptions(), &clock);
+  auto tel = Telemetry::Create(testing::FastTelemetryOptions(), &clock);
   ASSERT_TRUE(tel.ok());
   (*tel)->AddSink(*std::move(sink));
   for (int i = 0; i < 10; ++i) {
@@ -992,15 +984,15 @@ TEST(StoreSink, PublishesTheLatestNoticeAndForecastUnderDocumentedKeys) {
 }
 
 TEST(WindowChannel, TelemetryRefusesABadConfidenceOrChannelName) {
-  TelemetryOptions o = FastOptions();
+  TelemetryOptions o = testing::FastTelemetryOptions();
   o.window_confidence = 1.5;
   EXPECT_EQ(Telemetry::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o = FastOptions();
+  o = testing::FastTelemetryOptions();
   o.window_channel_name = "no spaces";
   auto t = Telemetry::Create(o);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(t.status().message().find("no spaces"), absl::string_view::npos);
-  o = FastOptions();
+  o = testing::FastTelemetryOptions();
   o.window_min_samples = 0;
   t = Telemetry::Create(o);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
@@ -1010,7 +1002,7 @@ TEST(WindowChannel, TelemetryRefusesABadConfidenceOrChannelName) {
 // Telemetry on `clock` whose notices claim from 5 measured windows of a
 // (phase, ordinal) on; nullptr (and a failure) if it cannot be made.
 std::unique_ptr<Telemetry> TelemetryClaimingFrom5Windows(FakeClock& clock) {
-  TelemetryOptions o = FastOptions();
+  TelemetryOptions o = testing::FastTelemetryOptions();
   o.window_min_samples = 5;
   auto tel = Telemetry::Create(o, &clock);
   EXPECT_TRUE(tel.ok()) << tel.status();

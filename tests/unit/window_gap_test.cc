@@ -22,6 +22,7 @@
 #include "omni/telemetry.h"
 #include "omni/window_channel.h"
 #include "runtime/quantile.h"
+#include "telemetry_options.h"
 #include "unique_channel.h"
 
 namespace omni {
@@ -34,11 +35,7 @@ constexpr int64_t kMs = 1'000'000;
 std::string UniqueChannel() { return testing::UniqueChannel("gap-test"); }
 
 TelemetryOptions GapOptions() {
-  TelemetryOptions o;
-  o.stats.warmup.max_steps = 0;
-  o.stats.warmup.min_steps = 0;
-  o.publish_interval_ns = 0;
-  o.forecast.horizon_ns = 1'000'000'000;
+  TelemetryOptions o = testing::FastTelemetryOptions();
   o.window_channel_name = UniqueChannel();
   return o;
 }
