@@ -143,7 +143,11 @@ def test_two_replicas_share_one_dir_resume_bit_exactly_with_two_and_go_on_with_o
 
 def test_a_second_job_on_the_directory_is_refused_naming_both_jobs(tmp_path):
     ckpt = tmp_path / "ckpt"
-    first = Replica(tmp_path, tmp_path / "store", "r0", "--min-replicas", 1, "--ckpt-dir", ckpt)
+    # 1500 steps (~15 s alone): the first job still holds the directory when
+    # the second, started on a loaded machine, gets to its lock (with 120
+    # steps, ~1 s, a second job slowed by the suite found it free).
+    first = Replica(tmp_path, tmp_path / "store", "r0", "--min-replicas", 1, "--ckpt-dir", ckpt,
+                    "--steps", 1500)
     deadline = time.monotonic() + 120
     while first.steps() < 2:
         assert time.monotonic() < deadline and first.proc.poll() is None, first.err.read_text()
