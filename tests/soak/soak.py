@@ -218,7 +218,9 @@ class Soak:
         return r
 
     def healthy(self, r):
-        return (r.alive() and not r.stopped and r.last_step >= 0
+        # Not r.killed: a SIGKILLed process can still poll as running for a few
+        # ms, and a second kill then took the last replica holding the state.
+        return (r.alive() and not r.killed and not r.stopped and r.last_step >= 0
                 and r.last_step >= self.frontier - 2)
 
     # ---- reading the logs
