@@ -38,6 +38,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
@@ -147,8 +148,10 @@ absl::StatusOr<std::unique_ptr<omni::colocate::ChannelWindowSource>> Attach(
                     std::chrono::milliseconds(static_cast<int64_t>(1e3 * flags.attach_s));
        ;) {
     auto opened = omni::colocate::ChannelWindowSource::Open(flags.channel, gate, so);
+    // A signal to the supervisor (--pause) ends the wait: it was told to
+    // yield before it found the host.
     if (opened.ok() || !absl::IsNotFound(opened.status()) ||
-        std::chrono::steady_clock::now() > until) {
+        std::chrono::steady_clock::now() > until || g_signal.load() != 0) {
       return opened;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -388,20 +391,32 @@ void SetSessionNice(const std::string& pid, int nice) {
   }
 }
 
+// Exits with `code` once stdout and stderr are flushed, without running
+// the static destructors: LibTorch's take 0.2-0.5 s of CPU at exit here (its
+// dispatcher deregisters every operator, and a forked process faults in the
+// pages it frees), all of it on the host's core after the guest has yielded
+// (the supervisor's part in the real-time class). Everything that writes a
+// file (the Runtime, the logs) is closed by then, in Run's or Supervise's
+// scope.
+[[noreturn]] void ExitNow(int code) {
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
+
 // --pause: the supervisor of the trainer child `child` (stopped by itself
 // once ready). Returns the child's exit code.
 int Supervise(const Flags& flags, pid_t child) {
   int st = 0;
-  if (::waitpid(child, &st, WUNTRACED) != child) {
-    return Fail(absl::InternalError(absl::StrCat("waitpid(", child, "): errno ", errno)));
-  }
-  if (!WIFSTOPPED(st)) return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
   const auto finish_child = [&](int sig) {
     // Its save gets the session's normal weight back: at nice 19 a save on
     // a loaded machine could starve past the notice's deadline.
     SetSessionNice(std::to_string(child), 0);
     if (sig != 0) ::kill(child, sig);
     ::kill(child, SIGCONT);
+    // Nothing is urgent after that: the real-time class is given up, so
+    // that the wait and the exit never hold the host's core.
+    sched_param idle = {};
+    ::sched_setscheduler(0, SCHED_IDLE, &idle);
     ::waitpid(child, &st, 0);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
   };
@@ -412,9 +427,28 @@ int Supervise(const Flags& flags, pid_t child) {
   // stop takes a fraction of a millisecond when the guest is on a core.
   go.miss_tolerance = absl::Nanoseconds(static_cast<int64_t>(1e6 * flags.yield_bound_ms));
   auto gate = omni::colocate::GuestGate::Create(go);
-  if (!gate.ok()) return finish_child(SIGTERM), Fail(gate.status());
-  auto source = Attach(flags, gate->get(), /*watcher=*/false);
-  if (!source.ok()) return finish_child(SIGTERM), Fail(source.status());
+  // Attached before the trainer is ready: its start (a checkpoint restored
+  // in the idle class on the host's busy core) can outlast the host, whose
+  // channel is then gone; attached, that is the host finishing (the child
+  // saves and exits 75), not a missing host (exit 1; the demo saw it).
+  absl::StatusOr<std::unique_ptr<omni::colocate::ChannelWindowSource>> source =
+      gate.ok() ? Attach(flags, gate->get(), /*watcher=*/false) : gate.status();
+  // Ready, the trainer has stopped itself (a child told to save before then
+  // would stop on its way and never exit).
+  for (;;) {
+    if (::waitpid(child, &st, WUNTRACED) == child) break;
+    if (errno != EINTR) {
+      return Fail(absl::InternalError(absl::StrCat("waitpid(", child, "): errno ", errno)));
+    }
+  }
+  if (!WIFSTOPPED(st)) return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+  if (!source.ok()) {
+    const int code = finish_child(SIGTERM);
+    // Told to yield while it looked for the host (the host may have
+    // finished before this slow start found it): preempted, not an error.
+    if (g_signal.load() != 0) return code;
+    return Fail(source.status());
+  }
   std::FILE* runs = flags.runs_log.empty() ? nullptr : std::fopen(flags.runs_log.c_str(), "a");
   const omni::Clock* clock = omni::Clock::Real();
   const auto poll = absl::Nanoseconds(static_cast<int64_t>(1e6 * flags.poll_ms));
@@ -518,6 +552,7 @@ int Supervise(const Flags& flags, pid_t child) {
     ++turns;
   }
   // Preempted, or the host finished: the child runs on to save and exit.
+  const bool real_time = ::sched_getscheduler(0) == SCHED_FIFO;
   if (ctl.running()) end_run(clock->NowNanos());
   if (runs != nullptr) std::fclose(runs);
   PrintGateLine(resumes, (*gate)->Stats());
@@ -534,9 +569,8 @@ int Supervise(const Flags& flags, pid_t child) {
                "colocate_guest: supervisor resumes=%" PRId64
                " run_ms=%.1f cpu_ms=%.1f rt=%d turns=%" PRId64 " switches=%ld wakeups=%" PRId64
                " read_errors=%" PRId64 "\n",
-               resumes, static_cast<double>(run_ns) / 1e6, ms(self) - ms(self0),
-               ::sched_getscheduler(0) == SCHED_FIFO ? 1 : 0, turns,
-               (self.ru_nvcsw + self.ru_nivcsw) - (self0.ru_nvcsw + self0.ru_nivcsw),
+               resumes, static_cast<double>(run_ns) / 1e6, ms(self) - ms(self0), real_time ? 1 : 0,
+               turns, (self.ru_nvcsw + self.ru_nivcsw) - (self0.ru_nvcsw + self0.ru_nivcsw),
                (*source)->Stats().wakeups, (*source)->Stats().read_errors);
   const int code = finish_child(forward);
   if (!error.ok()) return Fail(error);
@@ -574,7 +608,7 @@ int main(int argc, char** argv) {
       sched_param rt = {};
       rt.sched_priority = 1;
       ::sched_setscheduler(0, SCHED_FIFO, &rt);
-      return Supervise(flags, child);
+      ExitNow(Supervise(flags, child));
     }
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never left stopped without its supervisor
     struct sigaction busy = {};
@@ -605,10 +639,11 @@ int main(int argc, char** argv) {
     flags.pause = false;
     flags.child = true;
   }
+  int code = 1;
   try {
-    return Run(flags);
+    code = Run(flags);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "colocate_guest: error: %s\n", e.what());
   }
-  return 1;
+  ExitNow(code);
 }

@@ -170,6 +170,34 @@ def test_a_paused_guest_runs_only_from_a_stalls_open_to_its_close(tmp_path):
     assert "supervisor resumes=" in gerr
 
 
+def test_a_paused_guest_told_to_yield_while_it_waits_for_its_host_saves_and_exits_75(tmp_path):
+    """--pause with no host yet (or one that finished while the guest was
+    starting): the supervisor waits for the channel to appear (--attach-s);
+    a SIGTERM meanwhile is a preemption, not an error. Before: the wait
+    ignored the signal and, after --attach-s, the guest failed with exit 1
+    ("window channel ... does not exist"), as the demo's restarted guest did
+    when the host ended first."""
+    g = subprocess.Popen([str(GUEST), "--pause", "--until-close",
+                          *guest(tmp_path, "--channel", f"omni-it-nohost-{os.getpid()}",
+                                 "--attach-s", 60, steps=10**6)[1:]],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def trainer_ready():
+        kids = pathlib.Path(f"/proc/{g.pid}/task/{g.pid}/children").read_text().split()
+        if not kids:
+            return False
+        stat = pathlib.Path(f"/proc/{kids[0]}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+    wait_for(trainer_ready, "the trainer stopped for its supervisor", 60, g)
+    started = time.monotonic()
+    g.send_signal(signal.SIGTERM)
+    _, err = g.communicate(timeout=30)
+    assert g.returncode == 75, err
+    assert time.monotonic() - started < 10, "it waited out --attach-s"
+    assert "does not exist" not in err
+
+
 # ---- a host busy for longer than the guest will wait (--max-wait-s):
 # the guest saves, exits 75 and, started again, resumes bit-exactly.
 
