@@ -450,6 +450,20 @@ def colocated(b, d, steps, mode, channel, hooks_fn=None):
             "runs": read_jsonl(runs) if runs.exists() else None}
 
 
+def trainer_ready(supervisor_pid):
+    """Whether the trainer child of a `colocate_guest --pause` supervisor
+    has stopped itself for its supervisor (ready, waiting for a window)."""
+    pid = supervisor_pid
+    try:
+        kids = pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if not kids:
+            return False
+        stat = pathlib.Path(f"/proc/{kids[0]}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 def wait_guest_ready(proc, d, gated, timeout=120):
     """Until the guest is ready: gated, its trainer has stopped itself for
     its supervisor (--pause); ungated, it has logged a unit."""
@@ -458,17 +472,9 @@ def wait_guest_ready(proc, d, gated, timeout=120):
         if proc.p.poll() is not None:
             sys.exit(f"guest exited {proc.p.returncode} before it was ready: "
                      f"{proc.err.read_text()[-2000:]}")
-        if gated:
-            pid = proc.p.pid
-            try:
-                kids = pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-                state = (pathlib.Path(f"/proc/{kids[0]}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                         if kids else "")
-            except OSError:
-                state = ""
-            if state in ("T", "t"):
-                return
-        elif (d / "guest.jsonl").exists() and (d / "guest.jsonl").stat().st_size > 0:
+        if gated and trainer_ready(proc.p.pid):
+            return
+        if not gated and (d / "guest.jsonl").exists() and (d / "guest.jsonl").stat().st_size > 0:
             return
         time.sleep(0.02)
     sys.exit(f"guest not ready within {timeout} s: {proc.err.read_text()[-2000:]}")

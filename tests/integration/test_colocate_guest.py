@@ -19,7 +19,7 @@ GUEST = BIN_DIR / "colocate_guest"
 HOST = BIN_DIR / "omni_train"
 FINAL_RE = re.compile(r"^final step=(\d+) params_xxh3=([0-9a-f]{16}) loss=(-?\d+\.\d+)$")
 sys.path.insert(0, str(REPO / "benchmarks"))
-from colocation_bench import idle_intervals, step_records  # noqa: E402
+from colocation_bench import idle_intervals, step_records, trainer_ready  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (GUEST.exists() and HOST.exists()),
                                 reason=f"{GUEST} or {HOST} not built")
@@ -181,15 +181,7 @@ def test_a_paused_guest_told_to_yield_while_it_waits_for_its_host_saves_and_exit
                           *guest(tmp_path, "--channel", f"omni-it-nohost-{os.getpid()}",
                                  "--attach-s", 60, steps=10**6)[1:]],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def trainer_ready():
-        kids = pathlib.Path(f"/proc/{g.pid}/task/{g.pid}/children").read_text().split()
-        if not kids:
-            return False
-        stat = pathlib.Path(f"/proc/{kids[0]}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
-
-    wait_for(trainer_ready, "the trainer stopped for its supervisor", 60, g)
+    wait_for(lambda: trainer_ready(g.pid), "the trainer stopped for its supervisor", 60, g)
     started = time.monotonic()
     g.send_signal(signal.SIGTERM)
     _, err = g.communicate(timeout=30)
