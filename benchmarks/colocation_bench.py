@@ -111,29 +111,31 @@ def idle_cgroup():
     real-time budget where the kernel schedules real-time tasks by group, so
     that colocate_guest's supervisor can still run in SCHED_FIFO."""
     global _GUEST_CGROUP
-    if _GUEST_CGROUP is None and not USE_CGROUP:
-        _GUEST_CGROUP = False
     if _GUEST_CGROUP is None:
-        _GUEST_CGROUP = False
-        for root in (pathlib.Path("/sys/fs/cgroup/cpu"), pathlib.Path("/sys/fs/cgroup")):
-            if not (root / "cpu.idle").exists() and not (root / "cgroup.subtree_control").exists():
-                continue
-            path = root / f"omni-colocation-{os.getpid()}"
-            try:
-                path.mkdir()
-            except OSError:
-                continue
-            try:
-                (path / "cpu.idle").write_text("1")
-                if (path / "cpu.rt_runtime_us").exists():
-                    (path / "cpu.rt_runtime_us").write_text("100000")
-            except OSError:
-                path.rmdir()
-                continue
-            _GUEST_CGROUP = path
-            atexit.register(_remove_cgroup, path)
-            break
+        _GUEST_CGROUP = _make_idle_cgroup() if USE_CGROUP else False
     return _GUEST_CGROUP or None
+
+
+def _make_idle_cgroup():
+    """idle_cgroup's cgroup, or False."""
+    for root in (pathlib.Path("/sys/fs/cgroup/cpu"), pathlib.Path("/sys/fs/cgroup")):
+        if not (root / "cpu.idle").exists() and not (root / "cgroup.subtree_control").exists():
+            continue
+        path = root / f"omni-colocation-{os.getpid()}"
+        try:
+            path.mkdir()
+        except OSError:
+            continue
+        try:
+            (path / "cpu.idle").write_text("1")
+            if (path / "cpu.rt_runtime_us").exists():
+                (path / "cpu.rt_runtime_us").write_text("100000")
+        except OSError:
+            path.rmdir()
+            continue
+        atexit.register(_remove_cgroup, path)
+        return path
+    return False
 
 
 def _remove_cgroup(path):

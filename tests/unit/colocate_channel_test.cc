@@ -3,14 +3,12 @@
 #include "omni/colocate_channel.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <array>
 #include <atomic>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "unique_channel.h"
 
 namespace omni::colocate {
