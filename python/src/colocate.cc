@@ -191,8 +191,10 @@ void DefineColocate(py::module_& m) {
           "stats", [](const oc::GuestGate& g) { return StatsDict(g.Stats()); },
           "Units started, waits, yields (p50/p99/max ns) and deadline misses.");
 
-  py::class_<oc::UnitCostBound>(m, "UnitCostBound",
-                                "An upper bound of a unit's cost from the units seen.")
+  py::class_<oc::UnitCostBound>(
+      m, "UnitCostBound",
+      "An upper bound of a unit's cost from the units seen (the first, a warm-up, left "
+      "out; initial_s until the second).")
       .def(py::init([](double initial_s, double k, double alpha) {
              return std::make_unique<oc::UnitCostBound>(SecondsToNanos("initial_s", initial_s), k,
                                                         alpha);

@@ -123,6 +123,10 @@ GateStats GuestGate::Stats() const {
 }
 
 void UnitCostBound::Observe(int64_t unit_ns) {
+  if (!warmed_up_) {
+    warmed_up_ = true;
+    return;
+  }
   const double x = static_cast<double>(unit_ns);
   if (n_ == 0) {
     mean_ = x;
