@@ -44,6 +44,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -144,6 +145,7 @@ absl::StatusOr<std::unique_ptr<omni::colocate::ChannelWindowSource>> Attach(
   // Without a watcher (the supervisor) nothing but a notice needs it between
   // windows: each timed wake-up is CPU on the host's core.
   if (!watcher) so.closed_poll = absl::Milliseconds(100);
+  bool said = false;
   for (auto until = std::chrono::steady_clock::now() +
                     std::chrono::milliseconds(static_cast<int64_t>(1e3 * flags.attach_s));
        ;) {
@@ -153,6 +155,10 @@ absl::StatusOr<std::unique_ptr<omni::colocate::ChannelWindowSource>> Attach(
     if (opened.ok() || !absl::IsNotFound(opened.status()) ||
         std::chrono::steady_clock::now() > until || g_signal.load() != 0) {
       return opened;
+    }
+    if (!std::exchange(said, true)) {  // once: ready, and waiting for its host
+      std::fprintf(stderr, "colocate_guest: waiting up to %.0f s for the host's channel %s\n",
+                   flags.attach_s, flags.channel.c_str());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

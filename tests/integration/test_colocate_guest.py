@@ -121,14 +121,25 @@ def assert_steps_started_in_windows(d, gerr, slack_ns):
 
 def test_a_gated_guest_starts_steps_only_in_the_hosts_idle_windows(tmp_path):
     channel = f"omni-it-{os.getpid()}"
-    host = subprocess.Popen([str(HOST), "--steps", "60", "--eval-every", "10", "--quiet",
+    gerr_path = tmp_path / "guest.err"
+    with gerr_path.open("w") as gerr_file:
+        g = subprocess.Popen(guest(tmp_path, "--channel", channel, "--unit-ms", 5,
+                                   "--attach-s", 120, steps=10**6),
+                             stdout=subprocess.PIPE, stderr=gerr_file, text=True)
+    # Its start (LibTorch, its model) can outlast the host on a loaded
+    # machine: the host starts once the guest waits for it.
+    wait_for(lambda: "waiting up to" in gerr_path.read_text(), "the guest waiting for its host",
+             120, g)
+    # An eval every 5 steps: a loaded machine lengthens the host's warm-up
+    # (16-26 steps), whose steps its tables leave out, and an eval's claim
+    # grows with the evals measured after it.
+    host = subprocess.Popen([str(HOST), "--steps", "80", "--eval-every", "5", "--quiet",
                              "--log", str(tmp_path / "host.jsonl"), "--window-channel", channel],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    g = subprocess.Popen(guest(tmp_path, "--channel", channel, "--unit-ms", 5, steps=10**6),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, herr = host.communicate(timeout=240)
     assert host.returncode == 0, herr
-    _, gerr = g.communicate(timeout=60)
+    g.communicate(timeout=60)
+    gerr = gerr_path.read_text()
     assert g.returncode == 75, gerr  # the host finished: saved, resumable
     assert "the host finished" in gerr
     # A step starts while a window is open; the watcher reads the channel
@@ -143,15 +154,20 @@ def test_a_paused_guest_runs_only_from_a_stalls_open_to_its_close(tmp_path):
     close; every run starts inside one of the host's data stalls, and the
     guest saves and exits 75 when the host finishes."""
     channel = f"omni-it-pause-{os.getpid()}"
+    runs_log = tmp_path / "runs.jsonl"
+    g = subprocess.Popen([str(GUEST), "--pause", "--until-close",
+                          *guest(tmp_path, "--channel", channel, "--kinds", "data_stall",
+                                 "--poll-ms", 20, "--runs-log", runs_log, "--attach-s", 120,
+                                 steps=10**6)[1:]],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The trainer starts in the idle class: on a loaded machine its start can
+    # outlast a host started beside it (the guest then never runs). The host
+    # starts once the trainer is ready, as a scheduler's guest would be.
+    wait_for(lambda: trainer_ready(g.pid), "the trainer stopped for its supervisor", 120, g)
     host = subprocess.Popen([str(HOST), "--steps", "40", "--eval-every", "10", "--quiet",
                              "--stall-io", "--stall-scale", "4",
                              "--log", str(tmp_path / "host.jsonl"), "--window-channel", channel],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    runs_log = tmp_path / "runs.jsonl"
-    g = subprocess.Popen([str(GUEST), "--pause", "--until-close",
-                          *guest(tmp_path, "--channel", channel, "--kinds", "data_stall",
-                                 "--poll-ms", 20, "--runs-log", runs_log, steps=10**6)[1:]],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, herr = host.communicate(timeout=240)
     assert host.returncode == 0, herr
     _, gerr = g.communicate(timeout=60)
