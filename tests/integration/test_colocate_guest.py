@@ -43,6 +43,23 @@ def units(d):
     return [json.loads(x) for x in f.read_text().split("\n")[:-1]] if f.exists() else []
 
 
+@pytest.fixture
+def reaped():
+    """Registers processes started by a test; those still running when it
+    ends (a failed assertion) are killed, not left to their --attach-s."""
+    procs = []
+
+    def register(p):
+        procs.append(p)
+        return p
+
+    yield register
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     d = tmp_path_factory.mktemp("ref")
@@ -119,23 +136,28 @@ def assert_steps_started_in_windows(d, gerr, slack_ns):
     assert not outside, f"{len(outside)} of {len(done)} steps started outside the windows"
 
 
-def test_a_gated_guest_starts_steps_only_in_the_hosts_idle_windows(tmp_path):
+def test_a_gated_guest_starts_steps_only_in_the_hosts_idle_windows(tmp_path, reaped):
     channel = f"omni-it-{os.getpid()}"
     gerr_path = tmp_path / "guest.err"
     with gerr_path.open("w") as gerr_file:
-        g = subprocess.Popen(guest(tmp_path, "--channel", channel, "--unit-ms", 5,
-                                   "--attach-s", 120, steps=10**6),
-                             stdout=subprocess.PIPE, stderr=gerr_file, text=True)
+        g = reaped(subprocess.Popen(guest(tmp_path, "--channel", channel, "--unit-ms", 5,
+                                          "--attach-s", 120, steps=10**6),
+                                    stdout=subprocess.PIPE, stderr=gerr_file, text=True))
+
+    def waits_for_its_host():
+        assert g.poll() is None, f"the guest exited {g.returncode}: {gerr_path.read_text()}"
+        return "waiting up to" in gerr_path.read_text()
+
     # Its start (LibTorch, its model) can outlast the host on a loaded
     # machine: the host starts once the guest waits for it.
-    wait_for(lambda: "waiting up to" in gerr_path.read_text(), "the guest waiting for its host",
-             120, g)
+    wait_for(waits_for_its_host, "the guest waiting for its host", 120)
     # An eval every 5 steps: a loaded machine lengthens the host's warm-up
     # (16-26 steps), whose steps its tables leave out, and an eval's claim
     # grows with the evals measured after it.
-    host = subprocess.Popen([str(HOST), "--steps", "80", "--eval-every", "5", "--quiet",
-                             "--log", str(tmp_path / "host.jsonl"), "--window-channel", channel],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    host = reaped(subprocess.Popen([str(HOST), "--steps", "80", "--eval-every", "5", "--quiet",
+                                    "--log", str(tmp_path / "host.jsonl"),
+                                    "--window-channel", channel],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     _, herr = host.communicate(timeout=240)
     assert host.returncode == 0, herr
     g.communicate(timeout=60)
@@ -148,26 +170,27 @@ def test_a_gated_guest_starts_steps_only_in_the_hosts_idle_windows(tmp_path):
     assert_steps_started_in_windows(tmp_path, gerr, slack_ns=5_000_000)
 
 
-def test_a_paused_guest_runs_only_from_a_stalls_open_to_its_close(tmp_path):
+def test_a_paused_guest_runs_only_from_a_stalls_open_to_its_close(tmp_path, reaped):
     """--pause --until-close beside a host whose data stalls block: the
     supervisor continues the trainer at a stall's open and stops it at the
     close; every run starts inside one of the host's data stalls, and the
     guest saves and exits 75 when the host finishes."""
     channel = f"omni-it-pause-{os.getpid()}"
     runs_log = tmp_path / "runs.jsonl"
-    g = subprocess.Popen([str(GUEST), "--pause", "--until-close",
-                          *guest(tmp_path, "--channel", channel, "--kinds", "data_stall",
-                                 "--poll-ms", 20, "--runs-log", runs_log, "--attach-s", 120,
-                                 steps=10**6)[1:]],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    g = reaped(subprocess.Popen([str(GUEST), "--pause", "--until-close",
+                                 *guest(tmp_path, "--channel", channel, "--kinds", "data_stall",
+                                        "--poll-ms", 20, "--runs-log", runs_log,
+                                        "--attach-s", 120, steps=10**6)[1:]],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     # The trainer starts in the idle class: on a loaded machine its start can
     # outlast a host started beside it (the guest then never runs). The host
     # starts once the trainer is ready, as a scheduler's guest would be.
     wait_for(lambda: trainer_ready(g.pid), "the trainer stopped for its supervisor", 120, g)
-    host = subprocess.Popen([str(HOST), "--steps", "40", "--eval-every", "10", "--quiet",
-                             "--stall-io", "--stall-scale", "4",
-                             "--log", str(tmp_path / "host.jsonl"), "--window-channel", channel],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    host = reaped(subprocess.Popen([str(HOST), "--steps", "40", "--eval-every", "10", "--quiet",
+                                    "--stall-io", "--stall-scale", "4",
+                                    "--log", str(tmp_path / "host.jsonl"),
+                                    "--window-channel", channel],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     _, herr = host.communicate(timeout=240)
     assert host.returncode == 0, herr
     _, gerr = g.communicate(timeout=60)
