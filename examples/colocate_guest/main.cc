@@ -188,12 +188,27 @@ absl::Duration MaxWait(const Flags& flags) {
 // Why a guest stopped waiting (GuestStop::kHostBusy / kWaitedTooLong), for
 // its log and its Runtime's yield: how long the host is busy at least, and
 // who says so (its forecast or its announcement).
+// `stats` and `unit_bound_ns` (the unit's cost bound): where windows opened
+// too short for a unit, it says how many and the longest claim against the
+// bound (a bound above every claim is never lowered: only units that run
+// are measured).
 std::string BusyReason(omni::colocate::GuestStop why, int64_t no_window_before_ns,
                        int64_t waited_ns, const absl::StatusOr<omni::WindowOutlook>& o,
+                       const omni::colocate::GateStats& stats, int64_t unit_bound_ns,
                        const Flags& flags) {
   if (why != omni::colocate::GuestStop::kHostBusy) {
-    return absl::StrFormat("no window of its kinds (%s) for %.1f s (--max-wait-s %g)", flags.kinds,
-                           static_cast<double>(waited_ns) / 1e9, flags.max_wait_s);
+    std::string reason =
+        absl::StrFormat("no window of its kinds (%s) for %.1f s (--max-wait-s %g)", flags.kinds,
+                        static_cast<double>(waited_ns) / 1e9, flags.max_wait_s);
+    if (stats.too_short_windows > 0) {
+      absl::StrAppendFormat(&reason,
+                            "; %d windows in all were too short for a unit, the longest claimed "
+                            "%.1f ms against its cost bound %.1f ms + guard %g ms",
+                            stats.too_short_windows,
+                            static_cast<double>(stats.too_short_longest_ns) / 1e6,
+                            static_cast<double>(unit_bound_ns) / 1e6, flags.guard_ms);
+    }
+    return reason;
   }
   const double busy_s =
       static_cast<double>(no_window_before_ns - omni::Clock::Real()->NowNanos()) / 1e9;
@@ -350,7 +365,8 @@ int Run(const Flags& flags) {
   std::string leave = "the host finished";
   if (r.why == omni::colocate::GuestStop::kHostBusy ||
       r.why == omni::colocate::GuestStop::kWaitedTooLong) {
-    leave = BusyReason(r.why, r.no_window_before_ns, r.waited_ns, outlook(), flags);
+    leave = BusyReason(r.why, r.no_window_before_ns, r.waited_ns, outlook(), r.stats,
+                       r.unit_bound_ns, flags);
   } else if (g_host_busy.load() != 0) {
     leave = absl::StrFormat("the host is busy: its supervisor stopped waiting (--max-wait-s %g)",
                             flags.max_wait_s);
@@ -542,9 +558,10 @@ int Supervise(const Flags& flags, pid_t child) {
       const int64_t now = clock->NowNanos();
       const int64_t before = window.open ? 0 : (*source)->NoWindowBeforeNs();
       if (auto why = omni::colocate::StopWaiting(now, waiting_since, before, max_wait)) {
-        std::fprintf(
-            stderr, "colocate_guest: %s; the trainer saves\n",
-            BusyReason(*why, before, now - waiting_since, (*source)->Outlook(), flags).c_str());
+        std::fprintf(stderr, "colocate_guest: %s; the trainer saves\n",
+                     BusyReason(*why, before, now - waiting_since, (*source)->Outlook(),
+                                (*gate)->Stats(), absl::ToInt64Nanoseconds(poll), flags)
+                         .c_str());
         forward = SIGUSR2;  // the trainer's OnHostBusy
         break;
       }

@@ -81,6 +81,12 @@ struct GateStats {
   int64_t yield_p50_ns = 0;
   int64_t yield_p99_ns = 0;
   int64_t yield_max_ns = 0;
+  // Waits at an open window too short for the unit (kWaitTooShort), the
+  // windows they came in, and the longest remainder such a window claimed at
+  // a look: a cost bound above every claim of the host shows here.
+  int64_t too_short_waits = 0;
+  int64_t too_short_windows = 0;
+  int64_t too_short_longest_ns = 0;
 };
 
 class OMNI_EXPORT GuestGate {
@@ -129,6 +135,7 @@ class OMNI_EXPORT GuestGate {
   bool unit_running_ = false;
   uint64_t unit_window_ = 0;
   uint64_t yielded_window_ = 0;  // id + 1 of the last window whose close was counted
+  uint64_t short_window_ = 0;    // id + 1 of the last window found too short
   GateStats stats_;
   std::vector<int64_t> yield_ns_;
 };

@@ -113,6 +113,7 @@ struct GuestLoopResult {
   // waiting (0: none) and how long it had waited.
   int64_t no_window_before_ns = 0;
   int64_t waited_ns = 0;
+  int64_t unit_bound_ns = 0;  // the unit's cost bound when it stopped
   GateStats stats;
 };
 

@@ -48,6 +48,9 @@ py::dict StatsDict(const oc::GateStats& s) {
   d["yield_p50_ns"] = s.yield_p50_ns;
   d["yield_p99_ns"] = s.yield_p99_ns;
   d["yield_max_ns"] = s.yield_max_ns;
+  d["too_short_waits"] = s.too_short_waits;
+  d["too_short_windows"] = s.too_short_windows;
+  d["too_short_longest_ns"] = s.too_short_longest_ns;
   return d;
 }
 
@@ -92,6 +95,7 @@ py::dict RunLoop(oc::GuestGate& gate, oc::WindowSource& source, const py::object
   d["units"] = r.units;
   d["no_window_before_ns"] = r.no_window_before_ns;
   d["waited_ns"] = r.waited_ns;
+  d["unit_bound_ns"] = r.unit_bound_ns;
   d["stats"] = StatsDict(r.stats);
   return d;
 }
@@ -325,7 +329,7 @@ void DefineColocate(py::module_& m) {
         "after max_units, when `stop` is set, when unit raises (re-raised), or, with max_wait_s, "
         "when the host states no window of the source's kinds can open within it ('host_busy') "
         "or none could be used for that long ('waited_too_long'). Returns {'why', 'units', "
-        "'no_window_before_ns', 'waited_ns', 'stats'}.");
+        "'no_window_before_ns', 'waited_ns', 'unit_bound_ns', 'stats'}.");
 }
 
 }  // namespace omni_python

@@ -166,6 +166,15 @@ def test_a_guest_that_will_not_wait_stops_when_the_host_is_busy_beyond_max_wait(
     r = omni.run_guest_loop(omni.GuestGate(clock=clock), omni.ManualWindowSource(), unit,
                             max_wait_s=0.0, clock=clock)
     assert r["why"] == "waited_too_long" and r["units"] == 0
+    assert r["stats"]["too_short_windows"] == 0 and r["unit_bound_ns"] == 50 * MS
+    # An open window too short for the unit: counted, with its claim.
+    short = omni.ManualWindowSource()
+    short.open(window(clock, 2, 3))
+    r = omni.run_guest_loop(omni.GuestGate(clock=clock), short, unit, initial_unit_s=0.005,
+                            max_wait_s=0.0, clock=clock)
+    assert r["why"] == "waited_too_long" and r["units"] == 0
+    assert r["stats"]["too_short_windows"] == 1 and r["stats"]["too_short_waits"] == 1
+    assert r["stats"]["too_short_longest_ns"] == 3 * MS and r["unit_bound_ns"] == 5 * MS
     with pytest.raises(ValueError, match="max_wait_s"):
         omni.run_guest_loop(gate, source, unit, max_wait_s=-1.0, clock=clock)
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace omni::colocate {
 
@@ -71,6 +72,11 @@ GateDecision GuestGate::BeforeUnit(const OpenWindow& window, int64_t unit_cost_n
       d.verdict = GateVerdict::kWaitLowConfidence;
     } else if (d.remaining_ns < unit_cost_ns + guard_ns_) {
       d.verdict = GateVerdict::kWaitTooShort;
+      ++stats_.too_short_waits;
+      if (std::exchange(short_window_, window.window_id + 1) != window.window_id + 1) {
+        ++stats_.too_short_windows;
+      }
+      stats_.too_short_longest_ns = std::max(stats_.too_short_longest_ns, d.remaining_ns);
     } else {
       d.verdict = GateVerdict::kStart;
     }

@@ -106,6 +106,7 @@ GuestLoopResult RunGuestLoop(GuestGate& gate, WindowSource& source,
     ++r.units;
     waiting_since = t1;
   }
+  r.unit_bound_ns = cost.BoundNs();
   r.stats = gate.Stats();
   return r;
 }

@@ -115,6 +115,20 @@ TEST_F(GateTest, HostClosedFromAnotherThreadIsSeenAtTheNextBoundary) {
   EXPECT_EQ(g->BeforeUnit(w, kMs).verdict, GateVerdict::kWaitNoWindow);
 }
 
+TEST_F(GateTest, WindowsTooShortForAUnitAreCountedOncePerWindowWithTheLongestClaim) {
+  auto g = Make();  // guard 1 ms
+  for (uint64_t id : {1, 1, 2}) {
+    EXPECT_EQ(g->BeforeUnit(Window(id, static_cast<int64_t>(id) * 3 * kMs), 10 * kMs).verdict,
+              GateVerdict::kWaitTooShort);
+  }
+  EXPECT_TRUE(g->BeforeUnit(Window(2, 20 * kMs), 10 * kMs).start());  // long enough
+  const GateStats s = g->Stats();
+  EXPECT_EQ(s.too_short_waits, 3);
+  EXPECT_EQ(s.too_short_windows, 2);
+  EXPECT_EQ(s.too_short_longest_ns, 6 * kMs);
+  EXPECT_EQ(s.waits, 3);
+}
+
 TEST(UnitCostBoundTest, StartsAtTheInitialEstimateAndCoversTheRecentMaximum) {
   UnitCostBound b(50 * kMs);
   EXPECT_EQ(b.BoundNs(), 50 * kMs);

@@ -196,6 +196,12 @@ TEST_F(GuestLoopTest, AnOpenWindowTooShortForAUnitIsNotABusyHost) {
   EXPECT_EQ(r.why, GuestStop::kWaitedTooLong);
   EXPECT_EQ(r.units, 0);
   EXPECT_EQ(r.waited_ns, 100 * kMs);
+  // What shut it out: one window, too short at each of its 5 looks, whose
+  // longest claim (3 ms at the first) lies below the bound.
+  EXPECT_EQ(r.stats.too_short_windows, 1);
+  EXPECT_EQ(r.stats.too_short_waits, 5);
+  EXPECT_EQ(r.stats.too_short_longest_ns, 3 * kMs);
+  EXPECT_EQ(r.unit_bound_ns, 5 * kMs);
   // Woken at each poll and when the wait reaches max_wait, not after it.
   EXPECT_EQ(src.waited_ns_, (std::vector<int64_t>{30 * kMs, 30 * kMs, 30 * kMs, 10 * kMs}));
 }
