@@ -173,6 +173,18 @@ class Replica:
             pass
 
 
+def exit_name(rc):
+    """An exit status as Popen gives it, a signal named: -1 is SIGHUP, not an
+    exit code (a replica stopped by the soak when its process group lost its
+    parent outside: docs/elastic.md's soak notes)."""
+    if rc is not None and rc < 0:
+        try:
+            return f"{rc} ({signal.Signals(-rc).name})"
+        except ValueError:
+            return f"{rc} (signal {-rc})"
+    return str(rc)
+
+
 class Soak:
     def __init__(self, args):
         self.args = args
@@ -365,7 +377,7 @@ class Soak:
             if not r.killed:
                 if "cannot join: the job finished" in text:
                     continue
-                self.finding(r, f"unexpected exit {r.rc}")
+                self.finding(r, f"unexpected exit {exit_name(r.rc)}")
             if restart:
                 self.start(rid)
 
