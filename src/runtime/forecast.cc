@@ -231,9 +231,19 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     o.measured.push_back({static_cast<double>(s->b - s->a), event ? NormalLevel() : std::nan(""),
                           static_cast<double>(s->a), rec.step});
     if (o.measured.size() > kMaxLengths) o.measured.pop_front();
-    o.rule = LearnSpacing(o.steps);
-    if (o.rule.every == 0 && o.total == 2) o.rule = SpacingFromTwo(o.steps, first_step_);
-    if (o.rule.every == 0) o.rule = SkippingOnlyUnloggedSteps(key, SpacingAcrossGaps(o.steps));
+    // A rule whose occurrence came where it said stays: every logged step
+    // since it was learned has been checked against it (above). Learned
+    // again, the last three occurrences would have to show it afresh, and
+    // across an unlogged occurrence (a telemetry ring that dropped steps)
+    // they span more than the history can vouch for when the spacing is
+    // long (an eval every 200 steps: 999, 1199, then 1599 with 1399 not
+    // logged, the history back to ~1030).
+    const bool confirmed = o.rule_valid && o.rule.OccursAt(rec.step);
+    if (!confirmed) {
+      o.rule = LearnSpacing(o.steps);
+      if (o.rule.every == 0 && o.total == 2) o.rule = SpacingFromTwo(o.steps, first_step_);
+      if (o.rule.every == 0) o.rule = SkippingOnlyUnloggedSteps(key, SpacingAcrossGaps(o.steps));
+    }
     // Short spacings need a fourth occurrence: three equal gaps.
     const size_t n = o.steps.size();
     if (o.rule.every > 0 && o.rule.every < 8 &&

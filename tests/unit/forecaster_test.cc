@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "omni/forecast.h"
 #include "test_util.h"
 
@@ -1159,6 +1160,34 @@ TEST(Forecaster, LearnsAnEventAcrossAnOccurrenceMissingFromTheLog) {
     } else {
       ASSERT_FALSE(at.empty());
       EXPECT_EQ(at[0], 53);
+    }
+  }
+}
+
+// An event whose spacing is long against the history (a checkpoint every
+// 200 steps, a history of 512 logged steps) and one of its occurrences not
+// logged (steps 980-1019 dropped, with step 999's checkpoint): the rule held
+// at every logged step since it was learned, and it stays once the next
+// checkpoint comes where it said. Before, the rule was learned again from
+// the last three occurrences, 599, 799 and 1199, whose span reaches back
+// before the history, and it was dropped until three equal gaps had passed
+// again (the evals after such a gap were not forecast for 400 steps).
+TEST(Forecaster, KeepsAnEventsRuleAcrossAnUnloggedOccurrenceFartherBackThanTheHistory) {
+  Forecaster fc = Make(Opts(30000));  // 200 steps ahead: 16 s
+  int64_t t = 0;
+  for (int i = 0; i < 1300; ++i) {
+    if (i >= 980 && i < 1020) {
+      t += i == 999 ? 380 : 80;  // ran, but not logged
+      continue;
+    }
+    t += FeedStepOrCheckpoint(fc, i, t, i % 200 == 199);
+    if (i == 1199 || i == 1299) {
+      SCOPED_TRACE(absl::StrCat("after step ", i));
+      auto f = fc.Predict(t * kMs);
+      ASSERT_TRUE(f.ok());
+      const std::vector<int64_t> at = CheckpointSteps(*f);
+      ASSERT_FALSE(at.empty());
+      EXPECT_EQ(at[0], 1399);
     }
   }
 }
