@@ -194,7 +194,10 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
         "forecaster: step ", rec.step, " is not after the last one (", last_step_, ")"));
   }
   if (catalog.size() != catalog_.size()) catalog_ = catalog;
-  if (first_step_ < 0) first_step_ = rec.step;
+  if (first_step_ < 0) {
+    first_step_ = rec.step;
+    first_duration_ns_ = rec.duration_ns();
+  }
   const bool consecutive = last_step_ >= 0 && rec.step == last_step_ + 1;
   StepObs obs =
       ReduceStep(rec, catalog_, opt_.pipeline, opt_.min_window_ns, consecutive ? last_end_ns_ : -1);

@@ -311,8 +311,13 @@ class Forecaster::Impl {
   static constexpr size_t kKeptEvents = 16;
   // Pops the oldest step of the history, keeping it if an event step.
   void EvictOldest();
-  std::deque<double> gaps_;  // between consecutive steps
-  int64_t first_step_ = -1;  // the first step ever observed
+  std::deque<double> gaps_;        // between consecutive steps
+  int64_t first_step_ = -1;        // the first step ever observed
+  int64_t first_duration_ns_ = 0;  // ... its duration (ColdStart)
+  // The job started cold: its first step ran kColdStart times the normal
+  // steps' median or longer (memory allocated, kernels compiled, caches
+  // filled), so an event's first occurrence may have run cold as well.
+  bool ColdStart(const SampleSummary& normal) const;
   int64_t last_step_ = -1, last_end_ns_ = 0;
   int64_t stride_ = 1;  // steps between the last two observed (10 in a log of every 10th)
   int64_t regimes_ = 0;
@@ -391,7 +396,7 @@ class Forecaster::Impl {
     int period = 1;
     std::vector<double> class_sum;
     std::vector<int> class_n;
-    SampleSummary normal;  // n, mean, lo, hi
+    SampleSummary normal;  // n, mean, median, lo, hi
     bool levels = false;   // the level fields below are built
     std::vector<std::vector<int64_t>> level_steps;
     std::vector<std::vector<double>> level_durs;

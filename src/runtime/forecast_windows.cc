@@ -33,6 +33,11 @@ constexpr double kMinLogSpread = 0.02;
 // How much longer than every later one an event's first occurrence is
 // when it ran cold (BuildModel).
 constexpr double kColdFactor = 1.25;
+// A job started cold when its first step ran this many times the normal
+// steps' median (ColdStart); then the first occurrence of an event may have
+// run up to kColdFirstRatio times as long as the next (BuildModel).
+constexpr double kColdStart = 1.5;
+constexpr double kColdFirstRatio = 3.0;
 
 double Mean(std::vector<double>::const_iterator first, std::vector<double>::const_iterator last) {
   return first == last ? 0.0
@@ -184,6 +189,10 @@ void Forecaster::Impl::KeepOccurrenceClass(int64_t step, const Occurrences& oc,
   d_step.resize(w);
 }
 
+bool Forecaster::Impl::ColdStart(const SampleSummary& normal) const {
+  return normal.n > 0 && static_cast<double>(first_duration_ns_) >= kColdStart * normal.median;
+}
+
 const Forecaster::Impl::NormalBasis& Forecaster::Impl::Basis(bool levels) const {
   NormalBasis& nb = basis_;
   if (!basis_valid_) {
@@ -203,7 +212,14 @@ const Forecaster::Impl::NormalBasis& Forecaster::Impl::Basis(bool levels) const 
       normal_sum += static_cast<double>(o.duration());
       ++nb.normal.n;
     }
-    if (nb.normal.n > 0) nb.normal.mean = normal_sum / nb.normal.n;
+    if (nb.normal.n > 0) {
+      nb.normal.mean = normal_sum / nb.normal.n;
+      std::vector<double> durations;
+      for (const StepObs& o : hist_) {
+        if (o.kind == StepKind::kNormal) durations.push_back(static_cast<double>(o.duration()));
+      }
+      nb.normal.median = QuantileInPlace(durations, 0.5);
+    }
     std::vector<double> res;
     for (const StepObs& o : hist_) {
       if (o.kind == StepKind::kNormal) {
@@ -545,6 +561,16 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
     // late does not shorten the next one's guarantee.
     const Spread lengths = recurring ? Spread::kPerSideLog : Spread::kPerSide;
     Summarize(d, sl.d, wm, lengths);
+    if (!recurring && d.size() == 1 && d_step.front() == oc.first && ColdStart(normal)) {
+      // Measured once, at its first occurrence in a job that started cold:
+      // that one may have run cold too, and the next far shorter (a
+      // recorded LibTorch LM trainer's first checkpoint took 17.1 ms, the
+      // next 6.5 to 7.3: 14.0 ms was claimed for the second from the
+      // first; the DataLoader recording's first eval 193 ms, the next 119).
+      const double cold = d.front() / kColdFirstRatio;
+      sl.d.lo = std::min(sl.d.lo, cold);
+      sl.d.low_tail = std::min(sl.d.low_tail, cold);
+    }
     if (!before_rise.empty()) {
       // After a rise the few lengths of the new level may claim less than
       // all of them do (a machine whose evals ran 120 ms, then 187, 170 and
