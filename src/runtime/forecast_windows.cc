@@ -564,7 +564,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
     if (!recurring && d.size() == 1 && d_step.front() == oc.first && ColdStart(normal)) {
       // Measured once, at its first occurrence in a job that started cold:
       // that one may have run cold too, and the next far shorter (a
-      // recorded LibTorch LM trainer's first checkpoint took 17.1 ms, the
+      // recorded PyTorch LM trainer's first checkpoint took 17.1 ms, the
       // next 6.5 to 7.3: 14.0 ms was claimed for the second from the
       // first; the DataLoader recording's first eval 193 ms, the next 119).
       const double cold = d.front() / kColdFirstRatio;

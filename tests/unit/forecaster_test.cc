@@ -1195,7 +1195,7 @@ TEST(Forecaster, KeepsAnEventsRuleAcrossAnUnloggedOccurrenceFartherBackThanTheHi
 // A declared checkpoint measured once, at its first occurrence. In a job
 // that started cold (its first step 3x the others: allocation, kernels) that
 // checkpoint may have run cold as well, and the second is claimed for at
-// most a third of it (a recorded LibTorch trainer: 17.1 ms, then 6.5; 14.0
+// most a third of it (a recorded PyTorch trainer: 17.1 ms, then 6.5; 14.0
 // ms had been claimed). A job that started warm keeps the claim of one
 // measured occurrence (~80% of it).
 TEST(Forecaster, AnEventMeasuredOnceInAJobThatStartedColdIsClaimedForAThirdOfIt) {
