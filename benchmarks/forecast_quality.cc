@@ -60,6 +60,9 @@ std::vector<Trace> Corpus() {
       {"split_eval.jsonl", {K::kEval}},
       {"eval_loop.jsonl", {K::kEval}},
       {"host_gaps.jsonl", {K::kHostSide, K::kEval}},
+      // Recorded (tools/record_lm_steplog.py), tuned on: its first
+      // checkpoint ran cold (ColdStart in forecast_windows.cc).
+      {"lm_microbatch.jsonl", {K::kEval, K::kCheckpoint}},
       // Held out (tests/data/README.md): not tuned on.
       {"drift.jsonl", {K::kEval}, true},
       {"contention.jsonl", {K::kCheckpoint}, true},
