@@ -795,7 +795,13 @@ void Forecaster::Impl::Relearn() {
       lengths[k][static_cast<size_t>(s.key)].push_back(static_cast<double>(s.b - s.a));
     }
   }
-  for (int key = 0; key < kNumSlots; ++key) {
+  // Fewer than 8 steps of any kind (a history just cut back by a regime
+  // change or a transient) tell nothing of a slot's usual length: the
+  // reference from before stays. Set to 0, it made the next step a spike
+  // rule named look like one that did not spike, and ended the rule (a
+  // loader's 234 ms stall every 125 steps, 8 steps after a transient).
+  const bool too_few = std::all_of(of_kind.begin(), of_kind.end(), [](int n) { return n < 8; });
+  for (int key = 0; key < kNumSlots && !too_few; ++key) {
     double& reference = spikes_[static_cast<size_t>(key)].reference;
     reference = 0;
     for (size_t k = 0; k < lengths.size() && reference == 0; ++k) {

@@ -1233,6 +1233,39 @@ TEST(Forecaster, AnEventMeasuredOnceInAJobThatStartedColdIsClaimedForAThirdOfIt)
   }
 }
 
+// A stall every 125 steps (a loader opening a new shard), learned as a
+// spike rule, and a slow spell of five steps just before one of them: the
+// history is cut back to the few steps since the spell, which tell nothing
+// of the data wait's usual length. That stall was taken for a step that did
+// not spike and the rule ended (a recorded PyTorch LM trainer: its stalls
+// were no longer forecast from step 999 on); now the usual length from
+// before the cut stays until 8 steps show it again.
+TEST(Forecaster, ASpikeRuleOutlastsASlowSpellJustBeforeItsNextStall) {
+  Forecaster fc = Make(Opts(30000));  // 125 steps ahead: 10 s
+  int64_t t = 0;
+  for (int i = 0; i < 600; ++i) {
+    const int64_t dw = i % 125 == 62 ? 300 : 2;
+    if (i >= 557 && i < 562) {
+      Feed(fc, MakeStep(i, t, dw + 110,
+                        {{phase::kDataWait, 0, dw},
+                         {phase::kCompute, dw, dw + 100},
+                         {phase::kOptimizer, dw + 100, dw + 110}}));  // twice the work
+      t += dw + 110;
+    } else {
+      Feed(fc, Step(i, t, dw));
+      t += dw + 60;
+    }
+  }
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  int64_t claimed = 0;
+  for (const IdleWindow& w : f->windows) {
+    if (w.kind == IdleKind::kDataStall && w.step == 687) claimed = w.guaranteed_ns;
+  }
+  EXPECT_GT(claimed, 200 * kMs) << "transients " << fc.transients();
+  EXPECT_EQ(fc.transients(), 1);  // the spell was one, and taken back
+}
+
 TEST(Forecaster, DropsACompileWarmupFirstStep) {
   Forecaster fc = Make(Opts(1000));
   Feed(fc, Step(0, 0, 60 * 80));  // 60x: kernels compiling
