@@ -99,6 +99,36 @@ Scenarios (none of them is in tests/data):
                        (metrics written): periods beyond the residue
                        classes' 64. 3000 steps. (Added 2026-12-04: neither
                        was forecast; recall 0.28, now 0.60.)
+Added 2026-12-05 (a second stress test; 19 found a defect, fixed):
+  19_dropped_runs      a ~80 ms stall every 3rd step and an undeclared
+                       ~500 ms eval every 200 (offset 199); steps
+                       1370-1429 and 2180-2204 not logged (a telemetry ring
+                       that overflowed), each hiding an eval. 3000 steps.
+                       (The eval rule was dropped after each hidden eval
+                       for 400 steps: eval recall 0.52, now 0.77.)
+  20_shrinking_stalls  a data wait of ~60 ms shrinking to ~15 ms over the
+                       run (a page cache warming up), sigma 0.1. 3000 steps.
+  21_growing_stalls    a data wait of ~5 ms growing to ~50 ms (storage that
+                       degrades). 3000 steps.
+  22_two_loaders       two data waits per step (two loaders): ~6 ms before
+                       the first half of the compute, and ~40 ms before the
+                       second half on every other step. 3000 steps.
+  23_fractional_eval   an undeclared eval every 312.5 steps (every 10,000
+                       samples at batch 32): spacings of 312 and 313 in
+                       turn, which no spacing rule of one step count
+                       explains (not forecast). 4000 steps.
+  24_warmup_flagged    20 warm-up steps flagged by the runtime (the first
+                       30x, the others 3x the compute), a declared eval
+                       every 50 (offset 49). 1500 steps.
+  25_prefetch_hidden   a loader whose fetch (~110 ms, sigma 0.2) overlaps
+                       the previous step's compute (~100 ms, sigma 0.3): the
+                       stall is what is left, often nothing, at random
+                       (nothing to claim). 3000 steps.
+  26_stalls_after_eval  a ~120 ms stall every 4th step counted from the
+                       last eval (a loader made again after it), an
+                       undeclared eval every 150 steps: the stalls' phase
+                       moves by 2 steps at each eval (claimed only in part).
+                       3000 steps.
 """
 import argparse
 import json
@@ -421,6 +451,85 @@ def s18_epoch_and_metrics(w, rng):
         w.step(s, segs)
 
 
+def s19_dropped_runs(w, rng):
+    for s in range(3000):
+        segs = std_train(rng, 5 * MS, 0.2, 100 * MS)
+        kind = "normal"
+        if s % 3 == 0:
+            segs[0] = ("data_wait", ln(rng, 80 * MS, 0.1))
+        if s % 200 == 199:
+            segs.append(eval_seg(rng, 500 * MS, 100 * MS))
+            kind = "eval"
+        w.step(s, segs, kind=kind, log=not (1370 <= s < 1430 or 2180 <= s < 2205))
+
+
+def s20_shrinking_stalls(w, rng):
+    for s in range(3000):
+        w.step(s, std_train(rng, (60 - 45 * s / 3000) * MS, 0.1, 100 * MS))
+
+
+def s21_growing_stalls(w, rng):
+    for s in range(3000):
+        w.step(s, std_train(rng, (5 + 45 * s / 3000) * MS, 0.1, 100 * MS))
+
+
+def s22_two_loaders(w, rng):
+    for s in range(3000):
+        segs = [("data_wait", ln(rng, 6 * MS, 0.2)), ("compute", ln(rng, 60 * MS, 0.02))]
+        if s % 2 == 1:
+            segs.append(("data_wait", ln(rng, 40 * MS, 0.15)))
+        segs += [("compute", ln(rng, 60 * MS, 0.02)), ("comm", ln(rng, 10 * MS, 0.05))]
+        w.step(s, segs)
+
+
+def s23_fractional_eval(w, rng):
+    due = 312.5
+    for s in range(4000):
+        segs = std_train(rng, 5 * MS, 0.2, 100 * MS)
+        kind = "normal"
+        if s + 1 >= due:
+            due += 312.5
+            segs.append(eval_seg(rng, 700 * MS, 200 * MS))
+            kind = "eval"
+        w.step(s, segs, kind=kind)
+
+
+def s24_warmup_flagged(w, rng):
+    for s in range(1500):
+        segs = std_train(rng, 10 * MS, 0.2, 100 * MS)
+        if s < 20:
+            segs[1] = ("compute", ln(rng, 100 * MS * (30 if s == 0 else 3), 0.1))
+        kind = "normal"
+        if s % 50 == 49:
+            segs.append(eval_seg(rng, 400 * MS, 100 * MS))
+            kind = "eval"
+        w.step(s, segs, kind=kind, warmup=s < 20)
+
+
+def s25_prefetch_hidden(w, rng):
+    prev = 100 * MS
+    for s in range(3000):
+        comp = ln(rng, 100 * MS, 0.3)
+        stall = max(0.5 * MS, ln(rng, 110 * MS, 0.2) - prev)
+        w.step(s, [("data_wait", stall), ("compute", comp), ("comm", ln(rng, 10 * MS, 0.05))])
+        prev = comp
+
+
+def s26_stalls_after_eval(w, rng):
+    since = 0
+    for s in range(3000):
+        segs = std_train(rng, 4 * MS, 0.2, 90 * MS)
+        kind = "normal"
+        if since % 4 == 3:
+            segs[0] = ("data_wait", ln(rng, 120 * MS, 0.1))
+        since += 1
+        if s % 150 == 149:
+            segs.append(eval_seg(rng, 400 * MS, 80 * MS))
+            kind = "eval"
+            since = 0
+        w.step(s, segs, kind=kind)
+
+
 SCENARIOS = [
     ("01_grad_accum", s01_grad_accum, {}),
     ("02_thermal", s02_thermal, {}),
@@ -440,6 +549,14 @@ SCENARIOS = [
     ("16_slow_after_checkpoint", s16_slow_after_checkpoint, {"ck": (100, 99, 0)}),
     ("17_dynamic_micro_batches", s17_dynamic_micro_batches, {}),
     ("18_epoch_and_metrics", s18_epoch_and_metrics, {}),
+    ("19_dropped_runs", s19_dropped_runs, {}),
+    ("20_shrinking_stalls", s20_shrinking_stalls, {}),
+    ("21_growing_stalls", s21_growing_stalls, {}),
+    ("22_two_loaders", s22_two_loaders, {}),
+    ("23_fractional_eval", s23_fractional_eval, {}),
+    ("24_warmup_flagged", s24_warmup_flagged, {"ev": (50, 49, 0)}),
+    ("25_prefetch_hidden", s25_prefetch_hidden, {}),
+    ("26_stalls_after_eval", s26_stalls_after_eval, {}),
 ]
 
 
