@@ -22,6 +22,16 @@ server drops the connection on a non-counter); a compare-set with an empty
 ``expected`` reads first and only then creates. Calls on one connection take
 turns (a lock); the first failed call latches: every later call raises
 ``ConnectionError`` naming it (omni: Unavailable, a store failure).
+
+torch < 2.4's ``compare_set`` builds the bytes it returns without the GIL
+(PyTorch issue #125990): with another Python thread running, the process can
+crash. So a key this connection has seen exist (written, created or read) is
+read with ``get``, which holds the GIL for its bytes and cannot block on a
+key that exists: omni never deletes its keys, and ``delete`` here forgets
+the key. A key deleted by another client after this one saw it makes the
+next read wait for the store's timeout (``TimeoutError``, latched). Only a
+key's first reads, compare-and-set itself and the reads of keys not there
+yet still go through ``compare_set``.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ __all__ = ["TorchStore", "open", "parse_uri"]
 
 _PROBE1 = b"\0omni.tcpstore.absent.probe.1"
 _PROBE2 = b"\0omni.tcpstore.absent.probe.2"
+_FLUSH = "\0omni.tcpstore.flush"  # a counter nobody reads
 _INT64 = (-(2**63), 2**63 - 1)
 _FORM = "expected tcp://host:port[?server=1&timeout=60s] or env://[?...]"
 
@@ -67,6 +78,7 @@ class TorchStore:
         self.is_server = is_server
         self._lock = threading.Lock()
         self._broken: Optional[str] = None
+        self._seen: set = set()  # keys known to exist: read with get (module docstring)
 
     @property
     def torch_store(self) -> Any:
@@ -86,9 +98,12 @@ class TorchStore:
                 raise ConnectionError(f"{self.label}: {self._broken}") from e
 
     def _read(self, key: str) -> Optional[bytes]:
+        if key in self._seen:
+            return bytes(self._call("read", key, lambda s: s.get(key)))
         for probe in (_PROBE1, _PROBE2):
             value = self._call("read", key, lambda s, p=probe: s.compare_set(key, p, p))
             if value != probe:
+                self._seen.add(key)
                 return bytes(value)
         return None
 
@@ -100,9 +115,10 @@ class TorchStore:
             if not value:
                 # torch 1.x sends the key with MSG_MORE and nothing after an
                 # empty value, so it sits in the kernel for 200 ms; another
-                # request flushes it at once.
-                s.compare_set(key, _PROBE1, _PROBE1)
+                # request flushes it at once (an add: compare_set is unsafe).
+                s.add(_FLUSH, 0)
         self._call("set", key, op)
+        self._seen.add(key)
 
     def try_get(self, key: str) -> Optional[bytes]:
         return self._read(key)
@@ -116,7 +132,9 @@ class TorchStore:
             if not _INT64[0] <= total <= _INT64[1]:
                 raise OverflowError(
                     f"{self.label}: key '{key}': {int(current)} + {delta} overflows int64")
-        return int(self._call("add", key, lambda s: s.add(key, delta)))
+        total = int(self._call("add", key, lambda s: s.add(key, delta)))
+        self._seen.add(key)
+        return total
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         if not expected:
@@ -124,11 +142,14 @@ class TorchStore:
             current = self._read(key)
             if current is not None:
                 return current
-            return bytes(self._call("compare-and-set", key,
-                                    lambda s: s.compare_set(key, expected, desired)))
+            created = bytes(self._call("compare-and-set", key,
+                                       lambda s: s.compare_set(key, expected, desired)))
+            self._seen.add(key)
+            return created
         result = bytes(self._call("compare-and-set", key,
                                   lambda s: s.compare_set(key, expected, desired)))
         if result != expected:
+            self._seen.add(key)  # it holds another value, or now the desired one
             return result
         # c10d answers `expected` both for a missing key and (expected ==
         # desired) for a matching one.
@@ -139,6 +160,7 @@ class TorchStore:
         raise KeyError(f"{self.label}: compare-and-set of missing key '{key}' expected a value")
 
     def delete(self, key: str) -> bool:
+        self._seen.discard(key)
         return bool(self._call("delete", key, lambda s: s.delete_key(key)))
 
     def check(self, keys: List[str]) -> bool:

@@ -215,6 +215,42 @@ def test_tcp_uris_are_checked_naming_the_problem(monkeypatch):
         omni.open_store("env://")
 
 
+_READER_SCRIPT = """
+import sys, threading, time
+import omni
+store = omni.open_store(sys.argv[1])
+store.set("hb/peer", b"session:1")
+stop = time.monotonic() + float(sys.argv[2])
+reads = []
+def reader():
+    n = 0
+    while time.monotonic() < stop:
+        assert store.try_get("hb/peer") == b"session:1"
+        n += 1
+    reads.append(n)
+t = threading.Thread(target=reader)
+t.start()
+while time.monotonic() < stop:  # the training thread: Python that allocates
+    junk = [bytes(i % 200) for i in range(2000)]
+t.join()
+print("reads", reads[0])
+"""
+
+
+def test_a_tcp_store_read_from_one_thread_while_another_runs_python_does_not_crash():
+    # torch < 2.4's TCPStore.compare_set builds its bytes result without the
+    # GIL (PyTorch #125990): omni's reads were compare-set probes, and a
+    # process reading from one thread (the elastic heartbeats) while another
+    # ran Python crashed with SIGSEGV, here within a second. A key seen to
+    # exist is now read with get.
+    server = _torch_server()
+    p = subprocess.run([sys.executable, "-c", _READER_SCRIPT,
+                        f"tcp://127.0.0.1:{server.port}?timeout=10s", "4"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-2000:]}"
+    assert int(p.stdout.split()[-1]) > 100, p.stdout
+
+
 _RANK_SCRIPT = """
 import sys
 import numpy as np
