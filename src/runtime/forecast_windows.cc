@@ -561,8 +561,9 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
     // late does not shorten the next one's guarantee.
     const Spread lengths = recurring ? Spread::kPerSideLog : Spread::kPerSide;
     Summarize(d, sl.d, wm, lengths);
-    if (!recurring && d.size() == 1 && d_step.front() == oc.first && ColdStart(normal)) {
-      // Measured once, at its first occurrence in a job that started cold:
+    if (!recurring && d_step.size() == 1 && d_step.front() == oc.first && ColdStart(normal)) {
+      // Measured once (d_step: before a cold first length was left out
+      // above), at its first occurrence in a job that started cold:
       // that one may have run cold too, and the next far shorter (a
       // recorded PyTorch LM trainer's first checkpoint took 17.1 ms, the
       // next 6.5 to 7.3: 14.0 ms was claimed for the second from the

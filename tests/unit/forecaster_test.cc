@@ -1233,6 +1233,40 @@ TEST(Forecaster, AnEventMeasuredOnceInAJobThatStartedColdIsClaimedForAThirdOfIt)
   }
 }
 
+// The same job's second checkpoint, 100 ms after a cold first of 300: the
+// first is left out of the sample as cold (more than 1.25x every later
+// one), and the second, warm, is claimed at its own length. It was claimed
+// for a third of it, as if it were the cold one (the DataLoader
+// recording's third eval: ~40 ms claimed of ~120).
+TEST(Forecaster, AnEventsSecondLengthAfterAColdFirstIsClaimedInFull) {
+  ForecastOptions o = Opts(3000);
+  o.checkpoint = PeriodicEvent{50, 49, 0};
+  Forecaster fc = Make(o);
+  int64_t t = 0;
+  for (int i = 0; i < 149; ++i) {
+    const int64_t first = i == 0 ? 180 : 0;  // a cold start
+    if (i % 50 == 49) {
+      const int64_t save = i == 49 ? 300 : 100;
+      Feed(fc, MakeStep(i, t, 60 + save,
+                        {{phase::kDataWait, 0, 10},
+                         {phase::kCompute, 10, 60},
+                         {phase::kCheckpoint, 60, 60 + save}}));
+      t += 60 + save;
+    } else {
+      Feed(fc, Step(i, t, 10 + first));
+      t += 70 + first;
+    }
+  }
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  int64_t claimed = 0;
+  for (const IdleWindow& w : f->windows) {
+    if (w.kind == IdleKind::kCheckpoint && w.step == 149) claimed = w.guaranteed_ns;
+  }
+  EXPECT_GT(claimed, 70 * kMs);
+  EXPECT_LE(claimed, 100 * kMs);
+}
+
 // A stall every 125 steps (a loader opening a new shard), learned as a
 // spike rule, and a slow spell of five steps just before one of them: the
 // history is cut back to the few steps since the spell, which tell nothing
