@@ -248,7 +248,7 @@ def test_a_tcp_store_read_from_one_thread_while_another_runs_python_does_not_cra
                         f"tcp://127.0.0.1:{server.port}?timeout=10s", "4"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-2000:]}"
-    assert int(p.stdout.split()[-1]) > 100, p.stdout
+    assert int(p.stdout.split()[-1]) > 20, p.stdout  # the reader ran (~190 reads a second here)
 
 
 _RANK_SCRIPT = """
