@@ -989,6 +989,19 @@ std::vector<int64_t> CheckpointSteps(const Forecast& f) {
   return at;
 }
 
+// What the forecast made at `now_ms` guarantees of the `kind` window of
+// `step` (0: none, or no forecast).
+int64_t GuaranteedAt(Forecaster& fc, int64_t now_ms, IdleKind kind, int64_t step) {
+  auto f = fc.Predict(now_ms * kMs);
+  EXPECT_TRUE(f.ok()) << f.status();
+  if (!f.ok()) return 0;
+  int64_t g = 0;
+  for (const IdleWindow& w : f->windows) {
+    if (w.kind == kind && w.step == step) g = w.guaranteed_ns;
+  }
+  return g;
+}
+
 // A step with a host-side gap of `gap` ms (none when 0) between its compute
 // and its optimizer, and a 300 ms checkpoint after them when `checkpoint`.
 // Returns its length in ms.
@@ -1218,12 +1231,7 @@ TEST(Forecaster, AnEventMeasuredOnceInAJobThatStartedColdIsClaimedForAThirdOfIt)
         t += 70 + first;
       }
     }
-    auto f = fc.Predict(t * kMs);
-    ASSERT_TRUE(f.ok()) << f.status();
-    int64_t claimed = 0;
-    for (const IdleWindow& w : f->windows) {
-      if (w.kind == IdleKind::kCheckpoint && w.step == 99) claimed = w.guaranteed_ns;
-    }
+    const int64_t claimed = GuaranteedAt(fc, t, IdleKind::kCheckpoint, 99);
     if (cold) {
       EXPECT_GT(claimed, 0);
       EXPECT_LE(claimed, 100 * kMs);
@@ -1257,12 +1265,7 @@ TEST(Forecaster, AnEventsSecondLengthAfterAColdFirstIsClaimedInFull) {
       t += 70 + first;
     }
   }
-  auto f = fc.Predict(t * kMs);
-  ASSERT_TRUE(f.ok()) << f.status();
-  int64_t claimed = 0;
-  for (const IdleWindow& w : f->windows) {
-    if (w.kind == IdleKind::kCheckpoint && w.step == 149) claimed = w.guaranteed_ns;
-  }
+  const int64_t claimed = GuaranteedAt(fc, t, IdleKind::kCheckpoint, 149);
   EXPECT_GT(claimed, 70 * kMs);
   EXPECT_LE(claimed, 100 * kMs);
 }
@@ -1290,12 +1293,7 @@ TEST(Forecaster, ASpikeRuleOutlastsASlowSpellJustBeforeItsNextStall) {
       t += dw + 60;
     }
   }
-  auto f = fc.Predict(t * kMs);
-  ASSERT_TRUE(f.ok()) << f.status();
-  int64_t claimed = 0;
-  for (const IdleWindow& w : f->windows) {
-    if (w.kind == IdleKind::kDataStall && w.step == 687) claimed = w.guaranteed_ns;
-  }
+  const int64_t claimed = GuaranteedAt(fc, t, IdleKind::kDataStall, 687);
   EXPECT_GT(claimed, 200 * kMs) << "transients " << fc.transients();
   EXPECT_EQ(fc.transients(), 1);  // the spell was one, and taken back
 }
@@ -1318,13 +1316,7 @@ TEST(Forecaster, ThreeLongWaitsOnOneResidueDoNotMakeAPeriod) {
     }
     t += dw + 60;
   }
-  auto f = fc.Predict(t * kMs);
-  ASSERT_TRUE(f.ok()) << f.status();
-  for (const IdleWindow& w : f->windows) {
-    if (w.kind == IdleKind::kDataStall && w.step == 14) {
-      EXPECT_LT(w.guaranteed_ns, 5 * kMs);
-    }
-  }
+  EXPECT_LT(GuaranteedAt(fc, t, IdleKind::kDataStall, 14), 5 * kMs);
 }
 
 // Spikes at random leave their last 8 on one spacing now and then: here
@@ -1341,13 +1333,7 @@ TEST(Forecaster, ASpikeRuleNeedsTheStepsItNamesToHaveSpiked) {
     Feed(fc, Step(i, t, dw));
     t += dw + 60;
   }
-  auto f = fc.Predict(t * kMs);
-  ASSERT_TRUE(f.ok()) << f.status();
-  for (const IdleWindow& w : f->windows) {
-    if (w.kind == IdleKind::kDataStall && w.step == 207) {
-      EXPECT_LT(w.guaranteed_ns, 100 * kMs);
-    }
-  }
+  EXPECT_LT(GuaranteedAt(fc, t, IdleKind::kDataStall, 207), 100 * kMs);
 }
 
 TEST(Forecaster, DropsACompileWarmupFirstStep) {
