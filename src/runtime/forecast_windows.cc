@@ -204,20 +204,18 @@ const Forecaster::Impl::NormalBasis& Forecaster::Impl::Basis(bool levels) const 
     nb.class_sum.assign(static_cast<size_t>(nb.period), 0.0);
     nb.class_n.assign(static_cast<size_t>(nb.period), 0);
     double normal_sum = 0;
+    std::vector<double> durations;  // for the median (ColdStart)
     for (const StepObs& o : hist_) {
       if (o.kind != StepKind::kNormal) continue;
       const auto r = static_cast<size_t>(o.step % nb.period);
       nb.class_sum[r] += static_cast<double>(o.duration());
       ++nb.class_n[r];
       normal_sum += static_cast<double>(o.duration());
+      durations.push_back(static_cast<double>(o.duration()));
       ++nb.normal.n;
     }
     if (nb.normal.n > 0) {
       nb.normal.mean = normal_sum / nb.normal.n;
-      std::vector<double> durations;
-      for (const StepObs& o : hist_) {
-        if (o.kind == StepKind::kNormal) durations.push_back(static_cast<double>(o.duration()));
-      }
       nb.normal.median = QuantileInPlace(durations, 0.5);
     }
     std::vector<double> res;
