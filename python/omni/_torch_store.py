@@ -1,12 +1,16 @@
-"""tcp:// and env:// stores, served by the user's torch.
+"""tcp:// and env:// stores: c10d's C++ client, or the user's torch.
 
-omni._C does not link LibTorch (so that one build works with whatever torch
-the user has), so it cannot use c10d's TCPStore from C++. Instead
 ``omni.open_store("tcp://...")`` (and the Runtime's store, and torchrun's
-MASTER_ADDR / MASTER_PORT) reach this module: ``open(uri)`` builds a
-``torch.distributed.TCPStore`` and wraps it in :class:`TorchStore`, which has
-omni::Store's semantics (include/omni/store.h); python/src/store.cc adapts
-it to the C++ interface, taking the GIL for each call.
+MASTER_ADDR / MASTER_PORT) reach :func:`open`. Where this build has
+omni._torch_C (LibTorch found) and the torch imported in the process maps the
+libtorch_cpu file it links, it returns omni._torch_C's opener, and omni._C
+opens the store with c10d's C++ client (omni::torch_ext::TcpStore), never
+touching torch's Python binding. Otherwise (a ``pip install .`` build, or
+another torch) it builds a ``torch.distributed.TCPStore`` and wraps it in
+:class:`TorchStore`, which has omni::Store's semantics
+(include/omni/store.h); python/src/store.cc adapts it to the C++ interface,
+taking the GIL for each call. ``omni.open_store(torch_store_object)`` always
+uses :class:`TorchStore`.
 
 URIs are the C++ adapter's (include/omni/torch/store.h):
 
@@ -25,10 +29,11 @@ turns (a lock); the first failed call latches: every later call raises
 
 torch < 2.4's ``compare_set`` builds the bytes it returns without the GIL
 (PyTorch issue #125990): with another Python thread running, the process can
-crash. So a key this connection has seen exist (written, created or read) is
-read with ``get``, which holds the GIL for its bytes and cannot block on a
-key that exists: omni never deletes its keys, and ``delete`` here forgets
-the key. A key deleted by another client after this one saw it makes the
+crash (hence the C++ client, and a warning when a URI cannot use it). So
+in :class:`TorchStore` a key this connection has seen exist (written,
+created or read) is read with ``get``, which holds the GIL for its bytes
+and cannot block on a key that exists: omni never deletes its keys, and
+``delete`` here forgets the key. A key deleted by another client after this one saw it makes the
 next read wait for the store's timeout (``TimeoutError``, latched). Only a
 key's first reads, compare-and-set itself and the reads of keys not there
 yet still go through ``compare_set``.
@@ -36,11 +41,13 @@ yet still go through ``compare_set``.
 
 from __future__ import annotations
 
+import builtins
 import datetime
 import ipaddress
 import os
 import re
 import threading
+import warnings
 from typing import Any, Callable, List, Optional, Tuple
 
 __all__ = ["TorchStore", "open", "parse_uri"]
@@ -270,12 +277,68 @@ def parse_uri(uri: str) -> dict:
     return {"host": host, "port": port, "server": server, "timeout_s": timeout_s}
 
 
-def open(uri: str) -> TorchStore:  # noqa: A001 - called by omni._C as omni._torch_store.open
-    """A :class:`TorchStore` for a tcp:// or env:// URI: starts the server
-    (server=1) or connects, retrying until the URI's timeout."""
+_native: Optional[Tuple[Any, str]] = None  # (capsule or None, why not), once found
+
+
+def _loaded_libraries() -> List[str]:
+    """The files mapped into this process (Linux: /proc/self/maps)."""
+    try:
+        with builtins.open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            return sorted({line.split(None, 5)[5].strip() for line in maps
+                           if len(line.split(None, 5)) == 6})
+    except OSError:
+        return []
+
+
+def native_api() -> Tuple[Any, str]:
+    """``(capsule, "")`` when omni._torch_C can serve tcp:// and env:// in
+    this process, else ``(None, why)``.
+
+    omni._torch_C links the LibTorch omni was built with. It is loaded only
+    when the torch imported here maps that very libtorch_cpu file, so that
+    the process never holds two copies of LibTorch. Otherwise (a
+    ``pip install .`` build, which has no LibTorch, or another torch) the
+    stores go through torch's Python binding (:class:`TorchStore`).
+    """
+    global _native
+    if _native is not None:
+        return _native
+    try:
+        from . import _torch_build  # written by the build where omni._torch_C is
+    except ImportError:
+        _native = (None, "this build of omni has no omni._torch_C (built without LibTorch)")
+        return _native
+    import torch  # noqa: F401 - the process's own torch, loaded first
+
+    wanted = os.path.realpath(_torch_build.LIBTORCH_CPU)
+    if not any(os.path.realpath(path) == wanted for path in _loaded_libraries()
+               if "libtorch_cpu" in path):
+        _native = (None, f"this process's torch {torch.__version__} is not the LibTorch "
+                         f"{_torch_build.TORCH_VERSION} omni._torch_C links "
+                         f"({_torch_build.LIBTORCH_CPU})")
+        return _native
+    from . import _torch_C
+
+    _native = (_torch_C.api, "")
+    return _native
+
+
+def open(uri: str) -> Any:  # noqa: A001 - called by omni._C as omni._torch_store.open
+    """The store of a tcp:// or env:// URI, checked first: omni._torch_C's
+    opener (a capsule omni._C calls) where :func:`native_api` allows it, else
+    a :class:`TorchStore` (starting the server with server=1, or connecting,
+    retrying until the URI's timeout)."""
     o = parse_uri(uri)
     import torch.distributed as dist  # the user's torch; ImportError without it
 
+    api, why = native_api()
+    if api is not None:
+        return api
+    if tuple(int(x) for x in re.findall(r"[0-9]+", _torch_version())[:2]) < (2, 4):
+        warnings.warn(f"store '{uri}' goes through torch's Python TCPStore binding: {why}. "
+                      "Before torch 2.4 its compare_set can crash a process whose other "
+                      "threads run Python (PyTorch issue #125990; docs/python.md)",
+                      RuntimeWarning, stacklevel=2)
     try:
         store = dist.TCPStore(o["host"], o["port"], is_master=o["server"],
                               timeout=datetime.timedelta(seconds=o["timeout_s"]),
@@ -288,3 +351,9 @@ def open(uri: str) -> TorchStore:  # noqa: A001 - called by omni._C as omni._tor
             f"TcpStore {where}: cannot connect within {o['timeout_s']:g} s: {e}") from e
     port = int(store.port)
     return TorchStore(store, f"TcpStore {o['host']}:{port}", o["host"], port, o["server"])
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)

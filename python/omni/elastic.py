@@ -31,9 +31,10 @@ memory). CUDA tensors are refused: the Gloo backend works in host memory.
 
 Stores: ``file:///abs/dir`` (a directory shared by the processes, on one host
 or a shared file system); ``tcp://host:port`` and ``env://`` (torchrun's
-store), served by the user's own ``torch.distributed.TCPStore`` through
-``omni._torch_store`` (omni._C itself does not link LibTorch); or a
-``torch.distributed.Store`` object.
+store, a c10d TCPStore), through c10d's C++ client where this build has
+LibTorch and the process's torch is that LibTorch, else through the user's
+``torch.distributed.TCPStore`` (``omni._torch_store`` says which and why); or
+a ``torch.distributed.Store`` object.
 
 Errors: a bad status raises ``ValueError`` (invalid argument, naming it),
 ``TimeoutError`` (a wait or collective past its timeout, naming the keys or

@@ -1,10 +1,12 @@
 // omni._C store adaptor: an omni::Store whose operations are methods of a
 // Python object, so that the user's own torch serves tcp:// and env://
 // (torch.distributed.TCPStore, torchrun's rendezvous store) without omni._C
-// linking LibTorch. The c10d mapping itself (atomic reads by compare-set
-// probes, counters checked before add, one call at a time on a connection)
-// is python/omni/_torch_store.py; this file only crosses the language
-// boundary.
+// linking LibTorch. Where omni._torch_C is built and the process's torch is
+// the LibTorch it links, tcp:// and env:// use its C++ client instead (see
+// OpenPythonStore); the Python object then serves only torch store objects
+// given to omni.open_store and builds without LibTorch. The c10d mapping itself (atomic reads by
+// compare-set probes, counters checked before add, one call at a time on a connection) is
+// python/omni/_torch_store.py; this file only crosses the language boundary.
 //
 // The Python object has omni::Store's semantics (store.h):
 //   set(key, value: bytes) -> None
@@ -217,7 +219,9 @@ class PythonStore final : public omni::Store {
   const std::string label_;
 };
 
-// The factory behind tcp:// and env://: omni._torch_store.open(uri) builds
+// The factory behind tcp:// and env://: omni._torch_store.open(uri) checks
+// the URI and returns omni._torch_C's native opener (a capsule, called here
+// without the GIL) where the process's torch is the LibTorch it links, else
 // the Python object (connecting, or serving with server=1).
 absl::StatusOr<std::unique_ptr<omni::Store>> OpenPythonStore(const std::string& uri) {
   if (Py_IsInitialized() == 0 || _Py_IsFinalizing() != 0) {
@@ -226,11 +230,24 @@ absl::StatusOr<std::unique_ptr<omni::Store>> OpenPythonStore(const std::string& 
   }
   const PyGILState_STATE gil = PyGILState_Ensure();
   absl::StatusOr<std::unique_ptr<omni::Store>> result;
+  const NativeStoreApi* native = nullptr;
   try {
     py::object impl = py::module_::import("omni._torch_store").attr("open")(uri);
-    std::string label = py::str(impl.attr("label")).cast<std::string>();
-    result = std::unique_ptr<omni::Store>(
-        std::make_unique<PythonStore>(std::move(impl), std::move(label)));
+    if (PyCapsule_CheckExact(impl.ptr()) != 0) {
+      // Another capsule name raises ValueError: caught below.
+      native =
+          static_cast<const NativeStoreApi*>(PyCapsule_GetPointer(impl.ptr(), kNativeStoreCapsule));
+      if (native == nullptr) throw py::error_already_set();
+      if (native->version != 1 || native->open == nullptr) {
+        native = nullptr;
+        result = absl::InternalError(absl::StrCat(
+            "store '", uri, "': omni._torch_C is not from this build of omni._C (reinstall)"));
+      }
+    } else {
+      std::string label = py::str(impl.attr("label")).cast<std::string>();
+      result = std::unique_ptr<omni::Store>(
+          std::make_unique<PythonStore>(std::move(impl), std::move(label)));
+    }
   } catch (py::error_already_set& e) {
     const std::string where = absl::StrCat("store '", uri, "'");
     result = e.matches(PyExc_ImportError)
@@ -243,6 +260,9 @@ absl::StatusOr<std::unique_ptr<omni::Store>> OpenPythonStore(const std::string& 
     result = absl::InternalError(absl::StrCat("store '", uri, "': ", e.what()));
   }
   PyGILState_Release(gil);
+  // Connecting (or starting the server) waits on the network: not under the
+  // GIL, so that the caller's other threads run meanwhile.
+  if (native != nullptr) return native->open(uri);
   return result;
 }
 

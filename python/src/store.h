@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/status/statusor.h"
 #include "omni/store.h"
 
 namespace omni_python {
@@ -42,5 +43,17 @@ class PyStore {
 // a torch.distributed store. No authentication is added: the object is
 // whatever the caller built.
 std::unique_ptr<PyStore> WrapPythonStore(py::object impl, const std::string& label);
+
+// What omni._torch_C (python/src/torch_module.cc, built where LibTorch is)
+// hands omni._C: c10d's C++ TCPStore client behind tcp:// and env://
+// (omni::torch_ext::OpenTcpStore), so that no store call goes through
+// torch's Python binding. It travels as the PyCapsule `kNativeStoreCapsule`
+// holding a pointer to a NativeStoreApi that lives as long as the process;
+// `open` may be called without the GIL, from any thread.
+inline constexpr char kNativeStoreCapsule[] = "omni._torch_C.NativeStoreApi";
+struct NativeStoreApi {
+  int version = 1;  // the layout of this struct; omni._C checks it
+  absl::StatusOr<std::unique_ptr<omni::Store>> (*open)(const std::string& uri) = nullptr;
+};
 
 }  // namespace omni_python
