@@ -116,7 +116,8 @@ Added 2026-12-05 (a second stress test; 19 found a defect, fixed):
   23_fractional_eval   an undeclared eval every 312.5 steps (every 10,000
                        samples at batch 32): spacings of 312 and 313 in
                        turn, which no spacing rule of one step count
-                       explains (not forecast). 4000 steps.
+                       explains (a fractional rule, 625/2, does). 4000
+                       steps.
   24_warmup_flagged    20 warm-up steps flagged by the runtime (the first
                        30x, the others 3x the compute), a declared eval
                        every 50 (offset 49). 1500 steps.

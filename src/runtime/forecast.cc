@@ -246,6 +246,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
       o.rule = LearnSpacing(o.steps);
       if (o.rule.every == 0 && o.total == 2) o.rule = SpacingFromTwo(o.steps, first_step_);
       if (o.rule.every == 0) o.rule = SkippingOnlyUnloggedSteps(key, SpacingAcrossGaps(o.steps));
+      if (o.rule.every == 0) o.rule = FractionalSpacing(o.steps);
     }
     // Short spacings need a fourth occurrence: three equal gaps.
     const size_t n = o.steps.size();
@@ -279,15 +280,19 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
 
 void Forecaster::Impl::LearnLengthRhythm(int key, Occurrences& o) const {
   o.length_period = 1;
-  int64_t every = o.rule_valid ? o.rule.every : 0;
-  if (every == 0 && SlotKind(key) == IdleKind::kEval) every = opt_.eval.every_steps;
-  if (every == 0 && SlotKind(key) == IdleKind::kCheckpoint) every = opt_.checkpoint.every_steps;
-  o.length_every = every;
-  if (every <= 0 || o.measured.size() < 2 * kMinOccurrencesPerClass) return;
+  SpacingRule spacing = o.rule_valid ? o.rule : SpacingRule{};
+  if (spacing.every == 0 && SlotKind(key) == IdleKind::kEval) {
+    spacing = {opt_.eval.every_steps, opt_.eval.offset};
+  }
+  if (spacing.every == 0 && SlotKind(key) == IdleKind::kCheckpoint) {
+    spacing = {opt_.checkpoint.every_steps, opt_.checkpoint.offset};
+  }
+  o.length_spacing = spacing;
+  if (spacing.every <= 0 || o.measured.size() < 2 * kMinOccurrencesPerClass) return;
   std::vector<int64_t> index;
   std::vector<double> lengths;
   for (const Occurrences::Measured& m : o.measured) {
-    index.push_back(m.step / every);
+    index.push_back(spacing.Index(m.step));
     lengths.push_back(m.length);
   }
   o.length_period = ChoosePeriod(index, lengths, kMaxOccurrencePeriod, kOccurrencePenalty,

@@ -128,13 +128,14 @@ class Forecaster::Impl {
     SpacingRule rule;
     bool rule_valid = false;
     // An event's lengths may follow a rhythm of its occurrences (a quick
-    // eval every 200 steps, a full one every 400): the occurrence s/every
-    // has the class (s/every) mod length_period (LearnLengthRhythm; 1: none).
-    int64_t length_every = 0;
+    // eval every 200 steps, a full one every 400): the occurrence at s has
+    // the class length_spacing.Index(s) mod length_period
+    // (LearnLengthRhythm; 1: none).
+    SpacingRule length_spacing;
     int length_period = 1;
-    bool HasLengthRhythm() const { return length_period > 1 && length_every > 0; }
+    bool HasLengthRhythm() const { return length_period > 1 && length_spacing.every > 0; }
     // REQUIRES: HasLengthRhythm().
-    int64_t ClassOf(int64_t step) const { return (step / length_every) % length_period; }
+    int64_t ClassOf(int64_t step) const { return length_spacing.Index(step) % length_period; }
     // An event logged as a run of consecutive steps (an eval loop whose
     // batches are steps of their own): the current or last run's first and
     // last step, the lengths of the last completed runs, the first steps of
@@ -232,7 +233,7 @@ class Forecaster::Impl {
                                   std::vector<double>& b, std::vector<double>& d,
                                   std::vector<double>& lead, std::vector<double>& lead_level,
                                   std::vector<int64_t>& d_step);
-  // An event slot's length_every and length_period from its measured
+  // An event slot's length_spacing and length_period from its measured
   // occurrences (ChoosePeriod over the occurrence index, up to 4, with a
   // tripled penalty: noise buys no rhythm).
   void LearnLengthRhythm(int key, Occurrences& o) const;

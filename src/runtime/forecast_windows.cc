@@ -919,21 +919,17 @@ int64_t Forecaster::Impl::CycleLength() const {
 int64_t Forecaster::Impl::NextEventStep(int64_t from, int64_t limit) const {
   if (KindAt(from) != StepKind::kNormal) return from;  // inside a run of event steps
   int64_t best = limit;
-  const auto consider = [&](int64_t every, int64_t offset) {
-    if (every <= 0) return;
-    best = std::min(best, from + (((offset - from) % every) + every) % every);
+  const auto consider = [&](const SpacingRule& rule) {
+    if (rule.every > 0) best = std::min(best, rule.NextAt(from));
   };
-  consider(opt_.checkpoint.every_steps, opt_.checkpoint.offset);
-  consider(opt_.eval.every_steps, opt_.eval.offset);
-  for (const int key : rule_keys_) consider(occ_[key].rule.every, occ_[key].rule.offset);
+  consider({opt_.checkpoint.every_steps, opt_.checkpoint.offset});
+  consider({opt_.eval.every_steps, opt_.eval.offset});
+  for (const int key : rule_keys_) consider(occ_[key].rule);
   for (const IdleKind k : {IdleKind::kEval, IdleKind::kCheckpoint}) {
     const Occurrences& o = occ_[SlotKey(k, 0)];
-    if (o.run_rule_valid && o.run_length >= 2) consider(o.run_rule.every, o.run_rule.offset);
+    if (o.run_rule_valid && o.run_length >= 2) consider(o.run_rule);
   }
-  spike_mask_.ForEach([&](int key) {
-    const SpacingRule& r = spikes_[static_cast<size_t>(key)].rule;
-    consider(r.every, r.offset);
-  });
+  spike_mask_.ForEach([&](int key) { consider(spikes_[static_cast<size_t>(key)].rule); });
   return std::max(best, from);
 }
 

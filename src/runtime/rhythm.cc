@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "quantile.h"
@@ -54,6 +55,35 @@ int ChoosePeriod(const std::vector<int64_t>& steps, const std::vector<double>& v
   return best;
 }
 
+namespace {
+
+int64_t FloorDiv(int64_t a, int64_t b) {  // b > 0
+  const int64_t q = a / b;
+  return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+int64_t CeilDiv(int64_t a, int64_t b) { return -FloorDiv(-a, b); }  // b > 0
+
+}  // namespace
+
+bool SpacingRule::OccursAt(int64_t step) const {
+  if (every <= 0 || step < 0) return false;
+  if (den == 1) return step % every == offset;
+  // Occurrence k covers the steps s with s·den ≤ k·every + offset < (s+1)·den.
+  const int64_t x = step * den - offset;
+  return CeilDiv(x, every) * every < x + den;
+}
+
+int64_t SpacingRule::NextAt(int64_t from) const {
+  if (den == 1) return from + (((offset - from) % every) + every) % every;
+  const int64_t k = CeilDiv(from * den - offset, every);
+  return FloorDiv(k * every + offset, den);
+}
+
+int64_t SpacingRule::Index(int64_t step) const {
+  if (den == 1) return FloorDiv(step, every);
+  return FloorDiv(step * den - offset + den - 1, every);
+}
+
 SpacingRule LearnSpacing(const std::vector<int64_t>& occ) {
   const size_t n = occ.size();
   if (n < 3) return {};
@@ -77,6 +107,77 @@ SpacingRule SpacingFromTwo(const std::vector<int64_t>& occ, int64_t first_step) 
   const int64_t d = occ[1] - occ[0];
   if (d < kMinSpacingFromTwo || occ[0] - d >= first_step) return {};
   return SpacingRule{d, occ[1] % d};
+}
+
+namespace {
+
+// FractionalSpacing's fit over occ[first, end), whose gaps are g or g + 1.
+SpacingRule FitFraction(const std::vector<int64_t>& occ, size_t first, size_t end, int64_t g) {
+  bool short_gap = false, long_gap = false;
+  for (size_t i = first + 1; i < end; ++i) (occ[i] - occ[i - 1] == g ? short_gap : long_gap) = true;
+  if (end - first < kMinFractionalGaps + 1 || !short_gap || !long_gap) return {};
+  // The least den that explains the gaps (the simplest fraction: a spacing
+  // of samples over a batch size reduces to a small one more often than
+  // not; a wrong guess costs one false claim, then the rule ends at the step
+  // it named and is learned again from more occurrences).
+  for (int64_t den = 2; den <= kMaxSpacingDen; ++den) {
+    SpacingRule found;
+    std::array<int64_t, kFractionalAgreement> agreed{};
+    for (int64_t every = g * den + 1; every < (g + 1) * den; ++every) {
+      if (std::gcd(every, den) != 1) continue;  // a smaller den has it
+      // Occurrence i (from `first`) at floor((i·every + phi) / den): phi in
+      // [max r_i, min r_i + den) with r_i = occ·den − i·every.
+      int64_t lo = std::numeric_limits<int64_t>::min();
+      int64_t hi = std::numeric_limits<int64_t>::max();
+      for (size_t i = first; i < end; ++i) {
+        const int64_t r = occ[i] * den - static_cast<int64_t>(i - first) * every;
+        lo = std::max(lo, r);
+        hi = std::min(hi, r + den);
+      }
+      if (lo >= hi) continue;
+      // Every phi in [lo, hi), with every numerator of this den that fits,
+      // must put the next occurrences at the same steps.
+      for (const int64_t phi : {lo, hi - 1}) {
+        std::array<int64_t, kFractionalAgreement> next{};
+        for (size_t j = 0; j < next.size(); ++j) {
+          next[j] = FloorDiv(static_cast<int64_t>(end - first + j) * every + phi, den);
+        }
+        if (found.every == 0) {
+          agreed = next;
+          found = SpacingRule{every, ((phi % every) + every) % every, den};
+        } else if (next != agreed) {
+          return {};
+        }
+      }
+    }
+    // Two whole cycles of its pattern of gaps, at least: a fraction of den
+    // 4 from four gaps is as often a wall-time checkpoint's jitter (gaps
+    // 85, 85, 85, 84 steps) as a rule.
+    if (found.every > 0) {
+      return end - first - 1 >= static_cast<size_t>(2 * den) ? found : SpacingRule{};
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+SpacingRule FractionalSpacing(const std::vector<int64_t>& occ) {
+  const size_t n = occ.size();
+  if (n < 3) return {};
+  const int64_t g = std::min(occ[n - 1] - occ[n - 2], occ[n - 2] - occ[n - 3]);
+  if (g < kMinSpacingFromTwo) return {};
+  size_t first = n - 1;  // the run of gaps in {g, g + 1} at the end
+  while (first > 0 && occ[first] - occ[first - 1] >= g && occ[first] - occ[first - 1] <= g + 1) {
+    --first;
+  }
+  // Out of sample: the rule of the occurrences before the last must have
+  // put the last one where it came. Steps whose spacing only looks
+  // fractional (a checkpoint every 20 s of wall time: gaps 85, 85, 85, 84,
+  // 85, 86 steps) rarely pass.
+  const SpacingRule before = FitFraction(occ, first, n - 1, g);
+  if (before.every == 0 || before.NextAt(occ[n - 2] + 1) != occ[n - 1]) return {};
+  return FitFraction(occ, first, n, g);
 }
 
 namespace {

@@ -24,12 +24,27 @@ namespace omni {
 int ChoosePeriod(const std::vector<int64_t>& steps, const std::vector<double>& values,
                  int max_period, double penalty = 2.0, int min_per_class = 3);
 
-// An event seen at equally spaced steps: it occurs at every step s with
-// s % every == offset (none when every == 0).
+// An event seen at equally spaced steps: with den == 1 it occurs at every
+// step s with s % every == offset; with den > 1 its spacing is the fraction
+// every / den (an eval every 10,000 samples at 32 a step: 625 / 2, steps
+// 312 and 313 apart in turn), and its k-th occurrence is at step
+// floor((k·every + offset) / den). None when every == 0.
+// INVARIANT: 0 ≤ offset < every, den ≥ 1, every ≥ den.
 struct SpacingRule {
   int64_t every = 0;
   int64_t offset = 0;
-  bool OccursAt(int64_t step) const { return every > 0 && step >= 0 && step % every == offset; }
+  int64_t den = 1;
+  bool OccursAt(int64_t step) const;
+  // The first step ≥ `from` (≥ 0) at which the event occurs. REQUIRES: every > 0.
+  int64_t NextAt(int64_t from) const;
+  // The number k of the occurrence at `step` (an occurrence: consecutive
+  // occurrences have consecutive numbers); step / every when den == 1.
+  // REQUIRES: every > 0.
+  int64_t Index(int64_t step) const;
+  // The mean number of steps between occurrences (0 for none).
+  double Spacing() const {
+    return every > 0 ? static_cast<double>(every) / static_cast<double>(den) : 0.0;
+  }
 };
 
 // The rule behind the last occurrences (ascending steps): the last three
@@ -56,6 +71,25 @@ SpacingRule SpacingAcrossGaps(const std::vector<int64_t>& occurrences);
 // does costs one false claim before its rule fails. Otherwise no rule.
 inline constexpr int64_t kMinSpacingFromTwo = 8;
 SpacingRule SpacingFromTwo(const std::vector<int64_t>& occurrences, int64_t first_step);
+
+// The fractional rule (den in 2..kMaxSpacingDen) behind the last
+// occurrences when their gaps take two values g and g + 1 (g ≥
+// kMinSpacingFromTwo), over the longest run of such gaps at the end. The
+// fit of a run (at least kMinFractionalGaps gaps, both values among them)
+// is the fraction every/den in (g, g + 1) of least den, with an offset,
+// that puts consecutive occurrences exactly there; when that den has
+// several such fractions or offsets, they must put the next
+// kFractionalAgreement occurrences at the same steps (otherwise the
+// occurrences do not decide yet: none). A larger den that fits as well is
+// not ruled out (625/2 and 937/3 both fit gaps 312, 313, 312). So the rule
+// is returned only when the fit of the run without its last occurrence put
+// that occurrence where it came (out of sample); then it is the fit of the
+// whole run. A wrong guess after that fails at the step it names, and the
+// caller learns again from more occurrences.
+inline constexpr int64_t kMaxSpacingDen = 8;
+inline constexpr size_t kMinFractionalGaps = 3;
+inline constexpr int kFractionalAgreement = 2;
+SpacingRule FractionalSpacing(const std::vector<int64_t>& occurrences);
 
 // The recent level of a series with memory (a slow drift, contention that
 // comes and goes): the next value is predicted by the median of the last k

@@ -1205,6 +1205,35 @@ TEST(Forecaster, KeepsAnEventsRuleAcrossAnUnloggedOccurrenceFartherBackThanTheHi
   }
 }
 
+// An undeclared checkpoint every 20.5 steps (every 41 samples at 2 a step:
+// steps 20, 40, 61, 81, 102, ...), 20 and 21 steps apart in turn: no rule of
+// one spacing holds, the fraction 41/2 does (from two cycles of its gaps
+// and a confirmation: claimed from the seventh on).
+TEST(Forecaster, AnEventEveryTwentyAndAHalfStepsIsForecast) {
+  Forecaster fc = Make(Opts(4000));  // 50 steps ahead
+  int64_t t = 0;
+  const auto due = [](int i) { return (2 * i + 1) % 41 == 0 || (2 * i + 2) % 41 == 0; };
+  std::vector<int64_t> at;
+  for (int i = 0; i < 240; ++i) {
+    // Occurrence k at floor((41k − 1) / 2): the steps i with 2i + 1 or
+    // 2i + 2 a multiple of 41.
+    t += FeedStepOrCheckpoint(fc, i, t, due(i));
+    if (i == 150 || i == 225) {
+      SCOPED_TRACE(absl::StrCat("after step ", i));
+      auto f = fc.Predict(t * kMs);
+      ASSERT_TRUE(f.ok());
+      at = CheckpointSteps(*f);
+      std::vector<int64_t> want;
+      for (int s = i + 1; s <= i + 45; ++s) {
+        if (due(s)) want.push_back(s);
+      }
+      ASSERT_GE(at.size(), 2u);
+      EXPECT_EQ(at[0], want[0]);
+      EXPECT_EQ(at[1], want[1]);
+    }
+  }
+}
+
 // A declared checkpoint measured once, at its first occurrence. In a job
 // that started cold (its first step 3x the others: allocation, kernels) that
 // checkpoint may have run cold as well, and the second is claimed for at

@@ -129,6 +129,69 @@ TEST(Rhythm, TwoOccurrencesMakeARuleOnlyWhenTheyExplainTheWholeLog) {
   EXPECT_EQ(SpacingFromTwo({19, 39, 59}, 0).every, 0);  // only for exactly two
 }
 
+// The first n occurrences floor((k·every + phi) / den), k = 1, 2, ...
+std::vector<int64_t> Occurrences(int64_t every, int64_t den, int64_t phi, int n) {
+  std::vector<int64_t> v;
+  for (int64_t k = 1; k <= n; ++k) v.push_back((k * every + phi) / den);
+  return v;
+}
+
+TEST(Rhythm, GapsOfTwoAlternatingLengthsMakeAFractionalRuleOnceTheyDecideIt) {
+  // An eval every 312.5 steps (every 10,000 samples at 32 a step): at 312,
+  // 624, 937, 1249, 1562, 1874, ... The fit needs two cycles of its gaps (4
+  // for 625/2), and the fit of the occurrences before the last must have
+  // put the last where it came.
+  const std::vector<int64_t> half = Occurrences(625, 2, -1, 6);
+  ASSERT_EQ(half, (std::vector<int64_t>{312, 624, 937, 1249, 1562, 1874}));
+  EXPECT_EQ(FractionalSpacing({half.begin(), half.end() - 1}).every, 0);  // nothing confirms it
+  const SpacingRule r = FractionalSpacing(half);
+  ASSERT_EQ(r.every, 625);
+  ASSERT_EQ(r.den, 2);
+  for (const int64_t s : {312, 624, 937, 1249, 1562, 1874, 2187}) EXPECT_TRUE(r.OccursAt(s)) << s;
+  for (const int64_t s : {313, 625, 1250, 1873, 1875, 2186}) EXPECT_FALSE(r.OccursAt(s)) << s;
+  EXPECT_EQ(r.NextAt(1563), 1874);
+  EXPECT_EQ(r.NextAt(1874), 1874);
+  EXPECT_EQ(r.NextAt(1875), 2187);
+  EXPECT_EQ(r.Index(1874) - r.Index(1562), 1);  // consecutive occurrences, consecutive numbers
+  EXPECT_DOUBLE_EQ(r.Spacing(), 312.5);
+  // 937/3 (312, 624, 937, 1249, 1561, ...): its first gaps fit 625/2 as
+  // well, and the least den is the guess until a gap proves it wrong; then
+  // 937/3 needs its own two cycles (6 gaps) and a confirmation.
+  const std::vector<int64_t> third = Occurrences(937, 3, 0, 9);
+  ASSERT_EQ(third[4], 1561);
+  for (ptrdiff_t n = 4; n < 8; ++n) {
+    EXPECT_NE(FractionalSpacing({third.begin(), third.begin() + n}).den, 3) << n;
+  }
+  const SpacingRule r3 = FractionalSpacing({third.begin(), third.begin() + 8});
+  EXPECT_EQ(r3.every, 937);
+  EXPECT_EQ(r3.den, 3);
+  EXPECT_EQ(r3.NextAt(third[7] + 1), third[8]);
+  // Wall-time checkpoints whose gaps only look fractional: no rule.
+  EXPECT_EQ(FractionalSpacing({0, 85, 170, 255, 339, 424, 510}).every, 0);
+  // A validation four times an epoch of 1001 batches (250, 250, 250, 251),
+  // seen for two epochs and one more validation.
+  const SpacingRule q =
+      FractionalSpacing({250, 500, 750, 1001, 1251, 1501, 1751, 2002, 2252, 2502});
+  ASSERT_EQ(q.every, 1001);
+  ASSERT_EQ(q.den, 4);
+  EXPECT_EQ(q.NextAt(2503), 2752);
+  // Not a fraction: equal gaps (LearnSpacing's), gaps two apart, short
+  // gaps, or gaps of one length only after a gap of another.
+  EXPECT_EQ(FractionalSpacing({100, 200, 300, 400, 500, 600, 700}).every, 0);
+  EXPECT_EQ(FractionalSpacing({100, 200, 302, 402, 504, 604, 706}).every, 0);
+  EXPECT_EQ(FractionalSpacing({0, 5, 11, 16, 22, 27, 33, 38}).every, 0);
+  EXPECT_EQ(FractionalSpacing({0, 50, 300, 400, 500, 600, 700}).every, 0);
+}
+
+TEST(Rhythm, AWholeSpacingRuleKeepsItsStepArithmetic) {
+  const SpacingRule r{100, 99};
+  EXPECT_TRUE(r.OccursAt(199));
+  EXPECT_FALSE(r.OccursAt(200));
+  EXPECT_EQ(r.NextAt(200), 299);
+  EXPECT_EQ(r.NextAt(299), 299);
+  EXPECT_EQ(r.Index(299), 2);
+}
+
 TEST(Quantile, InterpolatesBetweenOrderStatistics) {
   std::vector<double> v = {4, 1, 3, 2};
   EXPECT_DOUBLE_EQ(QuantileInPlace(v, 0.5), 2.5);
