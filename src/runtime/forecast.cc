@@ -357,6 +357,9 @@ void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
           (n < 4 || major[n - 3] - major[n - 4] != rule.every)) {
         rule = {};
       }
+      // A loader refilled at each epoch of 62.5 steps stalls 62 and 63
+      // steps apart in turn (a recorded PyTorch LM trainer).
+      if (rule.every == 0) rule = FractionalSpacing(major);
       for (const int64_t st : major) {
         if (!rule.OccursAt(st)) rule = {};
       }

@@ -174,10 +174,16 @@ SpacingRule FractionalSpacing(const std::vector<int64_t>& occ) {
   // Out of sample: the rule of the occurrences before the last must have
   // put the last one where it came. Steps whose spacing only looks
   // fractional (a checkpoint every 20 s of wall time: gaps 85, 85, 85, 84,
-  // 85, 86 steps) rarely pass.
-  const SpacingRule before = FitFraction(occ, first, n - 1, g);
-  if (before.every == 0 || before.NextAt(occ[n - 2] + 1) != occ[n - 1]) return {};
-  return FitFraction(occ, first, n, g);
+  // 85, 86 steps) rarely pass. The longest run that fits, from its first
+  // occurrence on or later (a first stall at step 0, then one every 62.5
+  // steps from 62: the run from 62 fits, the one from 0 does not).
+  for (; first + kMinFractionalGaps + 2 <= n; ++first) {
+    const SpacingRule before = FitFraction(occ, first, n - 1, g);
+    if (before.every > 0 && before.NextAt(occ[n - 2] + 1) == occ[n - 1]) {
+      return FitFraction(occ, first, n, g);
+    }
+  }
+  return {};
 }
 
 namespace {

@@ -166,6 +166,12 @@ TEST(Rhythm, GapsOfTwoAlternatingLengthsMakeAFractionalRuleOnceTheyDecideIt) {
   EXPECT_EQ(r3.every, 937);
   EXPECT_EQ(r3.den, 3);
   EXPECT_EQ(r3.NextAt(third[7] + 1), third[8]);
+  // A first stall at step 0, then one every 62.5 steps from 62 (a recorded
+  // LM trainer): the run from 62 fits.
+  EXPECT_EQ(FractionalSpacing({0, 62, 124, 187, 249, 312}).every, 0);
+  const SpacingRule epoch = FractionalSpacing({0, 62, 124, 187, 249, 312, 374});
+  EXPECT_EQ(epoch.every, 125);
+  EXPECT_EQ(epoch.NextAt(375), 437);
   // Wall-time checkpoints whose gaps only look fractional: no rule.
   EXPECT_EQ(FractionalSpacing({0, 85, 170, 255, 339, 424, 510}).every, 0);
   // A validation four times an epoch of 1001 batches (250, 250, 250, 251),
