@@ -223,7 +223,11 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
       o.TrackRun(rec.step, s != nullptr);
     }
     if (s == nullptr) {
-      if (o.rule_valid && o.rule.OccursAt(rec.step)) o.rule_valid = false;
+      if (o.rule_valid && o.rule.OccursAt(rec.step)) {
+        o.rule_valid = false;
+        o.failures = std::min(o.failures + 1, kMaxRuleFailures);
+        o.confirmed_in_a_row = 0;
+      }
       continue;
     }
     if (s->has_phase) slot_phase_[key] = catalog_.name(s->phase);
@@ -242,14 +246,32 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     // long (an eval every 200 steps: 999, 1199, then 1599 with 1399 not
     // logged, the history back to ~1030).
     const bool confirmed = o.rule_valid && o.rule.OccursAt(rec.step);
+    if (confirmed && ++o.confirmed_in_a_row >= kConfirmedToForgive) {
+      o.failures = std::max(o.failures - 1, 0);
+      o.confirmed_in_a_row = 0;
+    }
     if (!confirmed) {
+      if (o.rule_valid) {  // it came where the rule did not say
+        o.failures = std::min(o.failures + 1, kMaxRuleFailures);
+        o.confirmed_in_a_row = 0;
+      }
       o.rule = LearnSpacing(o.steps);
       if (o.rule.every == 0 && o.total == 2) o.rule = SpacingFromTwo(o.steps, first_step_);
       if (o.rule.every == 0) o.rule = SkippingOnlyUnloggedSteps(key, SpacingAcrossGaps(o.steps));
       if (o.rule.every == 0) o.rule = FractionalSpacing(o.steps);
     }
-    // Short spacings need a fourth occurrence: three equal gaps.
     const size_t n = o.steps.size();
+    // After failures, a new rule must explain more of the last occurrences
+    // than it was learned from: three, and one more per failure.
+    if (!confirmed && o.rule.every > 0 && o.failures > 0) {
+      const size_t m = 3 + static_cast<size_t>(o.failures);
+      bool explained = n >= m;
+      for (size_t i = n - std::min(n, m); explained && i < n; ++i) {
+        explained = o.rule.OccursAt(o.steps[i]);
+      }
+      if (!explained) o.rule = {};
+    }
+    // Short spacings need a fourth occurrence: three equal gaps.
     if (o.rule.every > 0 && o.rule.every < 8 &&
         (n < 4 || o.steps[n - 3] - o.steps[n - 4] != o.rule.every)) {
       o.rule = {};

@@ -127,6 +127,14 @@ class Forecaster::Impl {
     std::deque<Measured> measured;  // newest last, at most 32 (across regimes)
     SpacingRule rule;
     bool rule_valid = false;
+    // How often a rule of this slot failed (a step it named lacked the
+    // slot, or the slot came at a step it did not name), less one per
+    // kConfirmedToForgive occurrences confirmed in a row since: each
+    // failure (up to kMaxRuleFailures) asks a new rule to explain one more
+    // of the last occurrences (an event by wall time, whose spacing in steps
+    // wanders, seldom shows one spacing for long).
+    int failures = 0;
+    int confirmed_in_a_row = 0;
     // An event's lengths may follow a rhythm of its occurrences (a quick
     // eval every 200 steps, a full one every 400): the occurrence at s has
     // the class length_spacing.Index(s) mod length_period
@@ -182,6 +190,8 @@ class Forecaster::Impl {
   };
   static constexpr double kSpikeFactor = 4;
   static constexpr size_t kKeptSpikes = 8;
+  static constexpr int kMaxRuleFailures = 4;
+  static constexpr int kConfirmedToForgive = 8;
   // A kept spike at least 1/kMajorSpikeShare of the longest kept is a major
   // one: the rule is learned from, and checked on, the major spikes only.
   static constexpr int64_t kMajorSpikeShare = 4;
