@@ -128,7 +128,8 @@ Added 2026-12-05 (a second stress test; 19 found a defect, fixed):
   26_stalls_after_eval  a ~120 ms stall every 4th step counted from the
                        last eval (a loader made again after it), an
                        undeclared eval every 150 steps: the stalls' phase
-                       moves by 2 steps at each eval (claimed only in part).
+                       moves by 2 steps at each eval (a spike rule that
+                       restarts at each eval claims it).
                        3000 steps.
 """
 import argparse

@@ -351,6 +351,7 @@ void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
   for (int key = 0; key < kNumSlots; ++key) {
     Spikes& sp = spikes_[static_cast<size_t>(key)];
     while (!sp.kept.empty() && sp.kept.front().step < since) sp.kept.pop_front();
+    if (sp.kept.empty()) sp.restarts = false;  // a new regime: learned again
     const bool spiked = obs.spikes.test(key);
     if (spiked) {
       sp.kept.push_back(obs);
@@ -382,8 +383,23 @@ void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
       // A loader refilled at each epoch of 62.5 steps stalls 62 and 63
       // steps apart in turn (a recorded PyTorch LM trainer).
       if (rule.every == 0) rule = FractionalSpacing(major);
-      for (const int64_t st : major) {
-        if (!rule.OccursAt(st)) rule = {};
+      // Every major spike is on the rule; or, where the rhythm restarted at
+      // an eval or checkpoint (a loader made again after each eval), the
+      // last four or more are, with such a step between the last one off it
+      // and the first one on it.
+      size_t from = 0;
+      for (size_t i = n; i-- > 0;) {
+        if (!rule.OccursAt(major[i])) {
+          from = i + 1;
+          break;
+        }
+      }
+      if (rule.every > 0 && from > 0) {
+        if (n - from >= 4 && EventStepIn(major[from - 1], major[from])) {
+          sp.restarts = true;
+        } else {
+          rule = {};
+        }
       }
       // And the steps it names spiked: of those in the history since the
       // first kept major spike, at least 1 − α/2. Spikes at random, 3% of
@@ -393,7 +409,7 @@ void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
       if (rule.every > 0 && !major.empty()) {
         int named = 0, spiked_named = 0;
         for (const StepObs& past : hist_) {
-          if (past.step < major.front() || !rule.OccursAt(past.step)) continue;
+          if (past.step < major[from] || !rule.OccursAt(past.step)) continue;
           ++named;
           spiked_named += past.spikes.test(key) ? 1 : 0;
         }
@@ -409,7 +425,9 @@ void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
     // rule's (a stall every 60 steps: forecast from its third on, not from
     // when 180 steps had been relearned).
     const bool residues_learned = slot_period_[static_cast<int>(StepKind::kNormal)][key] > 1;
-    if (sp.rule_valid && (sp.rule.every > opt_.max_period || !residues_learned) &&
+    // (The residue classes of a rhythm that restarts at each event mix its
+    // phases: the rule's then.)
+    if (sp.rule_valid && (sp.rule.every > opt_.max_period || !residues_learned || sp.restarts) &&
         !ResiduesSeparateSpikes(key)) {
       spike_mask_.set(key);
     }
@@ -438,9 +456,20 @@ bool Forecaster::Impl::ResiduesSeparateSpikes(int key) const {
 SlotMask Forecaster::Impl::SpikeBits(int64_t step) const {
   SlotMask bits;
   spike_mask_.ForEach([&](int key) {
-    if (spikes_[static_cast<size_t>(key)].rule.OccursAt(step)) bits.set(key);
+    const Spikes& sp = spikes_[static_cast<size_t>(key)];
+    if (!sp.rule.OccursAt(step)) return;
+    // A rhythm that restarts at each eval or checkpoint is not claimed past
+    // the next one (its phase there is unknown).
+    if (sp.restarts && step > last_step_ && step > NextEvalOrCheckpoint(last_step_ + 1)) return;
+    bits.set(key);
   });
   return bits;
+}
+
+bool Forecaster::Impl::EventStepIn(int64_t a, int64_t b) const {
+  return std::any_of(hist_.begin(), hist_.end(), [&](const StepObs& h) {
+    return h.step >= a && h.step < b && h.kind != StepKind::kNormal;
+  });
 }
 
 SpacingRule Forecaster::Impl::SkippingOnlyUnloggedSteps(int key, SpacingRule rule) const {

@@ -187,6 +187,13 @@ class Forecaster::Impl {
     std::deque<StepObs> kept;
     SpacingRule rule;
     bool rule_valid = false;
+    // The slot's rhythm restarted at an eval or checkpoint in this regime
+    // (a loader made again after each eval: its stalls counted from there):
+    // a rule's major spikes since one were on it, those before not. Its
+    // steps are then claimed up to the next eval or checkpoint only
+    // (SpikeBits), and the rule is used even where the residue classes have
+    // a period (they mix its phases).
+    bool restarts = false;
   };
   static constexpr double kSpikeFactor = 4;
   static constexpr size_t kKeptSpikes = 8;
@@ -278,6 +285,11 @@ class Forecaster::Impl {
   // The first step in [from, limit) with a declared or learned event or a
   // spike rule's spike, or limit.
   int64_t NextEventStep(int64_t from, int64_t limit) const;
+  // The first step ≥ from that an eval or checkpoint is forecast at
+  // (declared, a learned rule, or a run's start); INT64_MAX for none.
+  int64_t NextEvalOrCheckpoint(int64_t from) const;
+  // Whether a step in [a, b) of the history is an eval or checkpoint step.
+  bool EventStepIn(int64_t a, int64_t b) const;
   void Relearn();
   void CheckRegime(const StepObs& obs);
   // A new regime from scattered clear misses (true: it began); the state

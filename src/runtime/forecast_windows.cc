@@ -922,15 +922,25 @@ int64_t Forecaster::Impl::NextEventStep(int64_t from, int64_t limit) const {
   const auto consider = [&](const SpacingRule& rule) {
     if (rule.every > 0) best = std::min(best, rule.NextAt(from));
   };
-  consider({opt_.checkpoint.every_steps, opt_.checkpoint.offset});
-  consider({opt_.eval.every_steps, opt_.eval.offset});
+  best = std::min(best, NextEvalOrCheckpoint(from));
   for (const int key : rule_keys_) consider(occ_[key].rule);
-  for (const IdleKind k : {IdleKind::kEval, IdleKind::kCheckpoint}) {
-    const Occurrences& o = occ_[SlotKey(k, 0)];
-    if (o.run_rule_valid && o.run_length >= 2) consider(o.run_rule);
-  }
   spike_mask_.ForEach([&](int key) { consider(spikes_[static_cast<size_t>(key)].rule); });
   return std::max(best, from);
+}
+
+int64_t Forecaster::Impl::NextEvalOrCheckpoint(int64_t from) const {
+  int64_t best = std::numeric_limits<int64_t>::max();
+  const auto consider = [&](const SpacingRule& rule) {
+    if (rule.every > 0) best = std::min(best, rule.NextAt(from));
+  };
+  consider({opt_.checkpoint.every_steps, opt_.checkpoint.offset});
+  consider({opt_.eval.every_steps, opt_.eval.offset});
+  for (const IdleKind k : {IdleKind::kEval, IdleKind::kCheckpoint}) {
+    const Occurrences& o = occ_[SlotKey(k, 0)];
+    if (o.rule_valid) consider(o.rule);
+    if (o.run_rule_valid && o.run_length >= 2) consider(o.run_rule);
+  }
+  return best;
 }
 
 absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
