@@ -171,9 +171,11 @@ class Forecaster::Impl {
   // event's (a full eval every 500 steps among short ones every 50). A
   // spike is a length at least kSpikeFactor times the slot's median in the
   // steps of its kind (Relearn) and min_window longer; the rule is the last
-  // three major spikes' spacing (four below kMinSpacingFromTwo), valid
-  // while the major ones of the last kKeptSpikes spikes of the regime are
-  // all on it and every step it names that is logged spikes; used until
+  // three major spikes' spacing (four below kMinSpacingFromTwo; or a
+  // fractional one, FractionalSpacing), valid while the major ones of the
+  // last kKeptSpikes spikes of the regime are all on it (or, where the
+  // rhythm restarted at an eval or checkpoint, the four or more since one:
+  // Spikes::restarts) and every step it names that is logged spikes; used until
   // the slot's residue classes have a period (where the spacing is within
   // max_period) and not where they hold the spikes apart
   // (ResiduesSeparateSpikes: ChoosePeriod has the rhythm). While valid, a
