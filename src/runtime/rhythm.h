@@ -41,10 +41,6 @@ struct SpacingRule {
   // occurrences have consecutive numbers); step / every when den == 1.
   // REQUIRES: every > 0.
   int64_t Index(int64_t step) const;
-  // The mean number of steps between occurrences (0 for none).
-  double Spacing() const {
-    return every > 0 ? static_cast<double>(every) / static_cast<double>(den) : 0.0;
-  }
 };
 
 // The rule behind the last occurrences (ascending steps): the last three
@@ -74,20 +70,22 @@ SpacingRule SpacingFromTwo(const std::vector<int64_t>& occurrences, int64_t firs
 
 // The fractional rule (den in 2..kMaxSpacingDen) behind the last
 // occurrences when their gaps take two values g and g + 1 (g ≥
-// kMinSpacingFromTwo), over the longest run of such gaps at the end. The
-// fit of a run (at least kMinFractionalGaps gaps, both values among them)
-// is the fraction every/den in (g, g + 1) of least den, with an offset,
-// that puts consecutive occurrences exactly there; when that den has
-// several such fractions or offsets, they must put the next
+// kMinSpacingFromTwo). The fit of a run of such gaps is the fraction
+// every/den in (g, g + 1) of least den, with an offset, that puts
+// consecutive occurrences exactly there, from two whole cycles of its
+// pattern of gaps at least (2·den gaps, both values among them); when that
+// den has several such fractions or offsets, they must put the next
 // kFractionalAgreement occurrences at the same steps (otherwise the
 // occurrences do not decide yet: none). A larger den that fits as well is
-// not ruled out (625/2 and 937/3 both fit gaps 312, 313, 312). So the rule
-// is returned only when the fit of the run without its last occurrence put
+// not ruled out (625/2 and 937/3 both fit gaps 312, 313, 312). So a rule is
+// returned only when the fit of the run without its last occurrence put
 // that occurrence where it came (out of sample); then it is the fit of the
-// whole run. A wrong guess after that fails at the step it names, and the
-// caller learns again from more occurrences.
+// whole run. The run is the longest one at the end for which that holds (a
+// first occurrence off the rhythm, like a stall at step 0, is left out). A
+// wrong guess after that fails at the step it names, and the caller learns
+// again from more occurrences.
 inline constexpr int64_t kMaxSpacingDen = 8;
-inline constexpr size_t kMinFractionalGaps = 3;
+inline constexpr size_t kMinFractionalGaps = 4;  // two cycles of den 2
 inline constexpr int kFractionalAgreement = 2;
 SpacingRule FractionalSpacing(const std::vector<int64_t>& occurrences);
 
