@@ -317,8 +317,11 @@ def native_api() -> Tuple[Any, str]:
                          f"{_torch_build.TORCH_VERSION} omni._torch_C links "
                          f"({_torch_build.LIBTORCH_CPU})")
         return _native
-    from . import _torch_C
-
+    try:
+        from . import _torch_C
+    except ImportError as e:  # e.g. libomni_torch.so not beside it
+        _native = (None, f"omni._torch_C cannot be loaded: {e}")
+        return _native
     _native = (_torch_C.api, "")
     return _native
 
