@@ -75,7 +75,9 @@ struct EvaluateOptions {
 // guaranteed length from its latest start (false time). `step_record` nullptr
 // (the step is not in the log): the sure part only. Disjoint, in time order.
 // `prev_end_ns`: the end of step w.step − 1 when it is logged (else -1),
-// where a window before the step (IdleWindow::before_step) opens.
+// where a window before the step (IdleWindow::before_step) opens; such a
+// window of a step whose predecessor is not logged opened at a time the log
+// does not show: the sure part only, as for an unlogged step.
 struct ClaimedSpan {
   int64_t start_ns = 0, end_ns = 0;
 };

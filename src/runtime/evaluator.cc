@@ -240,7 +240,7 @@ std::vector<ClaimedSpan> WindowClaimedSpans(const IdleWindow& w, const StepRecor
                                             const ForecastOptions& options, int64_t prev_end_ns) {
   std::array<ClaimInterval, 2> parts{};
   int n = 0;
-  if (step_record != nullptr) {
+  if (step_record != nullptr && !(w.before_step && prev_end_ns < 0)) {
     const StepObs obs =
         ReduceStep(*step_record, catalog, options.pipeline, options.min_window_ns, prev_end_ns);
     n = Realise(w, &obs, parts);
@@ -370,13 +370,16 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
     if (end <= now) continue;
     ++report.forecasts;
     // Each window as a guest uses it (RealiseClaim): its sure part, and its
-    // guaranteed length from the moment it actually opens. A window of an
-    // unlogged step (sampled logs) is scored by its sure part only.
+    // guaranteed length from the moment it actually opens. A window whose
+    // opening the log does not show is scored by its sure part only: one of
+    // an unlogged step (sampled logs), and the host-side time before a step
+    // whose predecessor is unlogged (it opened when that step ended).
     wins.clear();
     beyond.clear();
     std::array<ClaimInterval, 2> parts{};
     for (const IdleWindow& w : f->windows) {
-      const int np = Realise(w, obs_of(w.step), parts);
+      const bool opening_unseen = w.before_step && obs_of(w.step - 1) == nullptr;
+      const int np = Realise(w, opening_unseen ? nullptr : obs_of(w.step), parts);
       for (int p = 0; p < np; ++p) {
         const int64_t a = std::max(parts[p].a, now);
         const int64_t b = std::min(parts[p].b, end);
