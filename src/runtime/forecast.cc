@@ -120,30 +120,47 @@ bool Forecaster::Impl::EventAt(IdleKind kind, int64_t step) const {
 }
 
 void Forecaster::Impl::Occurrences::TrackRun(int64_t step, bool present) {
-  const auto close = [&] {
+  const auto close = [&](bool end_seen) {
+    run_open = false;
+    // A run cut by steps not logged may have gone on: its length is not
+    // known, and pieces of it are no sample of the runs' length.
+    if (!end_seen) return;
     run_lengths.push_back(run_last - run_start + 1);
     if (run_lengths.size() > kMaxRuns) run_lengths.pop_front();
     std::vector<int64_t> v(run_lengths.begin(), run_lengths.end());
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
     run_length = v[v.size() / 2];
-    run_open = false;
   };
+  const int64_t tracked_before = last_tracked;
+  last_tracked = step;
   if (!present) {
-    if (run_open) close();
+    if (run_open) close(/*end_seen=*/tracked_before == run_last);
     // A step the rule starts a run at that has none ends the rule.
     if (run_rule_valid && InRun(step, -1)) run_rule_valid = false;
     return;
   }
-  if (run_open && run_last == step - 1) {
+  // The steps since the last one logged were not logged: an eval loop
+  // does not pause for a step or two (the run goes on across them) but
+  // may have ended and started again in a longer gap.
+  if (run_open &&
+      (run_last == step - 1 || ((run_last > run_start || run_length >= 2) &&
+                                run_last == tracked_before && step - run_last - 1 <= kMaxRunGap))) {
     run_last = step;
     return;
   }
-  if (run_open) close();  // a gap in a sampled log
+  if (run_open) close(/*end_seen=*/false);  // a gap in a sampled log
   run_open = true;
   run_start = run_last = step;
+  run_start_lo = tracked_before >= 0 ? tracked_before + 1 : step;
+  // The rule is learned from the starts the log shows (the step before
+  // was logged without the event), across runs whose start it does not
+  // show; where the rule starts a logged run with none, the rule ends
+  // (above).
+  if (run_start_lo != step) return;
   run_starts.push_back(step);
   if (run_starts.size() > kMaxRuns) run_starts.erase(run_starts.begin());
   run_rule = LearnSpacing(run_starts);
+  if (run_rule.every == 0) run_rule = SpacingAcrossGaps(run_starts);
   run_rule_valid = run_rule.every > 0 && run_length >= 2;
 }
 
@@ -153,7 +170,7 @@ bool Forecaster::Impl::Occurrences::InRun(int64_t step, int64_t last_step) const
   // The first run, two steps long so far: it goes on one more step.
   if (len == 0 && open) return run_last > run_start && step == run_last + 1;
   if (len < 2) return false;
-  if (open) return step < run_start + len;
+  if (open) return step < run_start_lo + len;
   if (!run_rule_valid) return false;
   const int64_t into =
       ((step - run_rule.offset) % run_rule.every + run_rule.every) % run_rule.every;

@@ -148,8 +148,17 @@ class Forecaster::Impl {
     // batches are steps of their own): the current or last run's first and
     // last step, the lengths of the last completed runs, the first steps of
     // the last runs and their rule (LearnSpacing).
+    // Steps not logged (a sampled log, a ring that dropped steps) leave
+    // a run's ends unknown: `run_start_lo` is the earliest step the open
+    // run can have started at (the step after the last one logged before
+    // it), and a run two logged steps long or more (any run, once runs
+    // are known) goes on across up to kMaxRunGap steps not logged. A
+    // length is recorded when a logged step without the event ends the
+    // run: its logged extent, never longer than the run was. Only starts
+    // the log shows make the starts' rule.
     bool run_open = false;
-    int64_t run_start = -1, run_last = -1;
+    int64_t run_start = -1, run_last = -1, run_start_lo = -1;
+    int64_t last_tracked = -1;        // the last step TrackRun saw
     std::deque<int64_t> run_lengths;  // newest last, at most kMaxRuns
     // Their median (0: none; 1: single steps, no runs).
     int64_t run_length = 0;
@@ -163,6 +172,7 @@ class Forecaster::Impl {
     bool InRun(int64_t step, int64_t last_step) const;
   };
   static constexpr size_t kMaxRuns = 8;
+  static constexpr int64_t kMaxRunGap = 3;
 
   // A window of every step that runs far longer at equally spaced steps:
   // a loader refilling its shuffle buffer at each epoch's end, metrics

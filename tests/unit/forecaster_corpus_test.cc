@@ -211,21 +211,42 @@ TEST(ForecasterCorpus, BimodalGenerationStepsAreCoveredButNotTightly) {
   EXPECT_GT(r.next_step.slack_median, 1.5);
 }
 
+// `name` with about a third of its steps left out at random (a ring that
+// dropped them), the same steps in every run.
+StepLog WithAThirdDropped(const std::string& name) {
+  auto log = ReadStepLog(std::string(OMNI_TEST_DATA_DIR) + "/" + name);
+  EXPECT_TRUE(log.ok()) << log.status();
+  if (!log.ok()) return {};
+  std::vector<StepRecord> kept;
+  std::minstd_rand drop(7);
+  for (const StepRecord& r : log->steps) {
+    if (drop() % 3 != 0) kept.push_back(r);
+  }
+  log->steps = std::move(kept);
+  return *std::move(log);
+}
+
+TEST(ForecasterCorpus, AnEvalLoopIsForecastAcrossTheStepsNotLogged) {
+  // 30 eval steps every 500: a run cut by steps not logged was taken for
+  // several short ones (their median length claimed past a run's end, and
+  // no run foreseen in the middle of one), and runs whose first step was
+  // not logged gave the run starts no rule. Measured before: next-step
+  // coverage 0.943 (eval steps 0.439), eval recall 0.370; after: 0.966
+  // (0.851) and 0.741.
+  auto r = Evaluate(WithAThirdDropped("eval_loop.jsonl"), EvaluateOptions{});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GE(r->total.precision(), r->claimed_confidence);
+  EXPECT_GE(r->next_step.coverage(), r->claimed_confidence);
+  EXPECT_GE(Kind(*r, IdleKind::kEval).recall(), 0.6);
+}
+
 TEST(ForecasterCorpus, HostSideTimeAfterAnUnloggedStepIsScoredWhereTheLogShowsIt) {
   // host_gaps with a third of its steps left out (a ring that dropped
   // them): the gap before a step whose predecessor is missing opened when
   // that step ended, which the log does not show. Placed at the window's
   // latest start instead, true claims ran into the next step: host-side
   // precision 0.92 where every claim held.
-  auto log = ReadStepLog(std::string(OMNI_TEST_DATA_DIR) + "/host_gaps.jsonl");
-  ASSERT_TRUE(log.ok()) << log.status();
-  std::vector<StepRecord> kept;
-  std::minstd_rand drop(7);  // fixed: the same steps left out in every run
-  for (const StepRecord& r : log->steps) {
-    if (drop() % 3 != 0) kept.push_back(r);
-  }
-  log->steps = std::move(kept);
-  auto r = Evaluate(*log, EvaluateOptions{});
+  auto r = Evaluate(WithAThirdDropped("host_gaps.jsonl"), EvaluateOptions{});
   ASSERT_TRUE(r.ok()) << r.status();
   const EvaluationReport::Score& host = Kind(*r, IdleKind::kHostSide);
   ASSERT_GT(host.forecast_ns, 0);
