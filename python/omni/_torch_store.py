@@ -5,7 +5,7 @@ MASTER_ADDR / MASTER_PORT) reach :func:`open`. Where this build has
 omni._torch_C (LibTorch found) and the torch imported in the process maps the
 libtorch_cpu file it links, it returns omni._torch_C's opener, and omni._C
 opens the store with c10d's C++ client (omni::torch_ext::TcpStore), never
-touching torch's Python binding. Otherwise (a ``pip install .`` build, or
+touching torch's Python binding. Otherwise (a build without LibTorch, or
 another torch) it builds a ``torch.distributed.TCPStore`` and wraps it in
 :class:`TorchStore`, which has omni::Store's semantics
 (include/omni/store.h); python/src/store.cc adapts it to the C++ interface,
@@ -296,9 +296,9 @@ def native_api() -> Tuple[Any, str]:
 
     omni._torch_C links the LibTorch omni was built with. It is loaded only
     when the torch imported here maps that very libtorch_cpu file, so that
-    the process never holds two copies of LibTorch. Otherwise (a
-    ``pip install .`` build, which has no LibTorch, or another torch) the
-    stores go through torch's Python binding (:class:`TorchStore`).
+    the process never holds two copies of LibTorch. Otherwise (a build
+    without LibTorch, or another torch) the stores go through torch's Python
+    binding (:class:`TorchStore`).
     """
     global _native
     if _native is not None:

@@ -2,6 +2,7 @@
 --system-site-packages and --no-build-isolation: `import omni` then works
 from outside the source tree without PYTHONPATH."""
 
+import glob
 import os
 import subprocess
 import sys
@@ -53,10 +54,25 @@ def test_pip_install_from_the_root_gives_an_importable_package(tmp_path):
         "    state = {'progress': omni.state.JsonState({'step': 7})}\n"
         "    ckpt.save(7, state)\n"
         "    print(ckpt.restore(state)['step'])\n"
+        "from omni import _torch_store\n"
+        "try:\n"
+        "    import torch.distributed\n"
+        "    api, why = _torch_store.native_api()\n"
+        "    print(api is not None)\n"
+        "except ImportError:\n"
+        "    print('no-torch')\n"
     )
     ran = subprocess.run([python, "-c", code], cwd=outside, env=env, capture_output=True,
                          text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
-    path, step = ran.stdout.split()
+    path, step, native = ran.stdout.split()
     assert path.startswith(str(venv)), path  # the installed copy, not the source tree
     assert step == "7"
+    # Where the build has omni._torch_C (LibTorch found: the build tree the
+    # tests run against, or build-pip/ beside a torch before 2.4), the
+    # installed package carries it and serves tcp:// stores with c10d's C++
+    # client, not torch's binding that can crash before torch 2.4.
+    bin_dir = os.environ.get("OMNI_BIN_DIR")
+    built = bin_dir and glob.glob(os.path.join(bin_dir, "..", "python", "omni", "_torch_C*.so"))
+    if _build_dir() and native != "no-torch":
+        assert native == ("True" if built else "False"), (native, ran.stderr)
