@@ -190,8 +190,8 @@ absl::Duration MaxWait(const Flags& flags) {
 // who says so (its forecast or its announcement).
 // `stats` and `unit_bound_ns` (the unit's cost bound): where windows opened
 // too short for a unit, it says how many and the longest claim against the
-// bound (a bound above every claim is never lowered: only units that run
-// are measured).
+// bound (one slow unit is probed away after a few such windows, a cost
+// really above every claim stays: UnitCostBound).
 std::string BusyReason(omni::colocate::GuestStop why, int64_t no_window_before_ns,
                        int64_t waited_ns, const absl::StatusOr<omni::WindowOutlook>& o,
                        const omni::colocate::GateStats& stats, int64_t unit_bound_ns,
@@ -219,13 +219,16 @@ std::string BusyReason(omni::colocate::GuestStop why, int64_t no_window_before_n
                          busy_s, who, flags.kinds, flags.max_wait_s);
 }
 
-void PrintGateLine(int64_t units, const omni::colocate::GateStats& s) {
+// The unit loop's figures (a supervisor's: its resumes as units; no
+// probes, its slices are fixed).
+void PrintGateLine(int64_t units, const omni::colocate::GateStats& s, int64_t probes = 0,
+                   int64_t forgiven = 0) {
   std::fprintf(stderr,
                "colocate_guest: units=%" PRId64 " waits=%" PRId64 " yields=%" PRId64
                " yield_p99_ms=%.3f yield_max_ms=%.3f deadline_misses=%" PRId64 " overruns=%" PRId64
-               "\n",
+               " unit_probes=%" PRId64 " unit_forgiven=%" PRId64 "\n",
                units, s.waits, s.yields, s.yield_p99_ns / 1e6, s.yield_max_ns / 1e6,
-               s.deadline_misses, s.overruns);
+               s.deadline_misses, s.overruns, probes, forgiven);
 }
 
 int Run(const Flags& flags) {
@@ -360,7 +363,7 @@ int Run(const Flags& flags) {
   }
   if (log != nullptr) std::fclose(log);
   if (r.why == omni::colocate::GuestStop::kUnitFailed) return Fail(r.unit_status);
-  if (!flags.child) PrintGateLine(r.units, r.stats);
+  if (!flags.child) PrintGateLine(r.units, r.stats, r.unit_probes, r.unit_forgiven);
   // Not worth waiting (--max-wait-s): the reason the Runtime's yield gives.
   std::string leave = "the host finished";
   if (r.why == omni::colocate::GuestStop::kHostBusy ||

@@ -151,17 +151,40 @@ class OMNI_EXPORT GuestGate {
 // window its host opened, and such a bound is never corrected, since only
 // units that ran are observed (the guest waited until its max_wait).
 //
+// A bound held up by one slow unit after that (a page fault, the host's
+// burst on the guest's core) has the same defect: it keeps the guest out of
+// every window shorter than it, and nothing corrects it. So after
+// kProbeAfter windows refused as too short (Refused), one unit may start at
+// a probe bound: the largest of the recent units but the largest one (the
+// estimate given, while one unit is measured). A probe that costs no more
+// than that forgives the slow unit: it leaves the sample the bound is drawn
+// from. A slower one keeps the bound, and the next probe waits for twice as
+// many refused windows (at most kMaxProbeAfter): a guest whose units are
+// really that slow overruns a window once per probe, ever more rarely.
+//
 // Thread safety: one thread at a time.
 class OMNI_EXPORT UnitCostBound {
  public:
+  static constexpr int kProbeAfter = 4;
+  static constexpr int kMaxProbeAfter = 256;
+
   explicit UnitCostBound(int64_t initial_ns, double k = 3.0, double alpha = 0.1)
       : initial_ns_(initial_ns), k_(k), alpha_(alpha) {}
   void Observe(int64_t unit_ns);
+  // A window was refused as too short for BoundNs(); call once per window.
+  void Refused();
   int64_t BoundNs() const;
   int64_t count() const { return n_ + (warmed_up_ ? 1 : 0); }
+  // Whether BoundNs() is a probe's bound (the next unit is a probe).
+  bool probing() const { return n_ > 0 && refused_ >= probe_after_ && ProbeNs() < SampleBoundNs(); }
+  int64_t probes() const { return probes_; }
+  int64_t forgiven() const { return forgiven_; }
 
  private:
   static constexpr int kRecent = 8;
+  void Add(int64_t unit_ns);
+  int64_t SampleBoundNs() const;
+  int64_t ProbeNs() const;
   int64_t initial_ns_;
   double k_;
   double alpha_;
@@ -170,6 +193,9 @@ class OMNI_EXPORT UnitCostBound {
   double mean_ = 0;
   double var_ = 0;
   int64_t recent_[kRecent] = {};
+  int refused_ = 0;  // windows refused since the last unit
+  int probe_after_ = kProbeAfter;
+  int64_t probes_ = 0, forgiven_ = 0;
 };
 
 }  // namespace omni::colocate

@@ -114,6 +114,9 @@ struct GuestLoopResult {
   int64_t no_window_before_ns = 0;
   int64_t waited_ns = 0;
   int64_t unit_bound_ns = 0;  // the unit's cost bound when it stopped
+  // Units run at a probe bound after windows were refused as too short,
+  // and how many of them forgave a slow unit (UnitCostBound).
+  int64_t unit_probes = 0, unit_forgiven = 0;
   GateStats stats;
 };
 

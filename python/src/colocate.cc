@@ -96,6 +96,8 @@ py::dict RunLoop(oc::GuestGate& gate, oc::WindowSource& source, const py::object
   d["no_window_before_ns"] = r.no_window_before_ns;
   d["waited_ns"] = r.waited_ns;
   d["unit_bound_ns"] = r.unit_bound_ns;
+  d["unit_probes"] = r.unit_probes;
+  d["unit_forgiven"] = r.unit_forgiven;
   d["stats"] = StatsDict(r.stats);
   return d;
 }
@@ -329,7 +331,9 @@ void DefineColocate(py::module_& m) {
         "after max_units, when `stop` is set, when unit raises (re-raised), or, with max_wait_s, "
         "when the host states no window of the source's kinds can open within it ('host_busy') "
         "or none could be used for that long ('waited_too_long'). Returns {'why', 'units', "
-        "'no_window_before_ns', 'waited_ns', 'unit_bound_ns', 'stats'}.");
+        "'no_window_before_ns', 'waited_ns', 'unit_bound_ns', 'unit_probes', 'unit_forgiven', "
+        "'stats'}: unit_probes units ran at a probe bound after windows were refused as too "
+        "short, unit_forgiven of them forgave one slow unit (omni::colocate::UnitCostBound).");
 }
 
 }  // namespace omni_python

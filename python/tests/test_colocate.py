@@ -175,6 +175,8 @@ def test_a_guest_that_will_not_wait_stops_when_the_host_is_busy_beyond_max_wait(
     assert r["why"] == "waited_too_long" and r["units"] == 0
     assert r["stats"]["too_short_windows"] == 1 and r["stats"]["too_short_waits"] == 1
     assert r["stats"]["too_short_longest_ns"] == 3 * MS and r["unit_bound_ns"] == 5 * MS
+    # One window refused, no unit measured: nothing to probe.
+    assert r["unit_probes"] == 0 and r["unit_forgiven"] == 0
     with pytest.raises(ValueError, match="max_wait_s"):
         omni.run_guest_loop(gate, source, unit, max_wait_s=-1.0, clock=clock)
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 namespace omni::colocate {
 
@@ -133,6 +134,29 @@ void UnitCostBound::Observe(int64_t unit_ns) {
     warmed_up_ = true;
     return;
   }
+  if (probing()) {
+    ++probes_;
+    if (unit_ns <= ProbeNs()) {
+      // The slow unit was one: the sample again without it, oldest first.
+      ++forgiven_;
+      probe_after_ = kProbeAfter;
+      const int64_t k = std::min<int64_t>(n_, kRecent);
+      std::vector<int64_t> kept;
+      kept.reserve(static_cast<size_t>(k));
+      for (int64_t i = n_ - k; i < n_; ++i) kept.push_back(recent_[i % kRecent]);
+      kept.erase(std::max_element(kept.begin(), kept.end()));
+      n_ = 0;
+      mean_ = var_ = 0;
+      for (const int64_t x : kept) Add(x);
+    } else {
+      probe_after_ = std::min(2 * probe_after_, kMaxProbeAfter);
+    }
+  }
+  refused_ = 0;
+  Add(unit_ns);
+}
+
+void UnitCostBound::Add(int64_t unit_ns) {
   const double x = static_cast<double>(unit_ns);
   if (n_ == 0) {
     mean_ = x;
@@ -147,11 +171,26 @@ void UnitCostBound::Observe(int64_t unit_ns) {
   ++n_;
 }
 
-int64_t UnitCostBound::BoundNs() const {
+void UnitCostBound::Refused() {
+  if (refused_ < probe_after_) ++refused_;
+}
+
+int64_t UnitCostBound::SampleBoundNs() const {
   if (n_ == 0) return initial_ns_;
   const int64_t recent_max = *std::max_element(recent_, recent_ + std::min<int64_t>(n_, kRecent));
   const auto ew = static_cast<int64_t>(std::ceil(mean_ + k_ * std::sqrt(std::max(0.0, var_))));
   return std::max(ew, recent_max);
 }
+
+int64_t UnitCostBound::ProbeNs() const {
+  const int64_t k = std::min<int64_t>(n_, kRecent);
+  if (k <= 1) return std::min(initial_ns_, k == 1 ? recent_[0] : initial_ns_);
+  int64_t v[kRecent];
+  std::copy(recent_, recent_ + k, v);
+  std::sort(v, v + k);
+  return v[k - 2];
+}
+
+int64_t UnitCostBound::BoundNs() const { return probing() ? ProbeNs() : SampleBoundNs(); }
 
 }  // namespace omni::colocate

@@ -64,6 +64,8 @@ GuestLoopResult RunGuestLoop(GuestGate& gate, WindowSource& source,
   GuestLoopResult r;
   UnitCostBound cost(options.initial_unit_ns);
   int64_t waiting_since = clock->NowNanos();
+  uint64_t refused_window =
+      std::numeric_limits<uint64_t>::max();  // the last window refused as too short
   for (;;) {
     if (stop.load(std::memory_order_acquire)) {
       r.why = GuestStop::kStopRequested;
@@ -73,7 +75,12 @@ GuestLoopResult RunGuestLoop(GuestGate& gate, WindowSource& source,
       r.why = GuestStop::kMaxUnits;
       break;
     }
-    const GateDecision d = gate.BeforeUnit(source.Current(), cost.BoundNs());
+    const OpenWindow window = source.Current();
+    const GateDecision d = gate.BeforeUnit(window, cost.BoundNs());
+    if (d.verdict == GateVerdict::kWaitTooShort && window.window_id != refused_window) {
+      refused_window = window.window_id;
+      cost.Refused();
+    }
     if (!d.start()) {
       const int64_t now = clock->NowNanos();
       const int64_t before =
@@ -107,6 +114,8 @@ GuestLoopResult RunGuestLoop(GuestGate& gate, WindowSource& source,
     waiting_since = t1;
   }
   r.unit_bound_ns = cost.BoundNs();
+  r.unit_probes = cost.probes();
+  r.unit_forgiven = cost.forgiven();
   r.stats = gate.Stats();
   return r;
 }

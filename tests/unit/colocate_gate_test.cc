@@ -158,5 +158,48 @@ TEST(UnitCostBoundTest, TheFirstUnitIsAWarmUpLeftOut) {
   EXPECT_GE(b.BoundNs(), kMs + kMs / 10);
 }
 
+TEST(UnitCostBoundTest, ARefusedBoundProbesBelowItsLargestUnitAndBacksOffWhenTheProbeIsSlow) {
+  UnitCostBound b(2 * kMs);
+  b.Observe(2 * kMs);  // the warm-up
+  for (int i = 0; i < 3; ++i) b.Observe(2 * kMs);
+  b.Observe(20 * kMs);  // one slow unit
+  EXPECT_GE(b.BoundNs(), 20 * kMs);
+  for (int i = 0; i < UnitCostBound::kProbeAfter - 1; ++i) b.Refused();
+  EXPECT_FALSE(b.probing());
+  EXPECT_GE(b.BoundNs(), 20 * kMs);
+  b.Refused();
+  EXPECT_TRUE(b.probing());
+  EXPECT_EQ(b.BoundNs(), 2 * kMs);  // the largest recent unit but the slow one
+  b.Observe(5 * kMs);               // slower than the probe's bound: not forgiven
+  EXPECT_EQ(b.probes(), 1);
+  EXPECT_EQ(b.forgiven(), 0);
+  EXPECT_GE(b.BoundNs(), 20 * kMs);
+  // The next probe waits for twice as many refused windows.
+  for (int i = 0; i < 2 * UnitCostBound::kProbeAfter - 1; ++i) b.Refused();
+  EXPECT_FALSE(b.probing());
+  b.Refused();
+  EXPECT_TRUE(b.probing());
+  EXPECT_EQ(b.BoundNs(), 5 * kMs);
+  b.Observe(5 * kMs);  // as fast as that: the 20 ms unit is forgiven
+  EXPECT_EQ(b.probes(), 2);
+  EXPECT_EQ(b.forgiven(), 1);
+  EXPECT_FALSE(b.probing());
+  EXPECT_LT(b.BoundNs(), 20 * kMs);
+  EXPECT_GE(b.BoundNs(), 5 * kMs);
+  // Units that ran reset the count of refused windows.
+  for (int i = 0; i < UnitCostBound::kProbeAfter - 1; ++i) b.Refused();
+  b.Observe(2 * kMs);
+  b.Refused();
+  EXPECT_FALSE(b.probing());
+}
+
+TEST(UnitCostBoundTest, NoProbeWhileEveryRecentUnitCostsTheSame) {
+  UnitCostBound b(kMs);
+  for (int i = 0; i < 6; ++i) b.Observe(20 * kMs);
+  for (int i = 0; i < 100; ++i) b.Refused();
+  EXPECT_FALSE(b.probing());
+  EXPECT_EQ(b.BoundNs(), 20 * kMs);
+}
+
 }  // namespace
 }  // namespace omni::colocate
