@@ -234,26 +234,33 @@ TEST_F(GuestLoopTest,
   EXPECT_EQ(src.waits_, 7);
 }
 
-TEST_F(GuestLoopTest, OneSlowUnitDoesNotShutTheGuestOutOfWindowsForGood) {
-  // The host opens a 10 ms window at every wait. The guest's units take
-  // 2 ms, but its second (the first measured) took 20 ms: a bound of 20 ms
-  // refused every window after it. Before: 2 units, then none in 200
-  // windows.
-  FakeSource src(clock_);
+// The host opens a 10 ms window at every wait; the guest's n-th unit
+// (from 1) takes unit_ms(n) and the window closes after it.
+GuestLoopResult RunInTenMsWindows(FakeClock& clock, GuestGate& gate, const std::atomic<bool>& stop,
+                                  GuestLoopOptions o, const std::function<int64_t(int)>& unit_ms) {
+  FakeSource src(clock);
   uint64_t id = 0;
   src.on_wait_ = [&] { src.Open(++id, 10 * kMs); };
   src.Open(++id, 10 * kMs);
-  GuestLoopOptions o;
   o.initial_unit_ns = 2 * kMs;
-  o.max_wait = absl::Seconds(2);
-  o.max_units = 20;
   int n = 0;
   auto unit = [&] {
-    clock_.Advance(std::chrono::milliseconds(++n == 2 ? 20 : 2));
-    src.w_.open = false;  // one unit per window
+    clock.Advance(std::chrono::milliseconds(unit_ms(++n)));
+    src.w_.open = false;
     return absl::OkStatus();
   };
-  GuestLoopResult r = RunGuestLoop(*gate_, src, unit, stop_, o, &clock_);
+  return RunGuestLoop(gate, src, unit, stop, o, &clock);
+}
+
+TEST_F(GuestLoopTest, OneSlowUnitDoesNotShutTheGuestOutOfWindowsForGood) {
+  // Units of 2 ms, but the second (the first measured) took 20 ms: a bound
+  // of 20 ms refused every window after it. Before: 2 units, then none
+  // until max_wait.
+  GuestLoopOptions o;
+  o.max_wait = absl::Seconds(2);
+  o.max_units = 20;
+  GuestLoopResult r =
+      RunInTenMsWindows(clock_, *gate_, stop_, o, [](int n) { return n == 2 ? 20 : 2; });
   EXPECT_EQ(r.why, GuestStop::kMaxUnits);
   EXPECT_EQ(r.units, 20);
   EXPECT_EQ(r.unit_probes, 1);
@@ -264,24 +271,14 @@ TEST_F(GuestLoopTest, OneSlowUnitDoesNotShutTheGuestOutOfWindowsForGood) {
 }
 
 TEST_F(GuestLoopTest, AGuestWhoseUnitsBecameSlowProbesOnceThenKeepsItsBound) {
-  // Units of 2 ms, then of 20 ms from the third on, in 10 ms windows: one
-  // probe after 4 refused windows (it overran its window), then the sample
-  // shows two slow units of three and the guest waits for longer windows.
-  FakeSource src(clock_);
-  uint64_t id = 0;
-  src.on_wait_ = [&] { src.Open(++id, 10 * kMs); };
-  src.Open(++id, 10 * kMs);
+  // Units of 2 ms, then of 20 ms from the third on: one probe after 4
+  // refused windows (it overran its window), then the sample shows two slow
+  // units of three and the guest waits for longer windows.
   GuestLoopOptions o;
-  o.initial_unit_ns = 2 * kMs;
   o.max_wait = absl::Seconds(10);
   o.wait_poll = absl::Milliseconds(10);
-  int n = 0;
-  auto unit = [&] {
-    clock_.Advance(std::chrono::milliseconds(++n <= 2 ? 2 : 20));
-    src.w_.open = false;
-    return absl::OkStatus();
-  };
-  GuestLoopResult r = RunGuestLoop(*gate_, src, unit, stop_, o, &clock_);
+  GuestLoopResult r =
+      RunInTenMsWindows(clock_, *gate_, stop_, o, [](int n) { return n <= 2 ? 2 : 20; });
   EXPECT_EQ(r.why, GuestStop::kWaitedTooLong);
   EXPECT_EQ(r.units, 4);
   EXPECT_EQ(r.unit_probes, 1);
