@@ -46,12 +46,12 @@ def _torch_cmake():
     try:
         import torch
         import torch.utils
-    except ImportError:
+    except Exception:  # no torch, or one that does not import: omni does not need it
         return False, None
     release = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
     if choice != "1" and release >= (2, 4):
         return False, None  # its TCPStore binding holds the GIL where it must
-    if not torch.compiled_with_cxx11_abi():
+    if not getattr(torch, "compiled_with_cxx11_abi", lambda: False)():
         return False, None  # libomni_core's std::string is not that LibTorch's
     prefix = getattr(torch.utils, "cmake_prefix_path", None)
     return True, prefix if prefix and os.path.isdir(prefix) else None
