@@ -119,7 +119,7 @@ bool Forecaster::Impl::EventAt(IdleKind kind, int64_t step) const {
   return (o.rule_valid && o.rule.OccursAt(step)) || o.InRun(step, last_step_);
 }
 
-void Forecaster::Impl::Occurrences::TrackRun(int64_t step, bool present) {
+void Forecaster::Impl::Occurrences::TrackRun(int64_t step, bool present, int64_t logged_before) {
   const auto close = [&](bool end_seen) {
     run_open = false;
     // A run cut by steps not logged may have gone on: its length is not
@@ -131,10 +131,8 @@ void Forecaster::Impl::Occurrences::TrackRun(int64_t step, bool present) {
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
     run_length = v[v.size() / 2];
   };
-  const int64_t tracked_before = last_tracked;
-  last_tracked = step;
   if (!present) {
-    if (run_open) close(/*end_seen=*/tracked_before == run_last);
+    if (run_open) close(/*end_seen=*/logged_before == run_last);
     // A step the rule starts a run at that has none ends the rule.
     if (run_rule_valid && InRun(step, -1)) run_rule_valid = false;
     return;
@@ -144,14 +142,14 @@ void Forecaster::Impl::Occurrences::TrackRun(int64_t step, bool present) {
   // may have ended and started again in a longer gap.
   if (run_open &&
       (run_last == step - 1 || ((run_last > run_start || run_length >= 2) &&
-                                run_last == tracked_before && step - run_last - 1 <= kMaxRunGap))) {
+                                run_last == logged_before && step - run_last - 1 <= kMaxRunGap))) {
     run_last = step;
     return;
   }
   if (run_open) close(/*end_seen=*/false);  // a gap in a sampled log
   run_open = true;
   run_start = run_last = step;
-  run_start_lo = tracked_before >= 0 ? tracked_before + 1 : step;
+  run_start_lo = logged_before >= 0 ? logged_before + 1 : step;
   // The rule is learned from the starts the log shows (the step before
   // was logged without the event), across runs whose start it does not
   // show; where the rule starts a logged run with none, the rule ends
@@ -237,7 +235,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     Occurrences& o = occ_[key];
     const SlotObs* s = obs.Find(key);
     if (key == SlotKey(IdleKind::kEval, 0) || key == SlotKey(IdleKind::kCheckpoint, 0)) {
-      o.TrackRun(rec.step, s != nullptr);
+      o.TrackRun(rec.step, s != nullptr, last_step_);
     }
     if (s == nullptr) {
       if (o.rule_valid && o.rule.OccursAt(rec.step)) {

@@ -158,15 +158,15 @@ class Forecaster::Impl {
     // the log shows make the starts' rule.
     bool run_open = false;
     int64_t run_start = -1, run_last = -1, run_start_lo = -1;
-    int64_t last_tracked = -1;        // the last step TrackRun saw
     std::deque<int64_t> run_lengths;  // newest last, at most kMaxRuns
     // Their median (0: none; 1: single steps, no runs).
     int64_t run_length = 0;
     std::vector<int64_t> run_starts;  // newest last, at most kMaxRuns
     SpacingRule run_rule;
     bool run_rule_valid = false;
-    // Updates the runs with whether the slot occurs at `step`.
-    void TrackRun(int64_t step, bool present);
+    // Updates the runs with whether the slot occurs at `step`; the step
+    // logged before it was `logged_before` (-1: none).
+    void TrackRun(int64_t step, bool present, int64_t logged_before);
     // Whether `step` lies in a run: the open one, which was at `last_step`
     // and is shorter than run_length yet, or one the rule starts.
     bool InRun(int64_t step, int64_t last_step) const;
