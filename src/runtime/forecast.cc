@@ -116,7 +116,8 @@ bool Forecaster::Impl::EventAt(IdleKind kind, int64_t step) const {
   const PeriodicEvent& declared = kind == IdleKind::kCheckpoint ? opt_.checkpoint : opt_.eval;
   if (declared.OccursAt(step)) return true;
   const Occurrences& o = occ_[SlotKey(kind, 0)];
-  return (o.rule_valid && o.rule.OccursAt(step)) || o.InRun(step, last_step_);
+  return (o.rule_valid && o.rule.OccursAt(step)) || (o.wall_step >= 0 && o.wall_step == step) ||
+         o.InRun(step, last_step_);
 }
 
 void Forecaster::Impl::Occurrences::TrackRun(int64_t step, bool present, int64_t logged_before) {
@@ -234,15 +235,16 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   for (int key = 0; key < kNumSlots; ++key) {
     Occurrences& o = occ_[key];
     const SlotObs* s = obs.Find(key);
-    if (key == SlotKey(IdleKind::kEval, 0) || key == SlotKey(IdleKind::kCheckpoint, 0)) {
-      o.TrackRun(rec.step, s != nullptr, last_step_);
-    }
+    const bool event_slot =
+        key == SlotKey(IdleKind::kEval, 0) || key == SlotKey(IdleKind::kCheckpoint, 0);
+    if (event_slot) o.TrackRun(rec.step, s != nullptr, last_step_);
     if (s == nullptr) {
       if (o.rule_valid && o.rule.OccursAt(rec.step)) {
         o.rule_valid = false;
         o.failures = std::min(o.failures + 1, kMaxRuleFailures);
         o.confirmed_in_a_row = 0;
       }
+      if (event_slot) TrackWallClock(obs, nullptr, o);
       continue;
     }
     if (s->has_phase) slot_phase_[key] = catalog_.name(s->phase);
@@ -299,6 +301,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
       if (2 * present >= static_cast<int>(hist_.size())) o.rule = {};
     }
     o.rule_valid = o.rule.every > 0;
+    if (event_slot) TrackWallClock(obs, s, o);
     if (event) LearnLengthRhythm(key, o);
   }
   rule_keys_.clear();
@@ -309,10 +312,145 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   if (last_step_ >= 0) stride_ = rec.step - last_step_;
   last_step_ = rec.step;
   last_end_ns_ = rec.end_ns;
+  for (const IdleKind k : {IdleKind::kEval, IdleKind::kCheckpoint}) {
+    UpdateWallStep(occ_[SlotKey(k, 0)]);
+  }
   ForgetModels();
   const int every = hist_.size() < 64 ? 4 : 16;
   if (++since_learn_ >= every) Relearn();
   return absl::OkStatus();
+}
+
+Forecaster::Impl::WallClockScale Forecaster::Impl::WallClockScaleNow() const {
+  WallClockScale w;
+  std::vector<double> normal;
+  for (const StepObs& h : hist_) {
+    const auto d = static_cast<double>(h.duration());
+    w.d_max = std::max(w.d_max, d);
+    if (h.kind == StepKind::kNormal) normal.push_back(d);
+  }
+  if (normal.empty()) return w;
+  w.d_min = *std::min_element(normal.begin(), normal.end());
+  for (const double g : gaps_) w.g_max = std::max(w.g_max, g);
+  w.tol = std::max({1e6, 0.02 * QuantileInPlace(normal, 0.5), w.g_max});
+  w.ok = true;
+  return w;
+}
+
+void Forecaster::Impl::TrackWallClock(const StepObs& obs, const SlotObs* s, Occurrences& o) const {
+  const bool after_last = obs.step == last_step_ + 1;
+  const PeriodicEvent& declared =
+      &o == &occ_[SlotKey(IdleKind::kCheckpoint, 0)] ? opt_.checkpoint : opt_.eval;
+  if (declared.every_steps > 0) return;  // declared: its steps are known
+  if (s == nullptr) {
+    if (!o.timed.empty()) {
+      o.quiet_step = obs.step;
+      o.quiet_start_ns = obs.start_ns;
+      o.quiet_end_ns = obs.end_ns;
+    }
+    o.all_logged_since = o.all_logged_since && after_last;
+    return;
+  }
+  TimedOccurrence t;
+  t.step = obs.step;
+  t.start_ns = obs.start_ns;
+  t.event_a_ns = obs.start_ns + s->a;
+  t.event_b_ns = obs.start_ns + s->b;
+  t.quiet_step = o.quiet_step;
+  t.quiet_start_ns = o.quiet_start_ns;
+  t.quiet_end_ns = o.quiet_end_ns;
+  t.all_logged = o.all_logged_since && after_last;
+  o.timed.push_back(t);
+  if (o.timed.size() > static_cast<size_t>(kMaxWallClockPairs) + 1) o.timed.pop_front();
+  o.quiet_step = -1;
+  o.all_logged_since = true;
+  o.wall_in_use = false;
+  const WallClockScale w = WallClockScaleNow();
+  // Every check over the whole window; where none fits (a period that
+  // changed breaks them all, a check the job does not use only itself),
+  // over the latest run that fits.
+  int pairs = 0;
+  for (const bool latest_run : {false, true}) {
+    for (int c = 0; c < kNumWallClockChecks && w.ok; ++c) {
+      WallClockRule& r = o.wall[static_cast<size_t>(c)];
+      r = LearnWallClock(o.timed, static_cast<WallClockCheck>(c), static_cast<int64_t>(w.tol),
+                         latest_run);
+      pairs = std::max(pairs, r.pairs);
+    }
+    if (pairs > 0 || !w.ok) break;
+  }
+  if (pairs == 0) return;
+  // A step rule stays where it puts the event at every occurrence the
+  // wall-clock rules were learned from (a checkpoint every 100 steps of
+  // steady length fits both; the step rule sees further ahead), or where
+  // their bounds agree only within the tolerance (steps of one length
+  // make the spacings in steps and in time one: 20, 20, 21, 20 steps fit a
+  // period of exactly 20 steps' time).
+  bool explained = o.rule_valid;
+  for (size_t i = o.timed.size() - static_cast<size_t>(pairs) - 1; explained && i < o.timed.size();
+       ++i) {
+    explained = o.rule.OccursAt(o.timed[i].step);
+  }
+  bool strict = false;
+  for (const WallClockRule& r : o.wall) strict = strict || (r.valid() && r.t_lo < r.t_hi);
+  if (explained || (o.rule_valid && !strict)) return;
+  o.wall_in_use = true;
+  o.rule_valid = false;
+}
+
+void Forecaster::Impl::UpdateWallStep(Occurrences& o) const {
+  o.wall_step = -1;
+  if (!o.wall_in_use || o.timed.empty()) return;
+  const WallClockScale w = WallClockScaleNow();
+  if (!w.ok) return;
+  int64_t agreed = -1;
+  bool any = false, sure = true;
+  for (WallClockRule& r : o.wall) {
+    if (!r.valid()) continue;
+    const int64_t k = WallStep(o, r, w);
+    if (!r.valid()) continue;  // WallStep found it wrong
+    if (k < 0 || (any && k != agreed)) sure = false;
+    agreed = k;
+    any = true;
+  }
+  if (!any) o.wall_in_use = false;
+  if (any && sure) o.wall_step = agreed;
+}
+
+int64_t Forecaster::Impl::WallStep(const Occurrences& o, WallClockRule& r,
+                                   const WallClockScale& w) const {
+  const auto anchor = static_cast<double>(r.Anchor(o.timed.back()));
+  const double fires = anchor + static_cast<double>(r.t_hi) + w.tol;  // surely from here
+  const double quiet = anchor + static_cast<double>(r.t_lo) - w.tol;  // surely before this
+  if (o.quiet_step >= 0) {
+    const auto check = static_cast<double>(r.QuietCheck(o.quiet_start_ns, o.quiet_end_ns));
+    if (check >= fires && o.all_logged_since) {
+      // A logged step without the event where the rule put it: the rule
+      // is wrong (the next occurrence learns again).
+      r = {};
+      return -1;
+    }
+    // Steps not logged since the last occurrence may have had it (the
+    // timer restarted where the log does not show): none is sure until the
+    // next logged one.
+    if (check >= quiet && !o.all_logged_since) return -1;
+  }
+  // The next steps' check times, from the last logged end: each step at
+  // least the shortest normal step, at most the longest step and gap of
+  // the history.
+  const double work_lo = r.check == WallClockCheck::kStepStart ? 0 : w.d_min;
+  const double work_hi = r.check == WallClockCheck::kStepStart ? 0 : w.d_max;
+  const auto last_end = static_cast<double>(last_end_ns_);
+  for (int64_t k = last_step_ + 1; k <= last_step_ + std::max<int64_t>(stride_, 1); ++k) {
+    const auto before = static_cast<double>(k - last_step_ - 1);
+    if (k > last_step_ + 1) {
+      // Step k − 1 is not logged: its check must come before the event can.
+      const double prev_hi = last_end + w.g_max + (before - 1) * (w.d_max + w.g_max) + work_hi;
+      if (prev_hi >= quiet) return -1;
+    }
+    if (last_end + before * w.d_min + work_lo >= fires) return k;
+  }
+  return -1;
 }
 
 void Forecaster::Impl::LearnLengthRhythm(int key, Occurrences& o) const {

@@ -16,6 +16,7 @@
 #include "quantile.h"
 #include "rhythm.h"
 #include "step_slots.h"
+#include "wall_clock.h"
 
 namespace omni {
 
@@ -156,6 +157,20 @@ class Forecaster::Impl {
     // length is recorded when a logged step without the event ends the
     // run: its logged extent, never longer than the run was. Only starts
     // the log shows make the starts' rule.
+    // An eval or checkpoint by wall time (WallClockRule): its last
+    // occurrences as the log shows them, the step logged last since the
+    // last one, whether every step since is logged, and the rule of each
+    // check that fits. Rules that explain occurrences the step rule does
+    // not replace it (`wall_in_use`; rule_valid is then false);
+    // `wall_step` is the step all of them surely put the event at, among
+    // the next logged one and those before it (-1: none is sure), set at
+    // each Observe (UpdateWallStep).
+    std::deque<TimedOccurrence> timed;  // newest last, at most kMaxWallClockPairs + 1
+    int64_t quiet_step = -1, quiet_start_ns = 0, quiet_end_ns = 0;
+    int64_t wall_step = -1;
+    std::array<WallClockRule, kNumWallClockChecks> wall{};
+    bool all_logged_since = true;
+    bool wall_in_use = false;
     bool run_open = false;
     int64_t run_start = -1, run_last = -1, run_start_lo = -1;
     std::deque<int64_t> run_lengths;  // newest last, at most kMaxRuns
@@ -266,6 +281,29 @@ class Forecaster::Impl {
   // occurrences (ChoosePeriod over the occurrence index, up to 4, with a
   // tripled penalty: noise buys no rhythm).
   void LearnLengthRhythm(int key, Occurrences& o) const;
+  // An event slot's wall-clock occurrences and rule after `obs` (`s`: its
+  // slot there, nullptr when it has none); called before last_step_ moves
+  // on. Where the rule explains occurrences its step rule does not, the
+  // step rule is dropped.
+  void TrackWallClock(const StepObs& obs, const SlotObs* s, Occurrences& o) const;
+  // The step the wall-clock rules surely put the event at, among the steps
+  // up to the next logged one (Occurrences::wall_step: where all rules
+  // still valid agree); after last_step_ moved on.
+  void UpdateWallStep(Occurrences& o) const;
+  // What the wall-clock rule's checks are judged with, from the history:
+  // the shortest normal step, the longest step, the longest gap between
+  // steps, and how far a check may be off the logged times (the longest
+  // gap, 2 % of the normal steps' median, 1 ms at least). `ok` false
+  // without normal steps.
+  struct WallClockScale {
+    double d_min = 0, d_max = 0, g_max = 0, tol = 0;
+    bool ok = false;
+  };
+  WallClockScale WallClockScaleNow() const;
+  // The step rule `r` of `o` surely puts the event at (UpdateWallStep), -1
+  // when none is sure; `r` is cleared when a logged step without the event
+  // shows it wrong.
+  int64_t WallStep(const Occurrences& o, WallClockRule& r, const WallClockScale& w) const;
   // A window of every step (Recurring) in an event step measured a few
   // times: what the normal steps of its rhythm class show of the same slot.
   // False when the slot is missing in more of them than the error budget

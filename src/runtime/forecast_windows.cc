@@ -895,11 +895,12 @@ absl::StatusOr<StepBound> Forecaster::Impl::SaveBound() const {
   StepBound b;
   b.step = -1;
   for (int64_t st = last_step_ + 1; st <= last_step_ + 100'000; ++st) {
-    if (opt_.checkpoint.OccursAt(st) || (o.rule_valid && o.rule.OccursAt(st))) {
+    if (opt_.checkpoint.OccursAt(st) || (o.rule_valid && o.rule.OccursAt(st)) ||
+        st == o.wall_step) {
       b.step = st;
       break;
     }
-    if (opt_.checkpoint.every_steps == 0 && !o.rule_valid) break;
+    if (opt_.checkpoint.every_steps == 0 && !o.rule_valid && st >= o.wall_step) break;
   }
   b.lo_ns = static_cast<int64_t>(std::floor(std::max(s.lo, 0.0)));
   b.hi_ns = static_cast<int64_t>(std::ceil(s.hi));
@@ -939,6 +940,7 @@ int64_t Forecaster::Impl::NextEvalOrCheckpoint(int64_t from) const {
     const Occurrences& o = occ_[SlotKey(k, 0)];
     if (o.rule_valid) consider(o.rule);
     if (o.run_rule_valid && o.run_length >= 2) consider(o.run_rule);
+    if (o.wall_step >= from) best = std::min(best, o.wall_step);
   }
   return best;
 }
