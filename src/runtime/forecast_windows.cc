@@ -703,6 +703,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       sl.key = SlotKey(kind == StepKind::kCheckpoint ? IdleKind::kCheckpoint : IdleKind::kEval, 0);
       sl.phase = kind == StepKind::kCheckpoint ? "checkpoint" : "eval";
       sl.declared = true;
+      sl.anchored_only = true;
       m.kind_known = true;
       sl.a = m.dur;
       sl.b = m.dur;
