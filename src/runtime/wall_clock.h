@@ -69,13 +69,16 @@ inline constexpr int kMaxWallClockPairs = 8;
 // kMaxWallClockPairs + 1 occurrences, or with `latest_run` over the longest
 // run of them that ends with the last (after the job's period changed: the
 // pairs since; a caller asks for it when no check fits the whole), of
-// kMinWallClockPairs pairs at least, every pair at least kMinWallClockSpacing steps apart (a rare
-// event, not a phase of most steps). A pair with steps not logged between them may span an
-// occurrence the log does not show: its lower bound counts only when its spacing is below
-// kWallClockSkipFactor × t_hi (then it cannot hold two). Otherwise none. Steps of ~200 ms and saves
-// with 5 % noise leave two or three checks agreeing over 8 pairs as often as not (the checks differ
-// by a step's work or a save's length, whose noise rarely ends the agreement in so few pairs), so a
-// caller asks each check and claims only what all that agree say.
+// kMinWallClockPairs pairs at least, every pair at least
+// kMinWallClockSpacing steps apart (a rare event, not a phase of most
+// steps). A pair with steps not logged between them may span an occurrence
+// the log does not show: its lower bound counts only when its spacing is
+// below kWallClockSkipFactor × t_hi (then it cannot hold two). Otherwise
+// none. Steps of ~200 ms and saves with 5 % noise leave two or three checks
+// agreeing over 8 pairs as often as not (the checks differ by a step's work
+// or a save's length, whose noise seldom ends the agreement in so few
+// pairs), so a caller asks each check and claims only what all that agree
+// say.
 inline constexpr int64_t kMinWallClockSpacing = 8;
 inline constexpr double kWallClockSkipFactor = 1.5;
 WallClockRule LearnWallClock(const std::deque<TimedOccurrence>& occ, WallClockCheck check,

@@ -18,7 +18,8 @@ constexpr int64_t kMs = 1'000'000;
 // passed. `keep(step)` says whether a step is logged. The occurrences as
 // the forecaster records them.
 std::deque<TimedOccurrence> Simulate(WallClockCheck check, int64_t period, uint64_t seed, int steps,
-                                     const std::function<bool(int)>& keep) {
+                                     const std::function<bool(int)>& keep,
+                                     int64_t later_period = -1, int change_at = 0) {
   std::mt19937_64 rng(seed);
   std::lognormal_distribution<double> work(std::log(200.0 * kMs), 0.05);
   std::lognormal_distribution<double> save(std::log(700.0 * kMs), 0.05);
@@ -31,7 +32,8 @@ std::deque<TimedOccurrence> Simulate(WallClockCheck check, int64_t period, uint6
     const int64_t start = t;
     const auto w = static_cast<int64_t>(work(rng));
     const int64_t check_at = check == WallClockCheck::kStepStart ? start : start + w;
-    const bool fires = check_at - anchor >= period;
+    const bool fires =
+        check_at - anchor >= (later_period > 0 && s >= change_at ? later_period : period);
     int64_t end = start + w;
     TimedOccurrence o;
     if (fires) {
@@ -95,6 +97,21 @@ TEST(WallClock, NeedsThreePairsTwoOfThemBoundingFromBelow) {
   // Occurrences on consecutive logged steps bound the period from above only.
   for (TimedOccurrence& o : occ) o.quiet_step = -1;
   EXPECT_FALSE(LearnWallClock(occ, WallClockCheck::kStepStart, kTol).valid());
+}
+
+TEST(WallClock, APeriodThatChangedIsLearnedFromTheOccurrencesSinceWhenAsked) {
+  // 20 s, then 12 s from step 900: the last 9 occurrences hold both.
+  const int64_t later = 12'000 * kMs;
+  const auto occ = Simulate(
+      WallClockCheck::kStepStart, 20'000 * kMs, 4, 1250, [](int) { return true; }, later, 900);
+  ASSERT_EQ(occ.size(), static_cast<size_t>(kMaxWallClockPairs) + 1);
+  EXPECT_FALSE(LearnWallClock(occ, WallClockCheck::kStepStart, kTol).valid());
+  const WallClockRule r = LearnWallClock(occ, WallClockCheck::kStepStart, kTol, true);
+  ASSERT_TRUE(r.valid());
+  EXPECT_GE(r.pairs, kMinWallClockPairs);
+  EXPECT_LT(r.pairs, kMaxWallClockPairs);
+  EXPECT_LT(r.t_lo, later);
+  EXPECT_GE(r.t_hi, later);
 }
 
 TEST(WallClock, EventsAtRandomStepsGiveNoRule) {
