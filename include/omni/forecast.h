@@ -24,7 +24,10 @@
 //  - An undeclared event is learned from its spacing: from its third
 //    occurrence when its first two explain the whole log, else once three
 //    (four below a spacing of 8) are equally spaced, or spaced by multiples
-//    of one spacing that skip only steps missing from the log.
+//    of one spacing that skip only steps missing from the log. An eval or
+//    checkpoint by wall time (every 20 s: 85, 85, 84, 86 steps apart) is
+//    learned from the times of its last occurrences and claimed only at the
+//    next logged step, where its timer surely passes its period.
 //  - Regime changes: a step outside its bound by a wide margin suspends
 //    windows until steps fit again; three clear misses on the same side
 //    (beyond the bound by a quarter of its width) start a new regime (older
@@ -41,7 +44,7 @@
 //
 // Implementation: src/runtime/forecast.cc (learning), forecast_windows.cc
 // (publishing), forecast_json.cc (the format); learners in rhythm.cc,
-// quantile.cc and step_slots.cc.
+// quantile.cc, wall_clock.cc and step_slots.cc.
 //
 // Thread safety: Forecaster is not thread-safe (it learns online); Telemetry
 // owns one on its worker thread and hands out copies of its forecasts and
@@ -63,10 +66,11 @@ namespace omni {
 // An event that happens in every step s with s % every_steps == offset
 // (disabled when every_steps == 0). Until its phase has been measured, its
 // duration is taken as expected_ns (and it is not forecast when that is 0),
-// and 80% of it is claimed idle from the phase's start: declare the time the
-// devices are idle in it (an eval that runs forward passes inside its phase
-// declares its time without them, or 0), or the first occurrence's claim
-// covers busy time.
+// and 80% of it is claimed idle from the moment its idle time opens (no time
+// is claimed by the clock: busy work nested first, an eval's forward pass,
+// would be claimed): declare the time the devices are idle in it (an eval
+// that runs forward passes inside its phase declares its time without them,
+// or 0), or the first occurrence's claim may outlast its idle time.
 struct PeriodicEvent {
   int64_t every_steps = 0;
   int64_t offset = 0;
