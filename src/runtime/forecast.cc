@@ -244,7 +244,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
         o.failures = std::min(o.failures + 1, kMaxRuleFailures);
         o.confirmed_in_a_row = 0;
       }
-      if (event_slot) TrackWallClock(obs, nullptr, o);
+      if (event_slot) TrackWallClock(rec, obs, nullptr, o);
       continue;
     }
     if (s->has_phase) slot_phase_[key] = catalog_.name(s->phase);
@@ -301,7 +301,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
       if (2 * present >= static_cast<int>(hist_.size())) o.rule = {};
     }
     o.rule_valid = o.rule.every > 0;
-    if (event_slot) TrackWallClock(obs, s, o);
+    if (event_slot) TrackWallClock(rec, obs, s, o);
     if (event) LearnLengthRhythm(key, o);
   }
   rule_keys_.clear();
@@ -337,10 +337,12 @@ Forecaster::Impl::WallClockScale Forecaster::Impl::WallClockScaleNow() const {
   return w;
 }
 
-void Forecaster::Impl::TrackWallClock(const StepObs& obs, const SlotObs* s, Occurrences& o) const {
+void Forecaster::Impl::TrackWallClock(const StepRecord& rec, const StepObs& obs, const SlotObs* s,
+                                      Occurrences& o) const {
   const bool after_last = obs.step == last_step_ + 1;
-  const PeriodicEvent& declared =
-      &o == &occ_[SlotKey(IdleKind::kCheckpoint, 0)] ? opt_.checkpoint : opt_.eval;
+  const IdleKind kind =
+      &o == &occ_[SlotKey(IdleKind::kEval, 0)] ? IdleKind::kEval : IdleKind::kCheckpoint;
+  const PeriodicEvent& declared = kind == IdleKind::kEval ? opt_.eval : opt_.checkpoint;
   if (declared.every_steps > 0) return;  // declared: its steps are known
   if (s == nullptr) {
     if (!o.timed.empty()) {
@@ -354,8 +356,19 @@ void Forecaster::Impl::TrackWallClock(const StepObs& obs, const SlotObs* s, Occu
   TimedOccurrence t;
   t.step = obs.step;
   t.start_ns = obs.start_ns;
+  // The event's phase, not its idle time: busy work nested first (an
+  // eval's forward pass) is part of the event, after the step's training
+  // work.
   t.event_a_ns = obs.start_ns + s->a;
   t.event_b_ns = obs.start_ns + s->b;
+  bool found = false;
+  for (int i = 0; i < static_cast<int>(rec.num_spans); ++i) {
+    const PhaseSpan& p = rec.spans[static_cast<size_t>(i)];
+    if (p.depth != 0 || catalog_.idle_kind(p.phase) != kind) continue;
+    if (!found) t.event_a_ns = p.start_ns;
+    t.event_b_ns = p.end_ns;
+    found = true;
+  }
   t.quiet_step = o.quiet_step;
   t.quiet_start_ns = o.quiet_start_ns;
   t.quiet_end_ns = o.quiet_end_ns;

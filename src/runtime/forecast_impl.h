@@ -285,7 +285,8 @@ class Forecaster::Impl {
   // slot there, nullptr when it has none); called before last_step_ moves
   // on. Where the rule explains occurrences its step rule does not, the
   // step rule is dropped.
-  void TrackWallClock(const StepObs& obs, const SlotObs* s, Occurrences& o) const;
+  void TrackWallClock(const StepRecord& rec, const StepObs& obs, const SlotObs* s,
+                      Occurrences& o) const;
   // The step the wall-clock rules surely put the event at, among the steps
   // up to the next logged one (Occurrences::wall_step: where all rules
   // still valid agree); after last_step_ moved on.
