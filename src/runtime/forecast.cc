@@ -244,7 +244,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
         o.failures = std::min(o.failures + 1, kMaxRuleFailures);
         o.confirmed_in_a_row = 0;
       }
-      if (event_slot) TrackWallClock(rec, obs, nullptr, o);
+      if (event_slot) TrackWallClock(SlotKind(key), rec, obs, nullptr, o);
       continue;
     }
     if (s->has_phase) slot_phase_[key] = catalog_.name(s->phase);
@@ -301,7 +301,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
       if (2 * present >= static_cast<int>(hist_.size())) o.rule = {};
     }
     o.rule_valid = o.rule.every > 0;
-    if (event_slot) TrackWallClock(rec, obs, s, o);
+    if (event_slot) TrackWallClock(SlotKind(key), rec, obs, s, o);
     if (event) LearnLengthRhythm(key, o);
   }
   rule_keys_.clear();
@@ -312,9 +312,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   if (last_step_ >= 0) stride_ = rec.step - last_step_;
   last_step_ = rec.step;
   last_end_ns_ = rec.end_ns;
-  for (const IdleKind k : {IdleKind::kEval, IdleKind::kCheckpoint}) {
-    UpdateWallStep(occ_[SlotKey(k, 0)]);
-  }
+  UpdateWallSteps();
   ForgetModels();
   const int every = hist_.size() < 64 ? 4 : 16;
   if (++since_learn_ >= every) Relearn();
@@ -337,11 +335,9 @@ Forecaster::Impl::WallClockScale Forecaster::Impl::WallClockScaleNow() const {
   return w;
 }
 
-void Forecaster::Impl::TrackWallClock(const StepRecord& rec, const StepObs& obs, const SlotObs* s,
-                                      Occurrences& o) const {
+void Forecaster::Impl::TrackWallClock(IdleKind kind, const StepRecord& rec, const StepObs& obs,
+                                      const SlotObs* s, Occurrences& o) const {
   const bool after_last = obs.step == last_step_ + 1;
-  const IdleKind kind =
-      &o == &occ_[SlotKey(IdleKind::kEval, 0)] ? IdleKind::kEval : IdleKind::kCheckpoint;
   const PeriodicEvent& declared = kind == IdleKind::kEval ? opt_.eval : opt_.checkpoint;
   if (declared.every_steps > 0) return;  // declared: its steps are known
   if (s == nullptr) {
@@ -411,11 +407,19 @@ void Forecaster::Impl::TrackWallClock(const StepRecord& rec, const StepObs& obs,
   o.rule_valid = false;
 }
 
-void Forecaster::Impl::UpdateWallStep(Occurrences& o) const {
-  o.wall_step = -1;
-  if (!o.wall_in_use || o.timed.empty()) return;
+void Forecaster::Impl::UpdateWallSteps() {
+  Occurrences& eval = occ_[SlotKey(IdleKind::kEval, 0)];
+  Occurrences& ckpt = occ_[SlotKey(IdleKind::kCheckpoint, 0)];
+  eval.wall_step = ckpt.wall_step = -1;
+  if (!eval.wall_in_use && !ckpt.wall_in_use) return;
   const WallClockScale w = WallClockScaleNow();
   if (!w.ok) return;
+  UpdateWallStep(eval, w);
+  UpdateWallStep(ckpt, w);
+}
+
+void Forecaster::Impl::UpdateWallStep(Occurrences& o, const WallClockScale& w) const {
+  if (!o.wall_in_use || o.timed.empty()) return;
   int64_t agreed = -1;
   bool any = false, sure = true;
   for (WallClockRule& r : o.wall) {

@@ -281,16 +281,6 @@ class Forecaster::Impl {
   // occurrences (ChoosePeriod over the occurrence index, up to 4, with a
   // tripled penalty: noise buys no rhythm).
   void LearnLengthRhythm(int key, Occurrences& o) const;
-  // An event slot's wall-clock occurrences and rule after `obs` (`s`: its
-  // slot there, nullptr when it has none); called before last_step_ moves
-  // on. Where the rule explains occurrences its step rule does not, the
-  // step rule is dropped.
-  void TrackWallClock(const StepRecord& rec, const StepObs& obs, const SlotObs* s,
-                      Occurrences& o) const;
-  // The step the wall-clock rules surely put the event at, among the steps
-  // up to the next logged one (Occurrences::wall_step: where all rules
-  // still valid agree); after last_step_ moved on.
-  void UpdateWallStep(Occurrences& o) const;
   // What the wall-clock rule's checks are judged with, from the history:
   // the shortest normal step, the longest step, the longest gap between
   // steps, and how far a check may be off the logged times (the longest
@@ -301,6 +291,18 @@ class Forecaster::Impl {
     bool ok = false;
   };
   WallClockScale WallClockScaleNow() const;
+  // The wall-clock occurrences and rules of the slot of `kind` (eval or
+  // checkpoint, ordinal 0) in `o` after `obs` (`s`: its slot there, nullptr
+  // when it has none); called before last_step_ moves on. Where the rules
+  // explain occurrences the step rule does not, the step rule is dropped.
+  void TrackWallClock(IdleKind kind, const StepRecord& rec, const StepObs& obs, const SlotObs* s,
+                      Occurrences& o) const;
+  // The step the wall-clock rules surely put each event at, among the steps
+  // up to the next logged one (Occurrences::wall_step: where all rules
+  // still valid agree); after last_step_ moved on. The history's scale is
+  // taken once, and only while a rule is in use.
+  void UpdateWallSteps();
+  void UpdateWallStep(Occurrences& o, const WallClockScale& w) const;
   // The step rule `r` of `o` surely puts the event at (UpdateWallStep), -1
   // when none is sure; `r` is cleared when a logged step without the event
   // shows it wrong.
