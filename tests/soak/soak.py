@@ -33,8 +33,9 @@ the job ended before its faults were all injected),
 and with probability 0.15 one follows the previous after 0.05 .. 0.5 s
 whatever the progress, so faults also land during recoveries. The driver
 never leaves the job without a healthy replica holding the state: a kill or a
-stop targets a replica only while another one is running, not stopped, and at
-most two steps behind the newest step (a job that lost every replica can
+stop targets a replica only while another one is running, not stopped, at
+most two steps behind the newest step, and in the generation the target last
+logged entering (a job that lost every replica holding its newest state can
 only go back to a checkpoint, which is not what is tested here). A preemption
 is injected only while every replica is healthy.
 
@@ -101,6 +102,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 FINAL_RE = re.compile(r"^final step=(\d+) params_xxh3=([0-9a-f]{16}) loss=(-?\d+\.\d+)$", re.M)
 SAVED_RE = re.compile(r"saved step (\d+) to ")
 LOSS_RE = re.compile(rb"^step=(\d+) loss=\S+$")
+# omni_train's log of a generation it entered: "elastic: recovered: generation
+# 31 (recover): 1 replica [r1], left r2, rank 0; ..." (Generation::ToString).
+GEN_RE = re.compile(rb"elastic: \w+: generation (\d+) \(\w+\): \d+ replicas? \[([^\]]*)\]")
 POLL_S = 0.01
 STALL_S = 120  # no progress for this long: the job hung
 TOLERANCE = 1e-6  # rel_l2 to the undisturbed run (float64 training, float32 output)
@@ -135,6 +139,9 @@ class Replica:
         self.started = now()
         self.offset = 0
         self.partial = b""
+        self.err_offset = 0
+        self.err_partial = b""
+        self.generation = None  # the generation it last logged being a member of
         self.last_step = -1  # newest step this process logged
         self.flagged = set()  # steps logged while already committed by the job
         self.stopped = False  # SIGSTOPped by us
@@ -165,6 +172,23 @@ class Replica:
                 raise RuntimeError(f"{self.loss_path}: bad loss line {line!r}")
             steps.append(int(m.group(1)))
         return steps
+
+    def read_generation(self):
+        """Follows the generations this process logged entering (stderr)."""
+        try:
+            with open(self.err_path, "rb") as f:
+                f.seek(self.err_offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        self.err_offset += len(data)
+        lines = (self.err_partial + data).split(b"\n")
+        self.err_partial = lines.pop()
+        for line in lines:
+            m = GEN_RE.search(line)
+            if m:
+                members = m.group(2).decode().split()
+                self.generation = int(m.group(1)) if self.rid in members else None
 
     def signal(self, sig):
         try:
@@ -254,6 +278,7 @@ class Soak:
                     self.frontier = s
                     self.last_progress = t
                     self.committed = max(self.committed, s)  # s' confirms every s < s'
+            r.read_generation()  # after the steps: a step logged is never newer than it
             if dead:
                 r.drained = True
                 text = r.err_path.read_text(errors="replace")
@@ -265,10 +290,17 @@ class Soak:
 
     # ---- faults
     def pick_target(self):
+        # A target needs a partner that holds its state: a healthy replica in
+        # the generation the target last logged. Steps alone do not say it: a
+        # replica thawed from a stop, two steps behind, was evicted, while the
+        # target trained on alone (docs/elastic.md, soak finding 13).
         healthy = [r for r in self.replicas.values() if self.healthy(r)]
-        if len(healthy) < 2:
+        targets = [r for r in healthy
+                   if r.generation is not None
+                   and any(s is not r and s.generation == r.generation for s in healthy)]
+        if not targets:
             return None
-        return self.rng.choice(healthy)
+        return self.rng.choice(targets)
 
     def stall_store(self, seconds):
         def hold():
