@@ -86,6 +86,8 @@ Checkpoints and preemption:
   --ckpt-dir DIR    save checkpoints to DIR and resume from the newest valid one there
                     (with --store: the same DIR for every replica, job-level checkpoints)
   --ckpt-every N    checkpoint every N steps (default 0: only when preempted)
+  --ckpt-every-s S  checkpoint by wall time instead: at the first step boundary S seconds
+                    after the last save's (the replicas agree on one boundary)
   --keep K          keep the newest K checkpoints (default 3)
   --async-ckpt      write periodic checkpoints on a background thread
   --start-fresh     start from step 0 even when --ckpt-dir holds checkpoints of which none
@@ -175,7 +177,8 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
                                                     "params-out",     "device",
                                                     "dropout",        "notice-key",
                                                     "window-channel", "shard-batches",
-                                                    "shard-fetch-ms", "publish-prefix"};
+                                                    "shard-fetch-ms", "publish-prefix",
+                                                    "ckpt-every-s"};
     bool known = false;
     for (absl::string_view k : kValued) known = known || k == name;
     if (!known) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
@@ -224,6 +227,10 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
     } else if (name == "ckpt-every") {
       if (auto s = ParseInt(name, value, 0, int64_t{1} << 40, &n); !s.ok()) return s;
       f.ckpt_every = n;
+    } else if (name == "ckpt-every-s") {
+      if (auto s = ParseDouble(name, value, 0.0, /*min_open=*/true, &f.ckpt_every_s); !s.ok()) {
+        return s;
+      }
     } else if (name == "keep") {
       if (auto s = ParseInt(name, value, 1, 1 << 20, &n); !s.ok()) return s;
       f.keep = static_cast<int>(n);
@@ -278,6 +285,12 @@ absl::StatusOr<TrainFlags> ParseFlags(int argc, const char* const* argv) {
   }
   if (f.ckpt_every > 0 && f.ckpt_dir.empty()) {
     return absl::InvalidArgumentError("flag --ckpt-every needs --ckpt-dir");
+  }
+  if (f.ckpt_every_s > 0 && f.ckpt_dir.empty()) {
+    return absl::InvalidArgumentError("flag --ckpt-every-s needs --ckpt-dir");
+  }
+  if (f.ckpt_every_s > 0 && f.ckpt_every > 0) {
+    return absl::InvalidArgumentError("flags --ckpt-every and --ckpt-every-s: choose one");
   }
   if (f.leave_on_preempt && f.store.empty()) {
     return absl::InvalidArgumentError("flag --leave-on-preempt needs --store");

@@ -34,6 +34,7 @@ struct TrainFlags {
   // Checkpoints and preemption.
   std::string ckpt_dir;      // --ckpt-dir: resume from / save to (empty = off)
   int64_t ckpt_every = 0;    // --ckpt-every: periodic checkpoint every N steps (0 = off)
+  double ckpt_every_s = 0;   // --ckpt-every-s: periodic checkpoint by wall time (0 = off)
   int keep = 3;              // --keep: newest checkpoints kept
   bool async_ckpt = false;   // --async-ckpt: periodic checkpoints written in the background
   bool start_fresh = false;  // --start-fresh: from step 0 when none of --ckpt-dir is valid

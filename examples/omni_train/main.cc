@@ -8,7 +8,8 @@
 //                       forward pass over a held-out batch, then host-side
 //                       scoring)
 //            host      (loss.item(), logging)
-//            checkpoint (every --ckpt-every steps, and when preempted)
+//            checkpoint (every --ckpt-every steps or --ckpt-every-s seconds, and when
+//            preempted)
 //
 // With --ckpt-dir the full state (parameters, AdamW moments, LR schedule,
 // every RNG, the data sampler's cursor, the step) is checkpointed, and a run
@@ -45,6 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "data.h"
 #include "eval.h"
 #include "flags.h"
@@ -155,6 +157,7 @@ omni::RuntimeOptions Options(const TrainFlags& flags, MultimodalLm& model, omni:
   }
   if (!flags.ckpt_dir.empty()) o.ckpt_dir = flags.ckpt_dir;
   if (flags.ckpt_every > 0) o.ckpt_every = flags.ckpt_every;
+  if (flags.ckpt_every_s > 0) o.ckpt_every_time = absl::Seconds(flags.ckpt_every_s);
   o.keep_last = flags.keep;
   o.async_ckpt = flags.async_ckpt;
   o.start_fresh = flags.start_fresh;

@@ -51,6 +51,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--ckpt-every", type=int, default=100)
+    ap.add_argument("--ckpt-every-s", type=float, default=0,
+                    help="checkpoint by wall time instead (seconds; 0: by steps)")
     ap.add_argument("--step-log")
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
@@ -73,7 +75,11 @@ def main() -> int:
     loader = sampler.data_loader(train_set, num_workers=args.workers)
 
     options = dict(source="train_images", job_id="train_images", total_steps=args.steps,
-                   ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every)
+                   ckpt_dir=args.ckpt_dir)
+    if args.ckpt_every_s > 0:
+        options["ckpt_every_s"] = args.ckpt_every_s
+    else:
+        options["ckpt_every"] = args.ckpt_every
     if args.step_log:
         options["step_log"] = args.step_log
     accuracy = 0.0

@@ -22,7 +22,8 @@
 //      kRedoStep — nothing of the step is committed (step() is unchanged);
 //   2. otherwise commit: the sampler's cursor and step() advance, and the
 //      OnCommit callbacks run (in the order they were added);
-//   3. periodic checkpoint (ckpt_every), asynchronous with async_ckpt;
+//   3. periodic checkpoint (ckpt_every, or ckpt_every_time by wall time),
+//      asynchronous with async_ckpt;
 //   4. elastic: a new generation takes effect here (kReconfigured, with the
 //      state already re-synchronised), or this replica's graceful leave did;
 //   5. preemption pending: another step and a save still fit before the
@@ -52,6 +53,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "omni/checkpoint.h"
 #include "omni/clock.h"
 #include "omni/comm.h"
@@ -104,6 +106,15 @@ struct OMNI_EXPORT RuntimeOptions {
   // forecaster as telemetry.forecast.checkpoint unless one is set); 0 = only
   // on preemption.
   int64_t ckpt_every = 0;
+  // Periodic checkpoint by wall time: at the first step boundary at which
+  // this long has passed on `clock` since the boundary of the last one
+  // (since Start at first), as PyTorch Lightning's train_time_interval; zero
+  // = off. Not with ckpt_every (InvalidArgument: one period). In an elastic
+  // group the replicas agree on one boundary through the store: the first
+  // whose interval has passed proposes the boundary after the next step,
+  // where all of them save (a store read per boundary). Nothing is declared
+  // to the forecaster: it learns checkpoints by wall time from the log.
+  absl::Duration ckpt_every_time = absl::ZeroDuration();
   int keep_last = 3;
   bool async_ckpt = false;  // periodic checkpoints in the background (not in elastic mode)
   // A ckpt_dir that holds checkpoints of which none is valid makes Start()
@@ -148,8 +159,9 @@ struct OMNI_EXPORT RuntimeOptions {
   // elastic job launched by torchrun) → store_uri; OMNI_REPLICA_ID (else
   // "rank-<rank>" when a store is set) → elastic.membership.self.id;
   // OMNI_MIN_REPLICAS / OMNI_MAX_REPLICAS (else WORLD_SIZE when a store is
-  // set); OMNI_CKPT_DIR, OMNI_CKPT_EVERY, OMNI_STEP_LOG, OMNI_TRACE,
-  // OMNI_NOTICE_FILE, OMNI_NOTICE_KEY, OMNI_PUBLISH_PREFIX, OMNI_PREEMPT_GRACE_S, OMNI_RACK,
+  // set); OMNI_CKPT_DIR, OMNI_CKPT_EVERY, OMNI_CKPT_EVERY_S (seconds →
+  // ckpt_every_time), OMNI_STEP_LOG, OMNI_TRACE, OMNI_NOTICE_FILE,
+  // OMNI_NOTICE_KEY, OMNI_PUBLISH_PREFIX, OMNI_PREEMPT_GRACE_S, OMNI_RACK,
   // OMNI_SWITCH, OMNI_JOB_ID, OMNI_TOTAL_STEPS (→ total_steps, which a
   // trainer that loops over epochs reads as Runtime::done()). Unset
   // variables leave the defaults. Set

@@ -23,7 +23,7 @@ it): RANK / WORLD_SIZE / LOCAL_RANK (torchrun) or SLURM_PROCID /
 SLURM_NTASKS / SLURM_LOCALID; OMNI_STORE, else tcp://MASTER_ADDR:MASTER_PORT
 (torchrun's store: the job is elastic); OMNI_REPLICA_ID (else rank-<RANK>),
 OMNI_MIN_REPLICAS / OMNI_MAX_REPLICAS (else WORLD_SIZE), OMNI_CKPT_DIR,
-OMNI_CKPT_EVERY, OMNI_STEP_LOG, OMNI_TRACE, OMNI_NOTICE_FILE,
+OMNI_CKPT_EVERY, OMNI_CKPT_EVERY_S, OMNI_STEP_LOG, OMNI_TRACE, OMNI_NOTICE_FILE,
 OMNI_NOTICE_KEY, OMNI_PREEMPT_GRACE_S, OMNI_RACK, OMNI_SWITCH, OMNI_JOB_ID.
 Keywords given explicitly win.
 
@@ -33,8 +33,11 @@ Keywords (``omni.Runtime`` documents each):
   ``world_size``, ``local_rank``;
 - telemetry: ``step_log``, ``trace``, ``forecast_file``, and
   ``telemetry={...}`` with any ``omni.Telemetry`` option;
-- checkpoints: ``ckpt_dir``, ``ckpt_every``, ``keep_last``, ``async_ckpt``,
-  ``start_fresh``, ``metadata`` (dict of str);
+- checkpoints: ``ckpt_dir``, ``ckpt_every`` (steps) or ``ckpt_every_s`` (wall
+  time: at the first step boundary that many seconds after the last save's,
+  as Lightning's ``train_time_interval``; elastic replicas agree on the
+  boundary), ``keep_last``, ``async_ckpt``, ``start_fresh``, ``metadata``
+  (dict of str);
 - preemption: ``handle_preemption`` (default True: SIGTERM/SIGUSR1 are
   handled; one per process), ``grace_s``, ``notice_file``, ``notice_key``
   (a key of the store), ``preemption={...}`` (``omni.PreemptionMonitor``'s

@@ -109,6 +109,7 @@ class PyRuntime final : public Closeable {
     // ---- checkpoints
     r.Path("ckpt_dir", &o.ckpt_dir);
     r.Int("ckpt_every", &o.ckpt_every);
+    r.Duration("ckpt_every_s", &o.ckpt_every_time);
     r.Int("keep_last", &o.keep_last);
     r.Bool("async_ckpt", &o.async_ckpt);
     r.Bool("start_fresh", &o.start_fresh);

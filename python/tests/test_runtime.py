@@ -169,6 +169,21 @@ def test_a_train_state_registers_every_key_and_reads_the_runtime_step(tmp_path):
         assert key in keys, keys
 
 
+def test_a_checkpoint_by_wall_time_comes_at_the_first_boundary_its_interval_passed(tmp_path,
+                                                                                   clock):
+    w = {"w": np.zeros(2)}
+    with _runtime(ckpt_dir=str(tmp_path / "ckpt"), ckpt_every_s=0.1, keep_last=10,
+                  clock=clock) as rt:
+        rt.register("model", ArrayState(w))
+        for step in rt.steps(12):
+            clock.advance(0.03 if step < 6 else 0.045)  # the step's work
+            w["w"] += 1.0
+    saved = sorted(int(n[5:]) for n in os.listdir(tmp_path / "ckpt") if n.startswith("step-"))
+    assert saved == [4, 7, 10], saved  # 120 ms, 30 + 30 + 45, 135 ms; then 90 ms to the end
+    with pytest.raises(ValueError, match="both set"):
+        _runtime(ckpt_dir=str(tmp_path / "c2"), ckpt_every=5, ckpt_every_s=60)
+
+
 # ---------------------------------------------------------------- tcp:// through torch
 
 

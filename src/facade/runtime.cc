@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "facade/job_saves.h"
+#include "facade/timed_saves.h"
 #include "omni/phase.h"
 #include "omni/sinks.h"
 
@@ -133,6 +134,15 @@ class RuntimeImpl final : public Runtime {
   std::pair<Cost, Cost> PreemptionCosts(int64_t next_step);
   // Job-wide stop: one agreed boundary for the replicas of a generation.
   absl::StatusOr<BoundaryDecision> AgreeOnStop(int64_t step, const BoundaryDecision& local);
+  // Whether a checkpoint by wall time is due at the boundary after `step`
+  // (in a group: agreed, SaveAgreement).
+  absl::StatusOr<bool> TimedSaveHere(int64_t step);
+  // `read` (an agreement read from the store, idempotent) retried on a
+  // transient error for store_retry; a store that stays unreachable is a
+  // store failure (`what` names the agreement).
+  template <typename T>
+  absl::StatusOr<T> RetryStoreRead(const std::string& what,
+                                   const std::function<absl::StatusOr<T>()>& read);
   // `in_step`: the telemetry's step is still open (EndStep), so the save is
   // its checkpoint phase.
   absl::StatusOr<Decision> Stop(int64_t step, const BoundaryDecision& d, bool saved_here,
@@ -167,6 +177,12 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<Store> stop_store_;
   std::unique_ptr<StopCoordinator> stop_;
   int64_t stop_generation_ = -1;
+  // Checkpoints by wall time (ckpt_every_time; null: off), and in a group
+  // the agreement on their boundaries in the current generation.
+  std::optional<internal::SaveTimer> save_timer_;
+  std::unique_ptr<Store> save_store_;
+  std::unique_ptr<internal::SaveAgreement> save_agreement_;
+  int64_t save_generation_ = -1;
 
   bool started_ = false;
   bool stopped_ = false;  // a kSaveAndExit was answered
@@ -199,6 +215,16 @@ absl::Status RuntimeImpl::Init() {
   if (o_.ckpt_every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("RuntimeOptions.ckpt_every must be >= 0, got ", o_.ckpt_every));
+  }
+  if (o_.ckpt_every_time < absl::ZeroDuration() || o_.ckpt_every_time == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RuntimeOptions.ckpt_every_time must be a finite duration >= 0, got ",
+                     absl::FormatDuration(o_.ckpt_every_time)));
+  }
+  if (o_.ckpt_every > 0 && o_.ckpt_every_time > absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RuntimeOptions: ckpt_every (", o_.ckpt_every, " steps) and ckpt_every_time (",
+        absl::FormatDuration(o_.ckpt_every_time), ") are both set: choose one period"));
   }
   if (o_.world_size < 1 || o_.rank < 0 || o_.rank >= o_.world_size) {
     return absl::InvalidArgumentError(
@@ -345,6 +371,9 @@ absl::StatusOr<int64_t> RuntimeImpl::Start() {
       }
     }
   }
+  if (HasCheckpoints() && o_.ckpt_every_time > absl::ZeroDuration()) {
+    save_timer_.emplace(o_.ckpt_every_time, o_.clock);
+  }
   return step_;
 }
 
@@ -454,17 +483,25 @@ absl::StatusOr<BoundaryDecision> RuntimeImpl::AgreeOnStop(int64_t step,
     stop_ = std::make_unique<StopCoordinator>(*stop_store_);
     stop_generation_ = gen.number;
   }
-  // The agreement is read from the store like the membership is: a
-  // transient error is retried for store_retry (an answer is idempotent:
-  // the stop key is created once), and a store that stays unreachable is a
-  // store failure, so that this replica saves alone (OnGroupError) instead
-  // of failing: the store's server may have died with its replica, and this
-  // read can come before the membership's heartbeat notices.
+  return RetryStoreRead<BoundaryDecision>(
+      absl::StrCat("the stop agreement of generation ", gen.number),
+      [&] { return stop_->AtBoundary(step, local); });
+}
+
+// The agreements are read from the store like the membership is: a
+// transient error is retried for store_retry (an answer is idempotent: each
+// key is created once), and a store that stays unreachable is a store
+// failure, so that this replica saves alone (OnGroupError) instead of
+// failing: the store's server may have died with its replica, and this read
+// can come before the membership's heartbeat notices.
+template <typename T>
+absl::StatusOr<T> RuntimeImpl::RetryStoreRead(const std::string& what,
+                                              const std::function<absl::StatusOr<T>()>& read) {
   const absl::Duration retry = o_.elastic.membership.store_retry;
   const int64_t until = NowNs() + absl::ToInt64Nanoseconds(retry);
   absl::Duration backoff = absl::Milliseconds(10);
   for (;;) {
-    absl::StatusOr<BoundaryDecision> d = stop_->AtBoundary(step, local);
+    absl::StatusOr<T> d = read();
     const absl::Status& st = d.status();
     if (st.ok() || !(absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) ||
                      absl::IsAborted(st) || absl::IsNotFound(st))) {
@@ -472,13 +509,26 @@ absl::StatusOr<BoundaryDecision> RuntimeImpl::AgreeOnStop(int64_t step,
     }
     if (absl::Status latched = group_->membership().StoreFailure(); !latched.ok()) return latched;
     if (NowNs() >= until) {
-      return MarkStoreFailure(absl::UnavailableError(
-          absl::StrCat("store unreachable for ", absl::FormatDuration(retry),
-                       " (the stop agreement of generation ", gen.number, "): ", st.message())));
+      return MarkStoreFailure(absl::UnavailableError(absl::StrCat(
+          "store unreachable for ", absl::FormatDuration(retry), " (", what, "): ", st.message())));
     }
     o_.clock->SleepUntil(NowNs() + absl::ToInt64Nanoseconds(backoff));
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
+}
+
+absl::StatusOr<bool> RuntimeImpl::TimedSaveHere(int64_t step) {
+  const bool due = save_timer_->Due();
+  if (!group_) return due;
+  const Generation gen = group_->generation();
+  if (!save_agreement_ || save_generation_ != gen.number) {
+    save_store_ = MakePrefixStore(*store_, gen.prefix() + "/save/");
+    save_agreement_ = std::make_unique<internal::SaveAgreement>(*save_store_);
+    save_generation_ = gen.number;
+  }
+  return RetryStoreRead<bool>(
+      absl::StrCat("the timed checkpoint agreement of generation ", gen.number),
+      [&] { return save_agreement_->AtBoundary(step, due); });
 }
 
 absl::StatusOr<Decision> RuntimeImpl::EndStep() {
@@ -524,10 +574,17 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
     recovered_ = false;
   }
 
-  // ---- periodic checkpoint
+  // ---- periodic checkpoint (by steps, or by wall time)
   bool saved_here = false;
-  if (HasCheckpoints() && o_.ckpt_every > 0 && step_ % o_.ckpt_every == 0 &&
-      (o_.total_steps == 0 || step_ < o_.total_steps)) {
+  const bool before_end = o_.total_steps == 0 || step_ < o_.total_steps;
+  bool periodic = HasCheckpoints() && o_.ckpt_every > 0 && step_ % o_.ckpt_every == 0;
+  if (save_timer_.has_value() && before_end) {
+    absl::StatusOr<bool> timed = TimedSaveHere(step);
+    if (!timed.ok()) return OnGroupError(step, timed.status());
+    if (*timed) save_timer_->Restart();
+    periodic = *timed;
+  }
+  if (periodic && before_end) {
     PhaseScope p(*tel_, phase::kCheckpoint);
     absl::Status st = Save(o_.async_ckpt);
     if (!st.ok() && job_ &&

@@ -56,6 +56,21 @@ void ReadString(const EnvLookup& env, const char* name, std::string* out) {
   if (auto v = First(env, {name}); v.has_value()) *out = v->second;
 }
 
+// A number of seconds in [0, 1e9]; `what` names it in the error.
+absl::Status ReadSeconds(const EnvLookup& env, const char* name, const char* what,
+                         absl::Duration* out) {
+  const auto v = First(env, {name});
+  if (!v.has_value()) return absl::OkStatus();
+  double s = 0;
+  if (!absl::SimpleAtod(v->second, &s) || !std::isfinite(s) || s < 0 || s > 1e9) {
+    return absl::InvalidArgumentError(absl::StrCat("environment variable ", name, "='", v->second,
+                                                   "': expected a number of seconds >= 0 (", what,
+                                                   ")"));
+  }
+  *out = absl::Seconds(s);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::optional<std::string> ProcessEnvironment(const char* name) {
@@ -106,14 +121,15 @@ absl::StatusOr<RuntimeOptions> RuntimeOptions::FromEnvironment(const EnvLookup& 
   ReadString(env, "OMNI_NOTICE_FILE", &o.preemption.notice_file);
   ReadString(env, "OMNI_NOTICE_KEY", &o.notice_key);
   ReadString(env, "OMNI_PUBLISH_PREFIX", &o.publish_prefix);
-  if (const auto grace = First(env, {"OMNI_PREEMPT_GRACE_S"}); grace.has_value()) {
-    double s = 0;
-    if (!absl::SimpleAtod(grace->second, &s) || !std::isfinite(s) || s < 0 || s > 1e9) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("environment variable OMNI_PREEMPT_GRACE_S='", grace->second,
-                       "': expected a number of seconds >= 0 (the preemption grace period)"));
-    }
-    o.preemption.grace = absl::Seconds(s);
+  if (auto st = ReadSeconds(env, "OMNI_PREEMPT_GRACE_S", "the preemption grace period",
+                            &o.preemption.grace);
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = ReadSeconds(env, "OMNI_CKPT_EVERY_S", "the checkpoint period by wall time",
+                            &o.ckpt_every_time);
+      !st.ok()) {
+    return st;
   }
   return o;
 }

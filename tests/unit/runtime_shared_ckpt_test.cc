@@ -247,6 +247,38 @@ TEST(RuntimeSharedCheckpoint, PeriodicCheckpointsFollowTheGroupThroughAJoin) {
   EXPECT_TRUE(log.Has("(join)"));
 }
 
+// Checkpoints by wall time in a group: the replicas' intervals pass at
+// different boundaries (here their periods differ: 40 and 70 ms), and a
+// job-level save is collective, so they agree on one boundary (the first
+// whose interval passed proposes it) and every checkpoint has both parts.
+TEST(RuntimeSharedCheckpoint, ReplicasSaveByWallTimeAtTheBoundaryTheFirstDueOneProposes) {
+  constexpr int64_t kTotal = 60;
+  constexpr std::chrono::milliseconds kStep(5);
+  FakeClock clock;
+  AutoAdvance advance(clock);  // the group waits on it
+  Log log;
+  TempDir dir;
+  std::vector<Outcome> out(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    RuntimeOptions o =
+        Options(dir / "ckpt", dir / "store", &clock, &log, "r" + std::to_string(i), 2, 2, false);
+    o.ckpt_every_time = absl::Milliseconds(i == 0 ? 40 : 70);
+    o.keep_last = 100;
+    threads.emplace_back(Train, o, kTotal, &clock, -1, kStep, &out[i]);
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(out[i].final_step, kTotal) << i;
+  EXPECT_EQ(out[0].w, out[1].w);
+  // About one save every 8-9 steps of 5 ms: the shorter period.
+  ASSERT_GE(out[0].list.size(), 4U);
+  for (const CheckpointInfo& c : out[0].list) {
+    EXPECT_EQ(c.world_size, 2) << "step " << c.step << ": written by both";
+    EXPECT_TRUE(VerifyJobCheckpoint(c.path).ok()) << c.path;
+  }
+  EXPECT_FALSE(log.Has("abandoned"));
+}
+
 TEST(RuntimeSharedCheckpoint, AReplicaLostAtASaveBoundaryAbandonsThatSaveAndTheSurvivorsGoOn) {
   constexpr int64_t kTotal = 8;
   FakeClock clock;

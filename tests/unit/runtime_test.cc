@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -85,6 +86,7 @@ TEST(RuntimeOptions, OmniVariablesFillTheirOptionsAndOmniStoreWinsOverMaster) {
                                            {"OMNI_REPLICA_ID", "r7"},
                                            {"OMNI_MIN_REPLICAS", "2"},
                                            {"OMNI_PREEMPT_GRACE_S", "12.5"},
+                                           {"OMNI_CKPT_EVERY_S", "1800"},
                                            {"OMNI_NOTICE_KEY", "notice"},
                                            {"OMNI_PUBLISH_PREFIX", "omni/telemetry/r7"}}));
   ASSERT_TRUE(o.ok()) << o.status();
@@ -97,6 +99,7 @@ TEST(RuntimeOptions, OmniVariablesFillTheirOptionsAndOmniStoreWinsOverMaster) {
   EXPECT_EQ(o->elastic.membership.self.id, "r7");
   EXPECT_EQ(o->elastic.membership.min_replicas, 2);
   EXPECT_EQ(o->preemption.grace, absl::Milliseconds(12500));
+  EXPECT_EQ(o->ckpt_every_time, absl::Minutes(30));
   EXPECT_EQ(o->notice_key, "notice");
   EXPECT_EQ(o->publish_prefix, "omni/telemetry/r7");
 }
@@ -107,7 +110,8 @@ TEST(RuntimeOptions, MalformedVariableIsRefusedNamingIt) {
                                           {"WORLD_SIZE", "0"},
                                           {"OMNI_CKPT_EVERY", "-1"},
                                           {"OMNI_TOTAL_STEPS", "many"},
-                                          {"OMNI_PREEMPT_GRACE_S", "soon"}}) {
+                                          {"OMNI_PREEMPT_GRACE_S", "soon"},
+                                          {"OMNI_CKPT_EVERY_S", "-5"}}) {
     absl::StatusOr<RuntimeOptions> o = RuntimeOptions::FromEnvironment(Env({{name, value}}));
     ASSERT_FALSE(o.ok()) << name;
     EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
@@ -462,6 +466,60 @@ TEST(Runtime, ThePeriodicCheckpointIsDeclaredToTheForecastAndTheStepLog) {
   EXPECT_EQ(own.every_steps, 20);
   EXPECT_EQ(own.offset, 3);
   EXPECT_EQ(header_of(0, {}).every_steps, 0) << "no periodic checkpoint";
+}
+
+// Checkpoints by wall time: at the first boundary at least the interval after
+// the boundary of the last one (after Start at first), whatever the steps'
+// lengths; none at the last step; nothing declared to the forecaster.
+TEST(Runtime, ACheckpointByWallTimeComesAtTheFirstBoundaryItsIntervalHasPassed) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  RuntimeOptions o = Local(dir, &clock, &log);
+  o.ckpt_every_time = absl::Milliseconds(100);
+  o.keep_last = 10;
+  o.total_steps = 20;
+  o.telemetry.step_log_path = dir / "steps.jsonl";
+  Model m;
+  auto rt = MustCreate(o, m);
+  clock.Advance(milliseconds(500));  // before Start: not counted
+  ASSERT_EQ(*rt->Start(), 0);
+  // Steps of 30 ms, then of 45 ms from the 8th on: saves after 4 steps
+  // (120 ms), 8 (90 + 45 ms), 11, 14 and 17 (135 ms each); none at the end.
+  while (rt->step() < 20) Step(*rt, m, clock, rt->step() < 7 ? 30 : 45);
+  ASSERT_TRUE(rt->Finish().ok());
+  absl::StatusOr<std::vector<CheckpointInfo>> list = rt->checkpoints()->List();
+  ASSERT_TRUE(list.ok()) << list.status();
+  std::vector<int64_t> steps;
+  for (const CheckpointInfo& c : *list) steps.push_back(c.step);
+  std::sort(steps.begin(), steps.end());
+  EXPECT_EQ(steps, (std::vector<int64_t>{4, 8, 11, 14, 17}));
+  absl::StatusOr<StepLog> logged = ReadStepLog(dir / "steps.jsonl");
+  ASSERT_TRUE(logged.ok()) << logged.status();
+  EXPECT_EQ(logged->header.checkpoint.every_steps, 0) << "a period by wall time is not declared";
+  std::vector<int64_t> saved_in;
+  for (const StepRecord& r : logged->steps) {
+    if (r.kind() == StepKind::kCheckpoint) saved_in.push_back(r.step);
+  }
+  EXPECT_EQ(saved_in, (std::vector<int64_t>{3, 7, 10, 13, 16})) << "inside the step before";
+}
+
+TEST(Runtime, ACheckpointPeriodByWallTimeIsRefusedWhenNegativeOrBesideOneInSteps) {
+  TempDir dir;
+  FakeClock clock;
+  Log log;
+  RuntimeOptions o = Local(dir, &clock, &log);
+  o.ckpt_every_time = -absl::Milliseconds(1);
+  absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(o);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(rt.status().message(), "ckpt_every_time")) << rt.status();
+  o.ckpt_every_time = absl::Minutes(30);
+  o.ckpt_every = 100;
+  rt = Runtime::Create(o);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(rt.status().message(), "both set")) << rt.status();
 }
 
 TEST(Runtime, RegisterAfterStartIsRefused) {
