@@ -72,6 +72,8 @@ std::vector<Trace> Corpus() {
       {"sampled5.jsonl", {K::kDataStall, K::kEval}, true},
       {"gc_pauses.jsonl", {K::kEval}, true},
       {"pytorch_dataloader.jsonl", {K::kEval, K::kCheckpoint}, true},
+      // Saves by wall time (recorded 2026-12-06): not predictable by step.
+      {"wallclock_ckpt.jsonl", {K::kEval}, true},
   };
 }
 

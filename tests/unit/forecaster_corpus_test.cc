@@ -41,7 +41,7 @@ constexpr const char* kCorpus[] = {
     // Held out: written after the model was
     // tuned on the ones above.
     "drift.jsonl", "contention.jsonl", "bursty_stalls.jsonl", "time_ckpt.jsonl", "straggler.jsonl",
-    "sampled5.jsonl", "gc_pauses.jsonl", "pytorch_dataloader.jsonl",
+    "sampled5.jsonl", "gc_pauses.jsonl", "pytorch_dataloader.jsonl", "wallclock_ckpt.jsonl",
     // Regressions: behaviours a stress test with new logs found wrong.
     "rhythm_change.jsonl", "events_on_rhythm.jsonl", "slow_spells.jsonl", "rare_events.jsonl",
     "coin_waits.jsonl", "alternating_evals.jsonl", "epoch_ramp.jsonl", "split_eval.jsonl",
