@@ -107,8 +107,9 @@ struct OMNI_EXPORT RuntimeOptions {
   // on preemption.
   int64_t ckpt_every = 0;
   // Periodic checkpoint by wall time: at the first step boundary at which
-  // this long has passed on `clock` since the boundary of the last one
-  // (since Start at first), as PyTorch Lightning's train_time_interval; zero
+  // this long has passed on `clock` since the boundary of the last one that
+  // succeeded (since Start at first), as PyTorch Lightning's
+  // train_time_interval (an abandoned save is proposed again at once); zero
   // = off. Not with ckpt_every (InvalidArgument: one period). In an elastic
   // group the replicas agree on one boundary through the store: the first
   // whose interval has passed proposes the boundary after the next step,

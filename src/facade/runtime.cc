@@ -137,12 +137,12 @@ class RuntimeImpl final : public Runtime {
   // Whether a checkpoint by wall time is due at the boundary after `step`
   // (in a group: agreed, SaveAgreement).
   absl::StatusOr<bool> TimedSaveHere(int64_t step);
-  // `read` (an agreement read from the store, idempotent) retried on a
-  // transient error for store_retry; a store that stays unreachable is a
-  // store failure (`what` names the agreement).
-  template <typename T>
-  absl::StatusOr<T> RetryStoreRead(const std::string& what,
-                                   const std::function<absl::StatusOr<T>()>& read);
+  // `read()` (an agreement read from the store, idempotent: a StatusOr)
+  // retried on a transient error for store_retry; a store that stays
+  // unreachable is a store failure (`what` of `generation` names the
+  // agreement).
+  template <typename Read>
+  auto RetryStoreRead(const char* what, int64_t generation, const Read& read) -> decltype(read());
   // `in_step`: the telemetry's step is still open (EndStep), so the save is
   // its checkpoint phase.
   absl::StatusOr<Decision> Stop(int64_t step, const BoundaryDecision& d, bool saved_here,
@@ -483,9 +483,8 @@ absl::StatusOr<BoundaryDecision> RuntimeImpl::AgreeOnStop(int64_t step,
     stop_ = std::make_unique<StopCoordinator>(*stop_store_);
     stop_generation_ = gen.number;
   }
-  return RetryStoreRead<BoundaryDecision>(
-      absl::StrCat("the stop agreement of generation ", gen.number),
-      [&] { return stop_->AtBoundary(step, local); });
+  return RetryStoreRead("the stop agreement", gen.number,
+                        [&] { return stop_->AtBoundary(step, local); });
 }
 
 // The agreements are read from the store like the membership is: a
@@ -494,14 +493,14 @@ absl::StatusOr<BoundaryDecision> RuntimeImpl::AgreeOnStop(int64_t step,
 // failure, so that this replica saves alone (OnGroupError) instead of
 // failing: the store's server may have died with its replica, and this read
 // can come before the membership's heartbeat notices.
-template <typename T>
-absl::StatusOr<T> RuntimeImpl::RetryStoreRead(const std::string& what,
-                                              const std::function<absl::StatusOr<T>()>& read) {
+template <typename Read>
+auto RuntimeImpl::RetryStoreRead(const char* what, int64_t generation, const Read& read)
+    -> decltype(read()) {
   const absl::Duration retry = o_.elastic.membership.store_retry;
   const int64_t until = NowNs() + absl::ToInt64Nanoseconds(retry);
   absl::Duration backoff = absl::Milliseconds(10);
   for (;;) {
-    absl::StatusOr<T> d = read();
+    auto d = read();
     const absl::Status& st = d.status();
     if (st.ok() || !(absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) ||
                      absl::IsAborted(st) || absl::IsNotFound(st))) {
@@ -509,8 +508,9 @@ absl::StatusOr<T> RuntimeImpl::RetryStoreRead(const std::string& what,
     }
     if (absl::Status latched = group_->membership().StoreFailure(); !latched.ok()) return latched;
     if (NowNs() >= until) {
-      return MarkStoreFailure(absl::UnavailableError(absl::StrCat(
-          "store unreachable for ", absl::FormatDuration(retry), " (", what, "): ", st.message())));
+      return MarkStoreFailure(absl::UnavailableError(
+          absl::StrCat("store unreachable for ", absl::FormatDuration(retry), " (", what,
+                       " of generation ", generation, "): ", st.message())));
     }
     o_.clock->SleepUntil(NowNs() + absl::ToInt64Nanoseconds(backoff));
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
@@ -526,9 +526,8 @@ absl::StatusOr<bool> RuntimeImpl::TimedSaveHere(int64_t step) {
     save_agreement_ = std::make_unique<internal::SaveAgreement>(*save_store_);
     save_generation_ = gen.number;
   }
-  return RetryStoreRead<bool>(
-      absl::StrCat("the timed checkpoint agreement of generation ", gen.number),
-      [&] { return save_agreement_->AtBoundary(step, due); });
+  return RetryStoreRead("the timed checkpoint agreement", gen.number,
+                        [&] { return save_agreement_->AtBoundary(step, due); });
 }
 
 absl::StatusOr<Decision> RuntimeImpl::EndStep() {
@@ -578,11 +577,12 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
   bool saved_here = false;
   const bool before_end = o_.total_steps == 0 || step_ < o_.total_steps;
   bool periodic = HasCheckpoints() && o_.ckpt_every > 0 && step_ % o_.ckpt_every == 0;
+  bool timed = false;
+  const int64_t boundary_ns = NowNs();
   if (save_timer_.has_value() && before_end) {
-    absl::StatusOr<bool> timed = TimedSaveHere(step);
-    if (!timed.ok()) return OnGroupError(step, timed.status());
-    if (*timed) save_timer_->Restart();
-    periodic = *timed;
+    absl::StatusOr<bool> here = TimedSaveHere(step);
+    if (!here.ok()) return OnGroupError(step, here.status());
+    timed = periodic = *here;
   }
   if (periodic && before_end) {
     PhaseScope p(*tel_, phase::kCheckpoint);
@@ -599,6 +599,9 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
       return st;
     } else {
       saved_here = !o_.async_ckpt || job_ != nullptr;
+      // The interval counts from this boundary; after an abandoned save
+      // it is still past, and the next boundary proposes another.
+      if (timed) save_timer_->RestartAt(boundary_ns);
     }
   }
 

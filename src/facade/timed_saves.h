@@ -1,7 +1,8 @@
 // The Runtime's checkpoints by wall time (private; RuntimeOptions::
 // ckpt_every_time): a save at the first step boundary at which the interval
 // has passed, on the Runtime's clock, since the boundary of the last one
-// (since Start at first), as PyTorch Lightning's `train_time_interval`.
+// that succeeded (since Start at first), as PyTorch Lightning's
+// `train_time_interval`.
 //
 // In an elastic group the replicas' clocks and boundaries differ, and they
 // must save at one boundary (a job-level save is collective). The first
@@ -31,8 +32,8 @@ class SaveTimer {
  public:
   SaveTimer(absl::Duration every, const Clock* clock)
       : every_ns_(absl::ToInt64Nanoseconds(every)), clock_(clock), since_ns_(clock->NowNanos()) {}
-  // The interval counts from now (Start, and the boundary of each save).
-  void Restart() { since_ns_ = clock_->NowNanos(); }
+  // The interval counts from `now_ns` (the boundary of a save).
+  void RestartAt(int64_t now_ns) { since_ns_ = now_ns; }
   // Whether the interval has passed.
   bool Due() const { return clock_->NowNanos() - since_ns_ >= every_ns_; }
 

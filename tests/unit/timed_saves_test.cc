@@ -30,7 +30,7 @@ TEST(SaveTimer, IsDueOnceTheIntervalHasPassedSinceItsLastRestart) {
   EXPECT_FALSE(t.Due());
   clock.Advance(std::chrono::milliseconds(1));
   EXPECT_TRUE(t.Due());
-  t.Restart();
+  t.RestartAt(clock.NowNanos());
   EXPECT_FALSE(t.Due());
   clock.Advance(std::chrono::milliseconds(150));
   EXPECT_TRUE(t.Due());
