@@ -115,6 +115,27 @@ def now():
     return time.monotonic()
 
 
+class Tail:
+    """The complete lines a growing file gained since the last call."""
+
+    def __init__(self, path):
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def new_lines(self):
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        return lines
+
+
 class Replica:
     """One process of one replica id (a restart is a new Replica)."""
 
@@ -137,10 +158,8 @@ class Replica:
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(args, stdout=out, stderr=err, env=env)
         self.started = now()
-        self.offset = 0
-        self.partial = b""
-        self.err_offset = 0
-        self.err_partial = b""
+        self.loss_tail = Tail(self.loss_path)
+        self.err_tail = Tail(self.err_path)
         self.generation = None  # the generation it last logged being a member of
         self.last_step = -1  # newest step this process logged
         self.flagged = set()  # steps logged while already committed by the job
@@ -155,18 +174,8 @@ class Replica:
         return self.rc is None
 
     def read_lines(self):
-        try:
-            with open(self.loss_path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = lines.pop()
         steps = []
-        for line in lines:
+        for line in self.loss_tail.new_lines():
             m = LOSS_RE.match(line)
             if not m:
                 raise RuntimeError(f"{self.loss_path}: bad loss line {line!r}")
@@ -175,16 +184,7 @@ class Replica:
 
     def read_generation(self):
         """Follows the generations this process logged entering (stderr)."""
-        try:
-            with open(self.err_path, "rb") as f:
-                f.seek(self.err_offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        self.err_offset += len(data)
-        lines = (self.err_partial + data).split(b"\n")
-        self.err_partial = lines.pop()
-        for line in lines:
+        for line in self.err_tail.new_lines():
             m = GEN_RE.search(line)
             if m:
                 members = m.group(2).decode().split()

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -139,17 +140,21 @@ void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at,
   EXPECT_TRUE(rt.Finish().ok());
 }
 
-// Runs `n` replicas r0..r(n-1) as threads; replica `monitored` gets the notice.
+// Runs `n` replicas r0..r(n-1) as threads; replica `monitored` gets the
+// notice; `tweak` (if set) changes replica i's options.
 std::vector<Outcome> RunReplicas(const TempDir& dir, const std::string& store, FakeClock* clock,
                                  Log* log, int n, int64_t total, int64_t notice_at,
-                                 int monitored = -1, int64_t ckpt_every = 0) {
+                                 int monitored = -1, int64_t ckpt_every = 0,
+                                 std::chrono::nanoseconds step_time = kInstant,
+                                 const std::function<void(int, RuntimeOptions&)>& tweak = {}) {
   std::vector<Outcome> out(n);
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
     RuntimeOptions o = Options(dir / "ckpt", dir / store, clock, log, "r" + std::to_string(i), n, n,
                                i == monitored);
     o.ckpt_every = ckpt_every;
-    threads.emplace_back(Train, o, total, clock, notice_at, kInstant, &out[i]);
+    if (tweak) tweak(i, o);
+    threads.emplace_back(Train, o, total, clock, notice_at, step_time, &out[i]);
   }
   for (std::thread& t : threads) t.join();
   return out;
@@ -258,16 +263,11 @@ TEST(RuntimeSharedCheckpoint, ReplicasSaveByWallTimeAtTheBoundaryTheFirstDueOneP
   AutoAdvance advance(clock);  // the group waits on it
   Log log;
   TempDir dir;
-  std::vector<Outcome> out(2);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 2; ++i) {
-    RuntimeOptions o =
-        Options(dir / "ckpt", dir / "store", &clock, &log, "r" + std::to_string(i), 2, 2, false);
-    o.ckpt_every_time = absl::Milliseconds(i == 0 ? 40 : 70);
-    o.keep_last = 100;
-    threads.emplace_back(Train, o, kTotal, &clock, -1, kStep, &out[i]);
-  }
-  for (std::thread& t : threads) t.join();
+  const std::vector<Outcome> out = RunReplicas(
+      dir, "store", &clock, &log, 2, kTotal, -1, -1, 0, kStep, [](int i, RuntimeOptions& o) {
+        o.ckpt_every_time = absl::Milliseconds(i == 0 ? 40 : 70);
+        o.keep_last = 100;
+      });
   for (int i = 0; i < 2; ++i) EXPECT_EQ(out[i].final_step, kTotal) << i;
   EXPECT_EQ(out[0].w, out[1].w);
   // About one save every 8-9 steps of 5 ms: the shorter period.
