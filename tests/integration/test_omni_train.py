@@ -126,12 +126,31 @@ def test_loss_goes_down_and_report():
     (["--stall-scale", "nan"], "--stall-scale"),
     (["--batch"], "--batch"),
     (["--quiet=1"], "--quiet"),
+    (["--ckpt-every-s", "0", "--ckpt-dir", "/tmp/unused"], "--ckpt-every-s"),
 ])
 def test_bad_flags_exit_2_and_name_the_flag(args, flag):
     proc = run(*args, timeout=30)
     assert proc.returncode == 2, proc
     assert flag in proc.stderr, proc.stderr
     assert "final step=" not in proc.stdout
+
+
+def test_checkpoints_by_wall_time_resume_to_the_undisturbed_parameters(tmp_path):
+    flags = ["--steps", 100, "--text-only", "--eval-every", 0, "--quiet"]
+    ref = final_line(run_ok(*flags))
+    ckpt, log = tmp_path / "ckpt", tmp_path / "steps.jsonl"
+    run_ok(*flags, "--ckpt-dir", ckpt, "--ckpt-every-s", 0.2, "--keep", 1000, "--log", log)
+    saved = sorted(int(p.name[len("step-"):]) for p in ckpt.glob("step-*"))
+    assert saved and saved[-1] < 100, saved  # none at the end
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert records[0]["events"]["checkpoint"]["every_steps"] == 0  # nothing declared
+    # Each save ran inside the step before it (the step's checkpoint phase).
+    in_steps = [r["step"] for r in records[1:] if r.get("kind") == "checkpoint"]
+    assert in_steps == [s - 1 for s in saved], (in_steps, saved)
+    # Resumed from the newest, the job ends where the undisturbed one does.
+    resumed = run_ok(*flags, "--ckpt-dir", ckpt, "--ckpt-every-s", 0.2)
+    assert f"(step {saved[-1]})" in resumed.stderr, resumed.stderr
+    assert final_line(resumed).group(2) == ref.group(2)
 
 
 def test_help():
