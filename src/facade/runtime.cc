@@ -578,8 +578,9 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
   const bool before_end = o_.total_steps == 0 || step_ < o_.total_steps;
   bool periodic = HasCheckpoints() && o_.ckpt_every > 0 && step_ % o_.ckpt_every == 0;
   bool timed = false;
-  const int64_t boundary_ns = NowNs();
+  int64_t boundary_ns = 0;
   if (save_timer_.has_value() && before_end) {
+    boundary_ns = NowNs();
     absl::StatusOr<bool> here = TimedSaveHere(step);
     if (!here.ok()) return OnGroupError(step, here.status());
     timed = periodic = *here;
