@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Forecast stress: the forecaster on step logs it was not tuned on.
 
-Writes the 26 logs of tools/stress_steplogs.py (gradient accumulation,
+Writes the 27 logs of tools/stress_steplogs.py (gradient accumulation,
 thermal throttling, an eval period and a stall rhythm that change, 4 ms and
 45 s steps, random sampling, an outlier and a suspension, Pareto compute,
 three interleaved events, a log starting mid-job, a nested idle phase, a
@@ -10,7 +10,7 @@ step and rare checkpoints, a checkpoint that slows the steps after it,
 dynamic micro-batches, an epoch's refill stall and metrics every 100 steps,
 runs of steps not logged, data waits that shrink or grow, two loaders, an
 eval every 312.5 steps, flagged warm-up steps, stalls a prefetch mostly
-hides, a stall rhythm that restarts at each eval),
+hides, a stall rhythm that restarts at each eval, saves of random length),
 scores each with `omni eval --json` (live scoring) and prints a table and one
 JSON line, `{"benchmark": "forecast_stress", ...}`. Exits 1 when any log's
 window precision or next-step coverage falls below the confidence its

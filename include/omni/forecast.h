@@ -28,6 +28,13 @@
 //    checkpoint by wall time (every 20 s: 85, 85, 84, 86 steps apart) is
 //    learned from the times of its last occurrences and claimed only at the
 //    next logged step, where its timer surely passes its period.
+//  - An event's length is claimed from its latest level (a drop is a new
+//    level from two lengths on, a rise from three above every length
+//    before it) and, where its lengths follow a rhythm of its occurrences
+//    (a quick and a full eval in turn), from the next one's class; a
+//    rhythm must hold each class's lengths out of sample, or noise bought
+//    it. No claim from two or three occurrences tells an event of two
+//    random modes from a steady one (docs/telemetry.md).
 //  - Regime changes: a step outside its bound by a wide margin suspends
 //    windows until steps fit again; three clear misses on the same side
 //    (beyond the bound by a quarter of its width) start a new regime (older

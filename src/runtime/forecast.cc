@@ -38,6 +38,9 @@ constexpr size_t kMaxLengths = 32;
 // (LearnLengthRhythm) and its penalty: three times ChoosePeriod's default.
 constexpr int kMaxOccurrencePeriod = 4;
 constexpr double kOccurrencePenalty = 6.0;
+// The normal quantile of a length rhythm's out-of-sample check
+// (ClassesHoldOutOfSample).
+constexpr double kRhythmCheckZ = 3.0;
 
 }  // namespace
 
@@ -489,6 +492,13 @@ void Forecaster::Impl::LearnLengthRhythm(int key, Occurrences& o) const {
   }
   o.length_period = ChoosePeriod(index, lengths, kMaxOccurrencePeriod, kOccurrencePenalty,
                                  static_cast<int>(kMinOccurrencesPerClass));
+  // A rhythm claims each class's lengths for its next occurrence: it must
+  // hold each class's measured ones from the others of their class, or
+  // noise bought it (lengths of one distribution that happened to split).
+  if (o.length_period > 1 &&
+      !ClassesHoldOutOfSample(index, lengths, o.length_period, kRhythmCheckZ, kLengthPriorCv)) {
+    o.length_period = 1;
+  }
 }
 
 SlotMask Forecaster::Impl::SpikesOf(const StepObs& obs) const {

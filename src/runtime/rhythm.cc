@@ -55,6 +55,30 @@ int ChoosePeriod(const std::vector<int64_t>& steps, const std::vector<double>& v
   return best;
 }
 
+bool ClassesHoldOutOfSample(const std::vector<int64_t>& steps, const std::vector<double>& values,
+                            int period, double z, double min_cv) {
+  const auto p = static_cast<int64_t>(std::max(period, 1));
+  const auto residue = [p](int64_t s) { return ((s % p) + p) % p; };
+  for (size_t i = 0; i < values.size(); ++i) {
+    // The other values of i's class, in log space (a length of 0 is none).
+    double n = 0, sum = 0, sq = 0;
+    for (size_t j = 0; j < values.size(); ++j) {
+      if (j == i || residue(steps[j]) != residue(steps[i]) || !(values[j] > 0)) continue;
+      const double x = std::log(values[j]);
+      n += 1;
+      sum += x;
+      sq += x * x;
+    }
+    if (n == 0) continue;
+    const double mean = sum / n;
+    const double sd =
+        std::max(n > 1 ? std::sqrt(std::max(sq - n * mean * mean, 0.0) / (n - 1)) : 0.0, min_cv);
+    const double bound = std::exp(mean - SmallSampleFactor(z, n) * sd * std::sqrt(1 + 1 / n));
+    if (values[i] < bound) return false;
+  }
+  return true;
+}
+
 namespace {
 
 int64_t FloorDiv(int64_t a, int64_t b) {  // b > 0

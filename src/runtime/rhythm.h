@@ -24,6 +24,17 @@ namespace omni {
 int ChoosePeriod(const std::vector<int64_t>& steps, const std::vector<double>& values,
                  int max_period, double penalty = 2.0, int min_per_class = 3);
 
+// Whether the residue classes (step mod `period`) of `values` hold each of
+// their members out of sample: every value is at least the lower bound of
+// a prediction from its class's other values (log scale: the others' mean
+// less SmallSampleFactor(z, n)·s·√(1 + 1/n), s their standard deviation, at
+// least `min_cv`), wherever its class has another value. A period that
+// noise bought fails it: seven lognormal lengths of σ 0.5 split by 3 gave
+// a class of 313, 311 and 224 ms, whose first two bound the third at ~250.
+// REQUIRES: steps.size() == values.size(), period ≥ 1.
+bool ClassesHoldOutOfSample(const std::vector<int64_t>& steps, const std::vector<double>& values,
+                            int period, double z, double min_cv);
+
 // An event seen at equally spaced steps: with den == 1 it occurs at every
 // step s with s % every == offset; with den > 1 its spacing is the fraction
 // every / den (an eval every 10,000 samples at 32 a step: 625 / 2, steps
