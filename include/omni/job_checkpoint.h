@@ -149,7 +149,9 @@ class OMNI_EXPORT JobCheckpointManager {
   // error, earlier checkpoints are untouched and this attempt's checkpoint is
   // either absent or complete (rank 0 may have committed it just before
   // another replica gave up waiting); never partial. An existing checkpoint
-  // of the step is replaced.
+  // of the step is replaced. Aborted when a replica gave the save up, or
+  // when the save's temporary directory is gone (the others gave it up and
+  // a later save removed it while this replica was held up).
   // Rank 0 applies retention after the commit.
   virtual absl::StatusOr<JobSaveStats> Save(int64_t step, const JobSaveGroup& group,
                                             const StateRegistry& replicated,

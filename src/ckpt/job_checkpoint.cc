@@ -591,6 +591,14 @@ absl::StatusOr<JobSaveStats> JobCheckpointManagerImpl::Save(int64_t step, const 
       return stats;
     }
   }
+  if (!absl::IsAborted(st) && absl::IsNotFound(fs_.Stat(dir_.get(), tmp_name, tmp).status())) {
+    // The save's directory is gone: the others gave this save up and a later
+    // save removed it (RemoveStaleTmpDirs) while this replica was held up
+    // (frozen, descheduled). Nothing of it can land: abandoned, as when a
+    // peer dies during it.
+    st = absl::AbortedError(absl::StrCat(
+        tmp, " was removed: the other replicas gave this save up (", st.message(), ")"));
+  }
   if (group.rank != 0 && !absl::IsAborted(st)) {  // rank 0 stops waiting for this part
     internal::WriteFileSyncedAt(fs_, tmp_fd->get(), kAborted, HexDigest(group.token),
                                 Join(tmp, kAborted))

@@ -252,6 +252,50 @@ TEST(JobCheckpoint, AReplicaThatNeverWritesItsPartLeavesThePreviousCheckpointThe
   EXPECT_TRUE(VerifyJobCheckpoint(dir / "step-000000000002").ok());
 }
 
+// Removes the save's directory when the part file is opened for writing:
+// what a replica frozen during a save finds when it thaws after the others
+// gave that save up and a later one removed its directory.
+class RemoveBeforePart final : public testing::PassThroughFileSystem {
+ public:
+  RemoveBeforePart(std::string save_dir, std::string part)
+      : save_dir_(std::move(save_dir)), part_(std::move(part)) {}
+  absl::StatusOr<internal::Fd> OpenWrite(int dir, const std::string& name, bool truncate,
+                                         bool exclusive, const std::string& path) override {
+    if (name == part_) fs::remove_all(save_dir_);
+    return PassThroughFileSystem::OpenWrite(dir, name, truncate, exclusive, path);
+  }
+
+ private:
+  const std::string save_dir_, part_;
+};
+
+TEST(JobCheckpoint, AReplicaWhoseSaveDirectoryWasRemovedMeanwhileAbandonsTheSave) {
+  // An omni_train replica frozen (SIGSTOP) during the save of step 20 was
+  // thawed after the others had gone on and saved step 25, which removed
+  // the older save's directory: its part could not be created (NotFound),
+  // and the replica exited 1 instead of going on without that save.
+  TempDir dir;
+  std::deque<Replica> reps;
+  for (int r = 0; r < 2; ++r) reps.emplace_back(r);
+  for (const auto& st : SaveTogether(dir.path(), 1, reps, 1)) ASSERT_TRUE(st.ok()) << st.status();
+  RemoveBeforePart hook(dir / ".tmp-step-000000000002", "part-00001.safetensors");
+  auto m = internal::OpenJobCheckpointManagerOn(Options(dir.path(), "r1"), hook);
+  ASSERT_TRUE(m.ok()) << m.status();
+  JobSaveGroup g;
+  g.rank = 1;
+  g.size = 2;
+  g.token = 2;
+  absl::StatusOr<JobSaveStats> st = (*m)->Save(2, g, reps[1].replicated, reps[1].per_replica, {});
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(absl::IsAborted(st.status())) << st.status();
+  EXPECT_TRUE(absl::StrContains(st.status().message(), "was removed")) << st.status();
+  absl::StatusOr<std::vector<CheckpointInfo>> list = (*m)->List();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 1U);
+  EXPECT_EQ((*list)[0].step, 1) << "the checkpoint before stays the newest";
+  EXPECT_FALSE(fs::exists(dir / ".tmp-step-000000000002"));
+}
+
 TEST(JobCheckpoint, AReplicaWhoseReplicatedStateDiffersInShapeIsRefusedNamingIt) {
   TempDir dir;
   std::deque<Replica> reps;
