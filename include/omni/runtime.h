@@ -19,13 +19,18 @@
 // Boundary (EndStep), in this order:
 //   1. a collective of this step failed (AllReduce returned an error): agree
 //      on the survivors, rebuild, re-synchronise the state, and answer
-//      kRedoStep — nothing of the step is committed (step() is unchanged);
+//      kRedoStep — nothing of the step is committed (step() is unchanged,
+//      unless a survivor had committed it or the group catches up, below);
 //   2. otherwise commit: the sampler's cursor and step() advance, and the
 //      OnCommit callbacks run (in the order they were added);
 //   3. periodic checkpoint (ckpt_every, or ckpt_every_time by wall time),
 //      asynchronous with async_ckpt;
 //   4. elastic: a new generation takes effect here (kReconfigured, with the
 //      state already re-synchronised), or this replica's graceful leave did;
+//      after any change of generation (here, in step 1 and at Start), when
+//      the group's state is older than the newest job-level checkpoint (its
+//      holders gone, none restarted), every member loads that checkpoint
+//      (step() moves to it; a stop then waits for the next boundary);
 //   5. preemption pending: another step and a save still fit before the
 //      deadline (costs from the telemetry)? With a group the replicas agree on
 //      one stop boundary (job-wide), or, with leave_on_preempt, the preempted

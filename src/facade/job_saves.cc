@@ -70,6 +70,44 @@ absl::Status JobSaves::RestorePerReplica(const StateRegistry& per_replica, int64
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<int64_t>> JobSaves::CatchUp(int64_t step, ElasticGroup& group,
+                                                         const StateRegistry& replicated,
+                                                         const StateRegistry& per_replica,
+                                                         const std::string& self_id) {
+  // The newest valid checkpoint this replica sees (-1: none, or the
+  // directory could not be listed: another replica's view decides).
+  int64_t newest = -1;
+  if (absl::StatusOr<std::vector<CheckpointInfo>> list = mgr_->List(); list.ok()) {
+    for (const CheckpointInfo& c : *list) newest = std::max(newest, c.step);
+  } else {
+    log_(absl::StrCat("could not list the checkpoints: ", list.status().ToString()));
+  }
+  // One collective: the maximum of (newest, dev, ino, -dev, -ino) over the
+  // replicas gives the newest step and says whether all use this directory.
+  const auto dev = static_cast<int64_t>(dev_ & 0x3fffffffffffffffull);
+  const auto ino = static_cast<int64_t>(ino_ & 0x3fffffffffffffffull);
+  std::vector<int64_t> v = {newest, dev, ino, -dev, -ino};
+  if (auto st = group.AllReduce(v.data(), v.size(), DType::kI64, ReduceOp::kMax); !st.ok()) {
+    return absl::AbortedError(absl::StrCat(
+        "the replicas could not compare their state with the checkpoints: ", st.ToString()));
+  }
+  const bool shared = v[1] == -v[3] && v[2] == -v[4];
+  if (!shared || v[0] <= step) return std::nullopt;
+  const int64_t target = v[0];
+  absl::StatusOr<CheckpointManager::RestoreResult> r = mgr_->RestoreReplicated(replicated, target);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(), absl::StrCat("catching up with the checkpoint of step ",
+                                                        target, " (the group's state is of step ",
+                                                        step, "): ", r.status().message()));
+  }
+  log_(absl::StrCat("the group's state (step ", step, ") is older than the checkpoint ",
+                    r->info.path, ": caught up with its replicated state"));
+  if (auto st = RestorePerReplica(per_replica, target, group.generation(), self_id); !st.ok()) {
+    return st;
+  }
+  return target;
+}
+
 absl::StatusOr<JobSaveStats> JobSaves::SaveTogether(
     int64_t step, ElasticGroup& group, const StateRegistry& replicated,
     const StateRegistry& per_replica, const std::map<std::string, std::string>& metadata) {

@@ -40,6 +40,21 @@ class JobSaves {
   absl::Status RestorePerReplica(const StateRegistry& per_replica, int64_t step,
                                  const Generation& generation, const std::string& self_id);
 
+  // After a change of generation, with every replica of the new one: when
+  // all use this directory and its newest valid checkpoint is newer than
+  // `step` (the group's state: every replica that held the newer one is
+  // gone and none was restarted, which would have brought it), each loads
+  // that checkpoint, its replicated state and then its per-replica state
+  // (as RestorePerReplica), and the checkpoint's step is returned; nullopt
+  // otherwise. One collective (the newest step and the directory's
+  // identity); its failure is Aborted and nothing was loaded. A load that
+  // fails leaves the state partly replaced: the error is returned and the
+  // replica must not go on (its restart restores a valid checkpoint).
+  absl::StatusOr<std::optional<int64_t>> CatchUp(int64_t step, ElasticGroup& group,
+                                                 const StateRegistry& replicated,
+                                                 const StateRegistry& per_replica,
+                                                 const std::string& self_id);
+
   // A save with every replica of the group's generation, at the same
   // boundary. One collective first agrees on a token and checks that all
   // replicas use this directory (same device and inode); when they do not

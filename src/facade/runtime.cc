@@ -123,6 +123,11 @@ class RuntimeImpl final : public Runtime {
   absl::Status Save(bool background, bool alone = false);
   bool HasCheckpoints() const { return ckpt_ != nullptr || job_ != nullptr; }
   std::string JobId() const { return o_.job_id.empty() ? o_.source : o_.job_id; }
+  // After a change of generation (JobSaves::CatchUp): the group's state
+  // may be older than the newest job-level checkpoint; then every member
+  // loads it. A comparison that failed (a peer lost again) is left to the
+  // group's next collective, as an abandoned save is. True when it loaded.
+  absl::StatusOr<bool> CatchUpWithCheckpoints();
   void AdoptGeneration() {
     const Generation gen = group_->generation();
     if (gen.rank >= 0) {
@@ -370,6 +375,11 @@ absl::StatusOr<int64_t> RuntimeImpl::Start() {
         return st;
       }
     }
+    // Every member of a new generation compares its state with the
+    // checkpoints right after the change, whichever way it came to it.
+    if (absl::StatusOr<bool> caught = CatchUpWithCheckpoints(); !caught.ok()) {
+      return caught.status();
+    }
   }
   if (HasCheckpoints() && o_.ckpt_every_time > absl::ZeroDuration()) {
     save_timer_.emplace(o_.ckpt_every_time, o_.clock);
@@ -551,6 +561,9 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
     LogChange(*change, "recovered");
     recovered_ = true;
     AdoptGeneration();
+    if (absl::StatusOr<bool> caught = CatchUpWithCheckpoints(); !caught.ok()) {
+      return OnGroupError(step, caught.status());
+    }
     out.kind = Decision::kRedoStep;
     out.rank = rank_;
     out.size = size_;
@@ -618,6 +631,15 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
       LogChange(**change, "changed");
       AdoptGeneration();
       out.kind = Decision::kReconfigured;
+      absl::StatusOr<bool> caught = CatchUpWithCheckpoints();
+      if (!caught.ok()) return OnGroupError(step, caught.status());
+      if (*caught) {
+        // The boundary's step is no longer this one: a stop is agreed at
+        // the next boundary, of the step the checkpoint holds.
+        out.rank = rank_;
+        out.size = size_;
+        return out;
+      }
     }
   }
   out.rank = rank_;
@@ -728,6 +750,23 @@ absl::StatusOr<Decision> RuntimeImpl::Stop(int64_t step, const BoundaryDecision&
         out.exit_code));
   }
   return out;
+}
+
+absl::StatusOr<bool> RuntimeImpl::CatchUpWithCheckpoints() {
+  if (!job_ || !group_) return false;
+  const Generation gen = group_->generation();
+  if (gen.rank < 0 || gen.rank >= gen.size()) return false;
+  absl::StatusOr<std::optional<int64_t>> caught =
+      job_->CatchUp(step_, *group_, replicated_, per_replica_, gen.members[gen.rank].id);
+  if (absl::IsAborted(caught.status())) {
+    Log(absl::StrCat("elastic: ", caught.status().message()));
+    return false;
+  }
+  if (!caught.ok()) return caught.status();
+  if (!caught->has_value()) return false;
+  Log(absl::StrFormat("elastic: caught up with the checkpoint of step %d t_mono_ns=%d", **caught,
+                      Clock::Real()->NowNanos()));
+  return true;
 }
 
 absl::StatusOr<Decision> RuntimeImpl::OnGroupError(int64_t step, const absl::Status& st) {

@@ -191,6 +191,45 @@ def test_a_frozen_replica_is_evicted_and_rejoins_cleanly(tmp_path, long_referenc
     assert "joined r2" in err0, err0
 
 
+def logged_steps(rep):
+    return [int(m.group(1)) for m in re.finditer(r"^step=(\d+) ", rep.loss_log.read_text(), re.M)]
+
+
+def test_evicted_survivors_catch_up_with_the_newest_checkpoint_of_a_lost_replica(
+        tmp_path, long_reference):
+    """r0 and r1 are frozen past the peer timeout; r2 goes on alone, saving
+    into the shared --ckpt-dir, and is killed. Thawed, r0 and r1 form a
+    generation from their own older state: they catch up with r2's newest
+    checkpoint instead of training its steps again, and end within the
+    tolerance of the undisturbed run."""
+    ckpt = tmp_path / "ckpt"
+    reps = start(tmp_path, 3, "--min-replicas", 1, "--ckpt-dir", ckpt, "--ckpt-every", 5,
+                 steps=LONG)
+    lone = reps[2]
+    wait_steps(lone, 20)
+    for r in reps[:2]:
+        r.proc.send_signal(signal.SIGSTOP)
+    n = lone.steps_logged()
+    wait_steps(lone, n + 20)  # alone (after the peer timeout), saving every 5 steps
+    lone.proc.send_signal(signal.SIGKILL)
+    lone.proc.wait()
+    before = [max(logged_steps(r)) for r in reps[:2]]
+    for r in reps[:2]:
+        r.proc.send_signal(signal.SIGCONT)
+    finish_all(reps[:2], long_reference)
+    # The first of them to form a generation caught up (the other may join
+    # it later and receive its state).
+    errs = "".join(r.err_path.read_text() for r in reps[:2])
+    m = re.search(r"caught up with the checkpoint of step (\d+)", errs)
+    assert m, errs
+    caught = int(m.group(1))
+    assert caught > max(before) + 5, f"caught up with {caught}, r0 and r1 had logged {before}"
+    for r, b in zip(reps[:2], before):
+        # None of the steps r2 had saved after the freeze was trained again.
+        again = [s for s in logged_steps(r) if b < s < caught]
+        assert not again, f"{r.rid} trained steps {again[:5]}... again"
+
+
 def test_sigterm_to_one_replica_stops_all_at_one_boundary_and_resume_is_bit_exact(
         tmp_path, monkeypatch):
     """A preemption in --store mode is job-wide: the replicas agree on one

@@ -323,6 +323,73 @@ TEST(RuntimeSharedCheckpoint, AReplicaLostAtASaveBoundaryAbandonsThatSaveAndTheS
   EXPECT_TRUE(log.Has("checkpoint of step 3 abandoned")) << "the save boundary saw the loss";
 }
 
+// Every replica that held the newest state is gone, and none was restarted
+// (a restarted one restores the newest checkpoint and brings it): the
+// survivors' new generation holds older state than the newest job-level
+// checkpoint. They catch up with it rather than train its steps again, and
+// end as a job resumed from it ends.
+TEST(RuntimeSharedCheckpoint, SurvivorsOlderThanTheNewestCheckpointCatchUpWithIt) {
+  constexpr int64_t kTotal = 40;
+  FakeClock clock;
+  AutoAdvance advance(clock);  // the group waits on it
+  Log log;
+  // The newer state: r0 and r1 stopped with a save after step 20; and the
+  // reference, the two resumed from that checkpoint.
+  TempDir earlier;
+  const std::vector<Outcome> stopped =
+      RunReplicas(earlier, "store", &clock, &log, 2, kTotal, 20, 1);
+  const int64_t saved = stopped[0].saved_step;
+  ASSERT_GT(saved, 3);
+  TempDir ref;
+  std::filesystem::copy(earlier / "ckpt", ref / "ckpt", std::filesystem::copy_options::recursive);
+  const std::vector<Outcome> resumed = RunReplicas(ref, "store", &clock, &log, 2, kTotal, -1);
+  ASSERT_EQ(resumed[0].start_step, saved);
+
+  // The job: r0, r1 and r2 from step 0, nothing saved. During r2's third
+  // step the checkpoint appears in the shared directory (written, as it
+  // were, by replicas since lost), and r2 is lost.
+  TempDir dir;
+  std::vector<Outcome> out(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    RuntimeOptions o =
+        Options(dir / "ckpt", dir / "store", &clock, &log, "r" + std::to_string(i), 1, 3, false);
+    threads.emplace_back(Train, o, kTotal, &clock, -1, kInstant, &out[i]);
+  }
+  {
+    Trainer t;
+    RuntimeOptions o = Options(dir / "ckpt", dir / "store", &clock, &log, "r2", 1, 3, false);
+    auto rt = Runtime::Create(o);
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    ASSERT_TRUE((*rt)->Register("model", &t.w_state).ok());
+    ASSERT_TRUE((*rt)->Register("counter", &t.counter_state, StateScope::kPerReplica).ok());
+    ASSERT_TRUE((*rt)->Start().ok());
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE((*rt)->BeginStep().ok());
+      float g = static_cast<float>((*rt)->step() + t.counter[0] % 97);
+      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok());
+      if (s == 2) break;
+      absl::StatusOr<Decision> d = (*rt)->EndStep();
+      ASSERT_TRUE(d.ok()) << d.status();
+    }
+    const std::filesystem::path to(dir / "ckpt");
+    for (const auto& e : std::filesystem::directory_iterator(earlier / "ckpt")) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("step-", 0) != 0) continue;
+      std::filesystem::copy(e.path(), to / (".incoming-" + name),
+                            std::filesystem::copy_options::recursive);
+      std::filesystem::rename(to / (".incoming-" + name), to / name);
+    }
+  }  // r2 destroyed: its heartbeats stop and its connections close
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(log.Has("caught up with the checkpoint of step " + std::to_string(saved)));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(out[i].final_step, kTotal) << i;
+    EXPECT_EQ(out[i].w, resumed[0].w) << "replica " << i << " ends as the resumed job";
+    EXPECT_EQ(out[i].counter, resumed[i].counter) << "replica " << i << "'s own state";
+  }
+}
+
 #endif  // OMNI_HAVE_GLOO
 
 }  // namespace
