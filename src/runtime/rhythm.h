@@ -30,7 +30,7 @@ int ChoosePeriod(const std::vector<int64_t>& steps, const std::vector<double>& v
 // less SmallSampleFactor(z, n)·s·√(1 + 1/n), s their standard deviation, at
 // least `min_cv`), wherever its class has another value. A period that
 // noise bought fails it: seven lognormal lengths of σ 0.5 split by 3 gave
-// a class of 313, 311 and 224 ms, whose first two bound the third at ~250.
+// a class of 313, 311 and 224 ms, whose first two bound the third at ~237.
 // REQUIRES: steps.size() == values.size(), period ≥ 1.
 bool ClassesHoldOutOfSample(const std::vector<int64_t>& steps, const std::vector<double>& values,
                             int period, double z, double min_cv);

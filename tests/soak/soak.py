@@ -7,7 +7,8 @@ restarted as they die:
 
   kill     SIGKILL of a replica; the driver restarts it at once (same id, same
            --ckpt-dir: it restores its own newest checkpoint and rejoins,
-           receiving the group's state).
+           receiving the group's state). With --shared-ckpt every replica
+           gives one --ckpt-dir (job-level checkpoints, written together).
   stop     SIGSTOP of a replica for 0.1 .. 1.2 s, then SIGCONT (below the peer
            timeout a stall, above it an eviction and a rejoin).
   stall    store latency: the driver takes the FileStore's own lock
@@ -149,7 +150,8 @@ class Replica:
         self.params_path = pathlib.Path(f"{base}.params")
         args = job.train_cmd(
             "--store", f"file://{job.store}", "--replica-id", rid,
-            "--ckpt-dir", job.out / f"ckpt-{rid}", "--ckpt-every", job.args.ckpt_every,
+            "--ckpt-dir", job.out / ("ckpt" if job.args.shared_ckpt else f"ckpt-{rid}"),
+            "--ckpt-every", job.args.ckpt_every,
             "--notice-file", job.notice, "--loss-log", self.loss_path,
             "--params-out", self.params_path,
             "--min-replicas", 1, "--max-replicas", job.args.replicas,
@@ -500,6 +502,9 @@ def main():
                     help="committed steps from one fault to the next: a random k-2 .. k+2")
     ap.add_argument("--steps", type=int, default=0, help="job length (default: 40 x --failures + 150)")
     ap.add_argument("--ckpt-every", type=int, default=25)
+    ap.add_argument("--shared-ckpt", action="store_true",
+                    help="one --ckpt-dir for every replica (job-level checkpoints; a generation "
+                         "older than the newest one catches up with it) instead of one each")
     ap.add_argument("--kinds", default="kill,stop,stall,preempt")
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--lr", type=float, default=0.003)
@@ -557,6 +562,10 @@ def main():
     result["order_rel_l2"] = order
     result["tolerance"] = tolerance
     result["lr_1pct_rel_l2"] = lr_rel
+    result["shared_ckpt"] = args.shared_ckpt
+    errs = [r.err_path.read_text(errors="replace") for r in soak.history if r.err_path.exists()]
+    result["caught_up"] = sum(e.count("caught up with the checkpoint of step") for e in errs)
+    result["saves_abandoned"] = sum(e.count(" abandoned: ") for e in errs)
     result["processes_started"] = len(soak.history)
     result["teardown_kills"] = soak.teardown_kills
     result["unexpected_exits"] = sum(1 for f in soak.findings if "replica" in f)
