@@ -140,6 +140,28 @@ void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at,
   EXPECT_TRUE(rt.Finish().ok());
 }
 
+// A replica that commits `committed` steps, runs the collective of the next
+// one and disappears before its boundary (destroyed: its heartbeats stop
+// and its connections close); `before_loss` runs just before.
+void TrainThenVanish(const RuntimeOptions& o, int committed,
+                     const std::function<void()>& before_loss = {}) {
+  Trainer t;
+  absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(o);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  ASSERT_TRUE((*rt)->Register("model", &t.w_state).ok());
+  ASSERT_TRUE((*rt)->Register("counter", &t.counter_state, StateScope::kPerReplica).ok());
+  ASSERT_TRUE((*rt)->Start().ok());
+  for (int s = 0; s <= committed; ++s) {
+    ASSERT_TRUE((*rt)->BeginStep().ok());
+    float g = static_cast<float>((*rt)->step() + t.counter[0] % 97);
+    ASSERT_TRUE((*rt)->AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok());
+    if (s == committed) break;
+    absl::StatusOr<Decision> d = (*rt)->EndStep();
+    ASSERT_TRUE(d.ok()) << d.status();
+  }
+  if (before_loss) before_loss();
+}
+
 // Runs `n` replicas r0..r(n-1) as threads; replica `monitored` gets the
 // notice; `tweak` (if set) changes replica i's options.
 std::vector<Outcome> RunReplicas(const TempDir& dir, const std::string& store, FakeClock* clock,
@@ -296,23 +318,10 @@ TEST(RuntimeSharedCheckpoint, AReplicaLostAtASaveBoundaryAbandonsThatSaveAndTheS
   // A third replica that disappears after two steps (and two saves), between
   // the collective of its third step and that step's save.
   {
-    Trainer t;
     RuntimeOptions o = Options(dir / "ckpt", dir / "store", &clock, &log, "r2", 1, 3, false);
     o.ckpt_every = 1;
-    auto rt = Runtime::Create(o);
-    ASSERT_TRUE(rt.ok()) << rt.status();
-    ASSERT_TRUE((*rt)->Register("model", &t.w_state).ok());
-    ASSERT_TRUE((*rt)->Register("counter", &t.counter_state, StateScope::kPerReplica).ok());
-    ASSERT_TRUE((*rt)->Start().ok());
-    for (int s = 0; s < 3; ++s) {
-      ASSERT_TRUE((*rt)->BeginStep().ok());
-      float g = static_cast<float>((*rt)->step() + t.counter[0] % 97);
-      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok());
-      if (s == 2) break;
-      absl::StatusOr<Decision> d = (*rt)->EndStep();
-      ASSERT_TRUE(d.ok()) << d.status();
-    }
-  }  // destroyed: its heartbeats stop and its connections close
+    TrainThenVanish(o, 2);
+  }
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < 2; ++i) EXPECT_EQ(out[i].final_step, kTotal) << i;
   EXPECT_EQ(out[0].w, out[1].w);
@@ -356,22 +365,7 @@ TEST(RuntimeSharedCheckpoint, SurvivorsOlderThanTheNewestCheckpointCatchUpWithIt
         Options(dir / "ckpt", dir / "store", &clock, &log, "r" + std::to_string(i), 1, 3, false);
     threads.emplace_back(Train, o, kTotal, &clock, -1, kInstant, &out[i]);
   }
-  {
-    Trainer t;
-    RuntimeOptions o = Options(dir / "ckpt", dir / "store", &clock, &log, "r2", 1, 3, false);
-    auto rt = Runtime::Create(o);
-    ASSERT_TRUE(rt.ok()) << rt.status();
-    ASSERT_TRUE((*rt)->Register("model", &t.w_state).ok());
-    ASSERT_TRUE((*rt)->Register("counter", &t.counter_state, StateScope::kPerReplica).ok());
-    ASSERT_TRUE((*rt)->Start().ok());
-    for (int s = 0; s < 3; ++s) {
-      ASSERT_TRUE((*rt)->BeginStep().ok());
-      float g = static_cast<float>((*rt)->step() + t.counter[0] % 97);
-      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok());
-      if (s == 2) break;
-      absl::StatusOr<Decision> d = (*rt)->EndStep();
-      ASSERT_TRUE(d.ok()) << d.status();
-    }
+  TrainThenVanish(Options(dir / "ckpt", dir / "store", &clock, &log, "r2", 1, 3, false), 2, [&] {
     const std::filesystem::path to(dir / "ckpt");
     for (const auto& e : std::filesystem::directory_iterator(earlier / "ckpt")) {
       const std::string name = e.path().filename().string();
@@ -380,7 +374,7 @@ TEST(RuntimeSharedCheckpoint, SurvivorsOlderThanTheNewestCheckpointCatchUpWithIt
                             std::filesystem::copy_options::recursive);
       std::filesystem::rename(to / (".incoming-" + name), to / name);
     }
-  }  // r2 destroyed: its heartbeats stop and its connections close
+  });
   for (std::thread& t : threads) t.join();
   EXPECT_TRUE(log.Has("caught up with the checkpoint of step " + std::to_string(saved)));
   for (int i = 0; i < 2; ++i) {
