@@ -74,26 +74,24 @@ absl::StatusOr<std::optional<int64_t>> JobSaves::CatchUp(int64_t step, ElasticGr
                                                          const StateRegistry& replicated,
                                                          const StateRegistry& per_replica,
                                                          const std::string& self_id) {
-  // The newest valid checkpoint this replica sees (-1: none, or the
-  // directory could not be listed: another replica's view decides).
+  // The newest valid checkpoint this replica sees (List: newest first; -1:
+  // none, or the directory could not be listed: another replica's view
+  // decides).
   int64_t newest = -1;
-  if (absl::StatusOr<std::vector<CheckpointInfo>> list = mgr_->List(); list.ok()) {
-    for (const CheckpointInfo& c : *list) newest = std::max(newest, c.step);
-  } else {
+  if (absl::StatusOr<std::vector<CheckpointInfo>> list = mgr_->List(); !list.ok()) {
     log_(absl::StrCat("could not list the checkpoints: ", list.status().ToString()));
+  } else if (!list->empty()) {
+    newest = list->front().step;
   }
-  // One collective: the maximum of (newest, dev, ino, -dev, -ino) over the
-  // replicas gives the newest step and says whether all use this directory.
-  const auto dev = static_cast<int64_t>(dev_ & 0x3fffffffffffffffull);
-  const auto ino = static_cast<int64_t>(ino_ & 0x3fffffffffffffffull);
-  std::vector<int64_t> v = {newest, dev, ino, -dev, -ino};
+  // One collective: the maximum of (dev, ino, -dev, -ino, newest) over the
+  // replicas says whether all use this directory and gives the newest step.
+  std::vector<int64_t> v = {dev_, ino_, -dev_, -ino_, newest};
   if (auto st = group.AllReduce(v.data(), v.size(), DType::kI64, ReduceOp::kMax); !st.ok()) {
     return absl::AbortedError(absl::StrCat(
         "the replicas could not compare their state with the checkpoints: ", st.ToString()));
   }
-  const bool shared = v[1] == -v[3] && v[2] == -v[4];
-  if (!shared || v[0] <= step) return std::nullopt;
-  const int64_t target = v[0];
+  if (!SameDirectory(v) || v[4] <= step) return std::nullopt;
+  const int64_t target = v[4];
   absl::StatusOr<CheckpointManager::RestoreResult> r = mgr_->RestoreReplicated(replicated, target);
   if (!r.ok()) {
     return absl::Status(r.status().code(), absl::StrCat("catching up with the checkpoint of step ",
@@ -118,9 +116,7 @@ absl::StatusOr<JobSaveStats> JobSaves::SaveTogether(
   if (::getrandom(&nonce, sizeof(nonce), 0) != static_cast<ssize_t>(sizeof(nonce))) {
     nonce = static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull;
   }
-  const auto dev = static_cast<int64_t>(dev_ & 0x3fffffffffffffffull);
-  const auto ino = static_cast<int64_t>(ino_ & 0x3fffffffffffffffull);
-  std::vector<int64_t> v = {dev, ino, -dev, -ino,
+  std::vector<int64_t> v = {dev_, ino_, -dev_, -ino_,
                             -static_cast<int64_t>(nonce & 0x3fffffffffffffffull)};
   if (auto st = group.AllReduce(v.data(), v.size(), DType::kI64, ReduceOp::kMin); !st.ok()) {
     // Aborted whatever the collective's code: a peer is gone, nothing was
@@ -128,8 +124,7 @@ absl::StatusOr<JobSaveStats> JobSaves::SaveTogether(
     return absl::AbortedError(absl::StrCat(
         "checkpoint step ", step, ": the replicas could not agree on the save: ", st.ToString()));
   }
-  const bool shared = v[0] == -v[2] && v[1] == -v[3];
-  if (!shared) {
+  if (!SameDirectory(v)) {
     if (!told_separate_) {
       log_(
           "the replicas use different checkpoint directories: each saves its own checkpoints "

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "omni/elastic.h"
@@ -74,11 +75,21 @@ class JobSaves {
 
  private:
   JobSaves(std::unique_ptr<JobCheckpointManager> mgr, Log log, dev_t dev, ino_t ino)
-      : mgr_(std::move(mgr)), log_(std::move(log)), dev_(dev), ino_(ino) {}
+      : mgr_(std::move(mgr)),
+        log_(std::move(log)),
+        dev_(static_cast<int64_t>(dev & 0x3fffffffffffffffull)),
+        ino_(static_cast<int64_t>(ino & 0x3fffffffffffffffull)) {}
+  // After a min or max reduction of {dev_, ino_, -dev_, -ino_, ...} over
+  // the replicas: whether all of them use this directory (each pair still
+  // opposite).
+  static bool SameDirectory(const std::vector<int64_t>& reduced) {
+    return reduced[0] == -reduced[2] && reduced[1] == -reduced[3];
+  }
   std::unique_ptr<JobCheckpointManager> mgr_;
   Log log_;
-  dev_t dev_;
-  ino_t ino_;
+  // The directory's device and inode, as non-negative int64s for a
+  // collective.
+  const int64_t dev_, ino_;
   bool told_separate_ = false;
 };
 
