@@ -591,7 +591,10 @@ absl::StatusOr<JobSaveStats> JobCheckpointManagerImpl::Save(int64_t step, const 
       return stats;
     }
   }
-  if (!absl::IsAborted(st) && absl::IsNotFound(fs_.Stat(dir_.get(), tmp_name, tmp).status())) {
+  struct stat held;
+  if (!absl::IsAborted(st) && ::fstat(tmp_fd->get(), &held) == 0 && held.st_nlink == 0) {
+    // (The name may exist again: a later save of the same step made a new
+    // directory there. The one this save holds open is unlinked.)
     // The save's directory is gone: the others gave this save up and a later
     // save removed it (RemoveStaleTmpDirs) while this replica was held up
     // (frozen, descheduled). Nothing of it can land: abandoned, as when a
