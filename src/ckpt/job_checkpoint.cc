@@ -591,10 +591,13 @@ absl::StatusOr<JobSaveStats> JobCheckpointManagerImpl::Save(int64_t step, const 
       return stats;
     }
   }
-  struct stat held;
-  if (!absl::IsAborted(st) && ::fstat(tmp_fd->get(), &held) == 0 && held.st_nlink == 0) {
-    // (The name may exist again: a later save of the same step made a new
-    // directory there. The one this save holds open is unlinked.)
+  // (The name may exist again: a later save of the same step made a new
+  // directory there. The one this save holds open is unlinked.)
+  const auto unlinked = [&] {
+    const absl::StatusOr<FileStat> held = fs_.Stat(tmp_fd->get(), "", tmp);
+    return held.ok() && held->links == 0;
+  };
+  if (!absl::IsAborted(st) && unlinked()) {
     // The save's directory is gone: the others gave this save up and a later
     // save removed it (RemoveStaleTmpDirs) while this replica was held up
     // (frozen, descheduled). Nothing of it can land: abandoned, as when a

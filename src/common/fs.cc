@@ -212,13 +212,15 @@ class RealFs final : public FileSystem {
   absl::StatusOr<FileStat> Stat(int dir, const std::string& name,
                                 const std::string& path) override {
     struct stat st;
-    if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    const int flags = name.empty() ? AT_EMPTY_PATH : AT_SYMLINK_NOFOLLOW;
+    if (::fstatat(dir, name.c_str(), &st, flags) != 0) {
       return ErrnoStatus(errno, absl::StrCat("stat ", path));
     }
     FileStat out;
     out.type = TypeOf(st.st_mode);
     out.size = static_cast<uint64_t>(st.st_size);
     out.mtime = st.st_mtim;
+    out.links = static_cast<uint64_t>(st.st_nlink);
     return out;
   }
   absl::Status Write(int fd, const void* data, size_t n, uint64_t offset,

@@ -94,6 +94,7 @@ struct FileStat {
   FileType type = FileType::kOther;
   uint64_t size = 0;
   struct timespec mtime = {};
+  uint64_t links = 0;  // hard links: 0 once an open entry was removed
 };
 
 class FileSystem {
@@ -110,7 +111,9 @@ class FileSystem {
   // Opens the existing regular file `name` read-only.
   virtual absl::StatusOr<Fd> OpenRead(int dir, const std::string& name,
                                       const std::string& path) = 0;
-  // The entry `name` itself (a symbolic link is reported as one).
+  // The entry `name` itself (a symbolic link is reported as one); with an
+  // empty `name`, the open file or directory `dir` (which may have been
+  // removed meanwhile: links 0).
   virtual absl::StatusOr<FileStat> Stat(int dir, const std::string& name,
                                         const std::string& path) = 0;
   // Full positional write (retries short writes and EINTR).

@@ -196,6 +196,28 @@ void CrashAtEveryOperation(const ckpt::DirectIoOptions& direct) {
   EXPECT_GT(saved_then_crashed, 0);
 }
 
+// The seam tells an open directory that was removed meanwhile (links 0)
+// from a new one made under its name: a save held up while the others gave
+// it up (job_checkpoint.cc) asks it so.
+TEST(FileSystemSeam, StatOfAnOpenDirectoryTellsItWasRemovedEvenWhenItsNameIsMadeAgain) {
+  TempDir dir;
+  internal::FileSystem& real = internal::RealFileSystem();
+  const std::string path = dir / "held";
+  ASSERT_TRUE(real.Mkdir(AT_FDCWD, path, path).ok());
+  absl::StatusOr<internal::Fd> held = real.OpenDir(AT_FDCWD, path, path);
+  ASSERT_TRUE(held.ok()) << held.status();
+  absl::StatusOr<internal::FileStat> st = real.Stat(held->get(), "", path);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->type, internal::FileType::kDirectory);
+  EXPECT_GE(st->links, 2U);
+  ASSERT_TRUE(real.Remove(AT_FDCWD, path, /*directory=*/true, path).ok());
+  ASSERT_TRUE(real.Mkdir(AT_FDCWD, path, path).ok());  // the name, made again
+  st = real.Stat(held->get(), "", path);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->links, 0U);
+  EXPECT_GE(real.Stat(AT_FDCWD, path, path)->links, 2U);
+}
+
 TEST(CheckpointFaults, EveryOperationOfASaveFailingWithEioOrEnospcKeepsEveryCheckpoint) {
   FailEveryOperation(ckpt::DirectIoOptions());
 }
