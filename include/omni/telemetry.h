@@ -128,6 +128,13 @@ class OMNI_EXPORT Telemetry {
   // InvalidArgument when `phase` is not the innermost open phase (phases must
   // nest); the open phases are left as they were.
   virtual absl::Status EndPhase(PhaseId phase) = 0;
+  // Ends `phase`, as EndPhase does, but records it as `recorded_as`: for a
+  // phase found to be something else only at its end (a save abandoned
+  // because another replica failed is recorded as host-side time, so that
+  // the save bound learns from saves only). A live window notice opened for
+  // `phase` is closed as for EndPhase. Errors as EndPhase's, and
+  // InvalidArgument for an unknown `recorded_as`.
+  virtual absl::Status EndPhaseAs(PhaseId phase, PhaseId recorded_as) = 0;
   // A phase measured elsewhere (e.g. with device events) that ended now and
   // lasted `seconds`. InvalidArgument for a non-finite or negative duration or
   // one longer than the time since the step (or enclosing phase) began.
@@ -205,6 +212,11 @@ class PhaseScope {
   }
   ~PhaseScope() {
     if (ok_) t_.EndPhase(phase_).IgnoreError();
+  }
+  // Ends the phase now, recorded as `recorded_as` (Telemetry::EndPhaseAs).
+  void EndAs(PhaseId recorded_as) {
+    if (ok_) t_.EndPhaseAs(phase_, recorded_as).IgnoreError();
+    ok_ = false;
   }
   PhaseScope(const PhaseScope&) = delete;
   PhaseScope& operator=(const PhaseScope&) = delete;

@@ -389,6 +389,13 @@ class Telemetry(_ClosingContext):
         (``ValueError`` otherwise; the open phases are left as they were)."""
         self._c.end_phase(phase)
 
+    def end_phase_as(self, phase: Phase, recorded_as: Phase) -> None:
+        """Ends ``phase`` as :meth:`end_phase` does, recorded as the phase
+        ``recorded_as``: for a phase found to be something else only at its
+        end (a save abandoned because another replica failed is host-side
+        time, not a save, and must not teach the save bound)."""
+        self._c.end_phase_as(phase, recorded_as)
+
     def record_phase(self, phase: Phase, seconds: float) -> None:
         """Records a phase measured elsewhere (e.g. with CUDA events) that
         ended now and lasted ``seconds``. ``ValueError`` for a non-finite or

@@ -245,6 +245,11 @@ class PyTelemetry final : public Closeable {
     const omni::PhaseId id = ResolvePhase(phase);
     ThrowIfError(CallHook([&] { return tel().EndPhase(id); }));
   }
+  void EndPhaseAs(py::handle phase, py::handle recorded_as) {
+    const omni::PhaseId id = ResolvePhase(phase);
+    const omni::PhaseId as = ResolvePhase(recorded_as);
+    ThrowIfError(CallHook([&] { return tel().EndPhaseAs(id, as); }));
+  }
   void RecordPhase(py::handle phase, double seconds) {
     const omni::PhaseId id = ResolvePhase(phase);
     ThrowIfError(CallHook([&] { return tel().RecordPhase(id, seconds); }));
@@ -507,6 +512,9 @@ void DefineTelemetry(py::module_& m) {
       .def("end_step", &PyTelemetry::EndStep)
       .def("begin_phase", &PyTelemetry::BeginPhase, py::arg("phase"))
       .def("end_phase", &PyTelemetry::EndPhase, py::arg("phase"))
+      .def("end_phase_as", &PyTelemetry::EndPhaseAs, py::arg("phase"), py::arg("recorded_as"),
+           "Ends the innermost open phase, recorded as another phase (e.g. a save that was "
+           "abandoned: host-side time, not a save).")
       .def("record_phase", &PyTelemetry::RecordPhase, py::arg("phase"), py::arg("seconds"))
       .def("flush", &PyTelemetry::Flush, py::arg("timeout_s") = 30.0)
       .def("snapshot", [](const PyTelemetry& t) { return JsonLoads(t.Snapshot().ToJson()); })

@@ -115,6 +115,31 @@ def test_record_phase_adds_a_phase_measured_elsewhere(make_telemetry, clock):
     assert row(snap, "uncovered")["mean_ms"] == 5.0
 
 
+def test_end_phase_as_records_a_save_found_abandoned_as_host_side_time(make_telemetry, clock):
+    tel = make_telemetry(**NO_WARMUP)
+    tel.register_phase("save_abandoned", idle="host_side")
+    for i in range(4):
+        with tel.step():
+            tel.begin_phase(omni.CHECKPOINT)
+            clock.advance(3.0 if i == 2 else 0.015)
+            if i == 2:  # another replica died during this save
+                tel.end_phase_as(omni.CHECKPOINT, "save_abandoned")
+            else:
+                tel.end_phase(omni.CHECKPOINT)
+    tel.flush()
+    snap = tel.snapshot()
+    assert (row(snap, "checkpoint")["count"], row(snap, "checkpoint")["max_ms"]) == (3, 15.0)
+    assert row(snap, "save_abandoned")["max_ms"] == 3000.0
+    assert row(snap, "save_abandoned")["idle_kind"] == "host_side"
+    with tel.step():
+        tel.begin_phase(omni.CHECKPOINT)
+        with pytest.raises(ValueError, match="not registered"):
+            tel.end_phase_as(omni.CHECKPOINT, "nope")
+        with pytest.raises(ValueError, match="innermost open phase is checkpoint"):
+            tel.end_phase_as(omni.COMPUTE, "save_abandoned")
+        tel.end_phase(omni.CHECKPOINT)
+
+
 def test_user_phases_are_registered_by_name_and_used_by_name_or_id(make_telemetry, clock):
     tel = make_telemetry(**NO_WARMUP)
     loss_id = tel.register_phase("loss_logging", idle="host_side")

@@ -166,6 +166,9 @@ class RuntimeImpl final : public Runtime {
   Store* store_ = nullptr;
   std::unique_ptr<PreemptionMonitor> monitor_;
   std::unique_ptr<Telemetry> tel_;
+  // A save abandoned because another replica failed: host-side time in the
+  // telemetry, not a checkpoint phase (the save bound learns from saves).
+  PhaseId save_abandoned_ = phase::kCheckpoint;
   std::unique_ptr<CheckpointManager> ckpt_;
   // Elastic mode: job-level checkpoints in a directory the replicas share
   // (instead of ckpt_).
@@ -275,6 +278,9 @@ absl::Status RuntimeImpl::Init() {
   absl::StatusOr<std::unique_ptr<Telemetry>> tel = Telemetry::Create(to, o_.clock);
   if (!tel.ok()) return tel.status();
   tel_ = *std::move(tel);
+  absl::StatusOr<PhaseId> abandoned = tel_->RegisterPhase("save_abandoned", IdleKind::kHostSide);
+  if (!abandoned.ok()) return abandoned.status();
+  save_abandoned_ = *abandoned;
   if (!o_.forecast_path.empty()) {
     absl::StatusOr<std::unique_ptr<ForecastSink>> sink = MakeFileSink(o_.forecast_path);
     if (!sink.ok()) return sink.status();
@@ -607,6 +613,7 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
       // Another replica failed (died, or could not write): this checkpoint
       // is abandoned, the previous one stays; the group recovers at the
       // next collective.
+      p.EndAs(save_abandoned_);
       Log(absl::StrCat("checkpoint of step ", step_, " abandoned: ", st.message(),
                        "; the previous checkpoint stays"));
     } else if (!st.ok()) {
@@ -730,6 +737,10 @@ absl::StatusOr<Decision> RuntimeImpl::Stop(int64_t step, const BoundaryDecision&
         // A replica died during the job-wide save: each survivor saves
         // alone (the replicated state is the same on all of them).
         Log(absl::StrCat("job-level save failed (", st.message(), "); saving this replica alone"));
+        if (p.has_value()) {
+          p->EndAs(save_abandoned_);
+          p.emplace(*tel_, phase::kCheckpoint);
+        }
         st = Save(/*background=*/false, /*alone=*/true);
       }
       if (!st.ok()) return st;

@@ -211,6 +211,20 @@ class TelemetryImpl final : public Telemetry {
     return absl::OkStatus();
   }
 
+  absl::Status EndPhaseAs(PhaseId phase, PhaseId recorded_as) override {
+    if (auto st = CheckPhaseCall("EndPhaseAs", recorded_as); !st.ok()) return st;
+    const int64_t now = clock_->NowNanos();
+    if (!PhaseCallOk(phase) || depth_ == 0 || open_phase_[depth_ - 1] != phase) {
+      return EndPhaseError(phase);
+    }
+    if (const uint16_t idx = open_span_[depth_ - 1]; idx != kNoSpan) {
+      cur_->spans[idx].phase = recorded_as;
+    }
+    CloseSpan(now);
+    UpdateWindow(now);
+    return absl::OkStatus();
+  }
+
   ABSL_ATTRIBUTE_NOINLINE ABSL_ATTRIBUTE_COLD absl::Status BeginStepError(int64_t step) {
     if (closed_.load(std::memory_order_relaxed)) return Misuse(Closed("BeginStep"));
     if (step_open_) {

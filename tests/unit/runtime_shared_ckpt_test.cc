@@ -20,6 +20,8 @@
 #include "omni/config.h"
 #include "omni/runtime.h"
 #include "omni/state.h"
+#include "omni/stats.h"
+#include "omni/telemetry.h"
 #include "temp_dir.h"
 
 namespace omni {
@@ -92,6 +94,8 @@ struct Outcome {
   std::vector<float> w;
   int64_t counter = 0;
   std::vector<CheckpointInfo> list;
+  // The telemetry's saves: the checkpoint phase's, and the abandoned ones'.
+  StatsSnapshot::Row save, abandoned;
 };
 
 // Trains to `total` or a kSaveAndExit; the monitored replica gets a notice
@@ -137,6 +141,11 @@ void Train(RuntimeOptions o, int64_t total, FakeClock* clock, int64_t notice_at,
   absl::StatusOr<std::vector<CheckpointInfo>> list = rt.job_checkpoints()->List();
   ASSERT_TRUE(list.ok()) << list.status();
   out->list = *list;
+  ASSERT_TRUE(rt.telemetry().Flush().ok());
+  for (const StatsSnapshot::Row& row : rt.telemetry().Snapshot().rows) {
+    if (row.name == "checkpoint") out->save = row;
+    if (row.name == "save_abandoned") out->abandoned = row;
+  }
   EXPECT_TRUE(rt.Finish().ok());
 }
 
@@ -313,6 +322,8 @@ TEST(RuntimeSharedCheckpoint, AReplicaLostAtASaveBoundaryAbandonsThatSaveAndTheS
     RuntimeOptions o =
         Options(dir / "ckpt", dir / "store", &clock, &log, "r" + std::to_string(i), 1, 3, false);
     o.ckpt_every = 1;
+    o.telemetry.stats.warmup.min_steps = 0;  // every save in the statistics
+    o.telemetry.stats.warmup.max_steps = 0;
     threads.emplace_back(Train, o, kTotal, &clock, -1, kInstant, &out[i]);
   }
   // A third replica that disappears after two steps (and two saves), between
@@ -330,6 +341,13 @@ TEST(RuntimeSharedCheckpoint, AReplicaLostAtASaveBoundaryAbandonsThatSaveAndTheS
   EXPECT_EQ(out[0].list[0].world_size, 2) << "the survivors save together";
   for (const CheckpointInfo& c : out[0].list) EXPECT_TRUE(VerifyJobCheckpoint(c.path).ok());
   EXPECT_TRUE(log.Has("checkpoint of step 3 abandoned")) << "the save boundary saw the loss";
+  // The abandoned save's time (until the loss was seen) is host-side time
+  // in the telemetry, not a save's: the save bound learns from saves only.
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(out[i].abandoned.summary.count, 1) << i;
+    EXPECT_EQ(out[i].abandoned.idle_kind, "host_side") << i;
+    EXPECT_EQ(out[i].save.summary.count, kTotal - 1) << i << ": the saves of steps 1-2 and 4-8";
+  }
 }
 
 // Every replica that held the newest state is gone, and none was restarted

@@ -190,6 +190,53 @@ TEST(Telemetry, MisuseReturnsErrorsAndTelemetryKeepsWorking) {
   EXPECT_EQ(t.BeginStep(5).code(), absl::StatusCode::kFailedPrecondition);  // after Close
 }
 
+// A phase found to be something else only at its end (a save abandoned
+// because another replica failed) is recorded as the phase it was: its
+// time leaves the save bound, which the saves alone make.
+TEST(Telemetry, APhaseEndedAsAnotherIsRecordedAsThatPhaseAndLeavesTheSaveBound) {
+  FakeClock clock;
+  auto tel = Telemetry::Create(testing::FastTelemetryOptions(), &clock);
+  ASSERT_TRUE(tel.ok()) << tel.status();
+  Telemetry& t = **tel;
+  absl::StatusOr<PhaseId> abandoned = t.RegisterPhase("save_abandoned", IdleKind::kHostSide);
+  ASSERT_TRUE(abandoned.ok()) << abandoned.status();
+  for (int i = 0; i < 12; ++i) {
+    RunStep(t, clock, 20);
+    StepScope step(t);
+    PhaseScope save(t, phase::kCheckpoint);
+    if (i == 6) {
+      clock.Advance(milliseconds(3000));  // waited for a replica that had died
+      save.EndAs(*abandoned);
+    } else {
+      clock.Advance(milliseconds(15));
+    }
+  }
+  ASSERT_TRUE(t.Flush().ok());
+  const StatsSnapshot s = t.Snapshot();
+  ASSERT_NE(FindRow(s, "checkpoint"), nullptr);
+  EXPECT_EQ(FindRow(s, "checkpoint")->summary.count, 11);
+  EXPECT_DOUBLE_EQ(FindRow(s, "checkpoint")->summary.max, 15e6);
+  ASSERT_NE(FindRow(s, "save_abandoned"), nullptr);
+  EXPECT_EQ(FindRow(s, "save_abandoned")->summary.count, 1);
+  EXPECT_EQ(FindRow(s, "save_abandoned")->idle_kind, "host_side");
+  absl::StatusOr<StepBound> b = t.SaveBound();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_LT(b->hi_ns, 100'000'000) << "the abandoned save's 3 s is not a save's time";
+  EXPECT_GE(b->hi_ns, 15'000'000);
+
+  // Errors as EndPhase's, and for an unknown phase to record it as; the
+  // phase stays open after them.
+  ASSERT_TRUE(t.BeginStep().ok());
+  ASSERT_TRUE(t.BeginPhase(phase::kCheckpoint).ok());
+  EXPECT_EQ(t.EndPhaseAs(phase::kCheckpoint, 200).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.EndPhaseAs(phase::kCompute, *abandoned).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(t.EndPhaseAs(phase::kCheckpoint, *abandoned).ok());
+  EXPECT_EQ(t.EndPhaseAs(phase::kCheckpoint, *abandoned).code(), absl::StatusCode::kInvalidArgument)
+      << "no phase is open";
+  EXPECT_TRUE(t.EndStep().ok());
+  EXPECT_TRUE(t.Close().ok());
+}
+
 TEST(Telemetry, DropsStepsWhenTheWorkerIsBehindAndCountsThem) {
   FakeClock clock;
   TelemetryOptions o = testing::FastTelemetryOptions();
