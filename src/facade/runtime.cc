@@ -168,7 +168,10 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<Telemetry> tel_;
   // A save abandoned because another replica failed: host-side time in the
   // telemetry, not a checkpoint phase (the save bound learns from saves).
-  PhaseId save_abandoned_ = phase::kCheckpoint;
+  // Registered at the first one, so that a job without one logs no phase
+  // for it.
+  std::optional<PhaseId> save_abandoned_;
+  PhaseId SaveAbandonedPhase();
   std::unique_ptr<CheckpointManager> ckpt_;
   // Elastic mode: job-level checkpoints in a directory the replicas share
   // (instead of ckpt_).
@@ -278,9 +281,6 @@ absl::Status RuntimeImpl::Init() {
   absl::StatusOr<std::unique_ptr<Telemetry>> tel = Telemetry::Create(to, o_.clock);
   if (!tel.ok()) return tel.status();
   tel_ = *std::move(tel);
-  absl::StatusOr<PhaseId> abandoned = tel_->RegisterPhase("save_abandoned", IdleKind::kHostSide);
-  if (!abandoned.ok()) return abandoned.status();
-  save_abandoned_ = *abandoned;
   if (!o_.forecast_path.empty()) {
     absl::StatusOr<std::unique_ptr<ForecastSink>> sink = MakeFileSink(o_.forecast_path);
     if (!sink.ok()) return sink.status();
@@ -613,7 +613,7 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
       // Another replica failed (died, or could not write): this checkpoint
       // is abandoned, the previous one stays; the group recovers at the
       // next collective.
-      p.EndAs(save_abandoned_);
+      p.EndAs(SaveAbandonedPhase());
       Log(absl::StrCat("checkpoint of step ", step_, " abandoned: ", st.message(),
                        "; the previous checkpoint stays"));
     } else if (!st.ok()) {
@@ -738,7 +738,7 @@ absl::StatusOr<Decision> RuntimeImpl::Stop(int64_t step, const BoundaryDecision&
         // alone (the replicated state is the same on all of them).
         Log(absl::StrCat("job-level save failed (", st.message(), "); saving this replica alone"));
         if (p.has_value()) {
-          p->EndAs(save_abandoned_);
+          p->EndAs(SaveAbandonedPhase());
           p.emplace(*tel_, phase::kCheckpoint);
         }
         st = Save(/*background=*/false, /*alone=*/true);
@@ -761,6 +761,19 @@ absl::StatusOr<Decision> RuntimeImpl::Stop(int64_t step, const BoundaryDecision&
         out.exit_code));
   }
   return out;
+}
+
+PhaseId RuntimeImpl::SaveAbandonedPhase() {
+  if (!save_abandoned_.has_value()) {
+    absl::StatusOr<PhaseId> id = tel_->RegisterPhase("save_abandoned", IdleKind::kHostSide);
+    if (!id.ok()) {
+      // (The name taken with another idle kind, or the catalog full.)
+      Log(absl::StrCat("telemetry: abandoned saves are recorded as host time: ",
+                       id.status().ToString()));
+    }
+    save_abandoned_ = id.ok() ? *id : phase::kHost;
+  }
+  return *save_abandoned_;
 }
 
 absl::StatusOr<bool> RuntimeImpl::CatchUpWithCheckpoints() {
