@@ -1300,6 +1300,42 @@ TEST(Forecaster, AfterARuleFailedANewOneMustExplainOneMoreOccurrence) {
   }
 }
 
+// Saves of 90-130 ms (declared every 20 steps), one of 260 ms the first
+// after a regime change (the steps slowed from 80 to 128 ms): one or two
+// lengths of the new regime show little of the spread, and the next save
+// is claimed for no more than all of its lengths give (a recording's saves
+// of 8-13 ms and one of 25.8 after a change: 21.1 ms claimed, 10.5 taken).
+TEST(Forecaster, AnEventsFewLengthsAfterARegimeChangeClaimNoMoreThanAllOfItsLengths) {
+  ForecastOptions o = Opts(4000);
+  o.checkpoint = PeriodicEvent{20, 19, 0};
+  Forecaster fc = Make(o);
+  const int64_t lengths[] = {100, 120, 90, 130, 110, 95, 125, 105, 115, 100};
+  int64_t t = 0;
+  int saves = 0;
+  for (int i = 0; i < 300; ++i) {
+    const int64_t dw = i < 220 ? 20 : 68;  // the steps slow down at 220
+    const bool save = i % 20 == 19;
+    if (!save) {
+      Feed(fc, Step(i, t, dw));
+      t += dw + 60;
+      continue;
+    }
+    const int64_t len = i == 239 ? 260 : lengths[saves++ % 10];
+    Feed(fc, MakeStep(i, t, dw + 60 + len,
+                      {{phase::kDataWait, 0, dw},
+                       {phase::kCompute, dw, dw + 50},
+                       {phase::kOptimizer, dw + 50, dw + 60},
+                       {phase::kCheckpoint, dw + 60, dw + 60 + len}}));
+    t += dw + 60 + len;
+    if (i == 239) {
+      const int64_t claimed = GuaranteedAt(fc, t, IdleKind::kCheckpoint, 259);
+      EXPECT_GT(claimed, 0);
+      EXPECT_LE(claimed, 90 * kMs) << "no more than the saves of 90-130 ms give";
+    }
+  }
+  EXPECT_EQ(fc.regime_changes(), 1);
+}
+
 // A declared checkpoint measured once, at its first occurrence. In a job
 // that started cold (its first step 3x the others: allocation, kernels) that
 // checkpoint may have run cold as well, and the second is claimed for at
