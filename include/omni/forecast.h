@@ -78,10 +78,19 @@ namespace omni {
 // would be claimed): declare the time the devices are idle in it (an eval
 // that runs forward passes inside its phase declares its time without them,
 // or 0), or the first occurrence's claim may outlast its idle time.
+//
+// Or by wall time (every_ns > 0, every_steps 0): the event comes in the
+// first step whose training work ends at least every_ns after the last
+// occurrence began (the job checks a timer at each step boundary and
+// restarts it as the event begins: omni::Runtime's ckpt_every_time in one
+// process). Its steps follow no step rule, and none is learned for it; from
+// its first occurrence on, the step of the next is forecast where the
+// steps' lengths make it sure (a far-ahead window is not published).
 struct PeriodicEvent {
   int64_t every_steps = 0;
   int64_t offset = 0;
   int64_t expected_ns = 0;
+  int64_t every_ns = 0;
   bool OccursAt(int64_t step) const {
     return every_steps > 0 && step >= 0 && step % every_steps == offset;
   }

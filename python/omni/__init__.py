@@ -255,7 +255,9 @@ class Telemetry(_ClosingContext):
       ``max_windows``, ``publish_interval_s`` (0 = after every step);
     - declared periodic events: ``checkpoint_every``, ``checkpoint_offset``,
       ``checkpoint_expected_s``, ``eval_every``, ``eval_offset``,
-      ``eval_expected_s``;
+      ``eval_expected_s``; or by wall time, ``checkpoint_every_s`` /
+      ``eval_every_s`` (the event in the first step whose work ends that
+      long after the last one began; not with ``*_every``);
     - pipeline schedule: ``pipeline_stages``, ``pipeline_micro_batches``,
       ``pipeline_stage``, ``pipeline_backward_over_forward``;
     - exports: ``step_log`` (JSON Lines path), ``trace`` (Chrome trace /

@@ -75,6 +75,7 @@ py::dict EventDict(const omni::PeriodicEvent& event) {
   d["every"] = event.every_steps;
   d["offset"] = event.offset;
   d["expected_s"] = NanosToSeconds(event.expected_ns);
+  d["every_s"] = NanosToSeconds(event.every_ns);
   return d;
 }
 

@@ -66,6 +66,9 @@ def test_default_options_list_every_option_the_constructor_takes():
         (dict(publish_interval_s=math.inf), "publish_interval_s"),
         (dict(pipeline_stages=2, pipeline_stage=2), "stage"),
         (dict(checkpoint_every=10, checkpoint_offset=10), "offset"),
+        (dict(checkpoint_every=10, checkpoint_offset=9, checkpoint_every_s=60.0),
+         "by steps or by wall time"),
+        (dict(eval_every_s=-1.0), "eval_every_s"),
     ],
 )
 def test_bad_options_raise_value_error_naming_the_option(clock, options, message):

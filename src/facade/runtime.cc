@@ -274,9 +274,19 @@ absl::Status RuntimeImpl::Init() {
   // the step log's header), unless the caller declared one: its save runs
   // inside step N·ckpt_every − 1 (EndStep), its length is learned.
   PeriodicEvent& declared = to.forecast.checkpoint;
-  if (!o_.ckpt_dir.empty() && o_.ckpt_every > 0 && declared.every_steps == 0) {
+  const bool undeclared = declared.every_steps == 0 && declared.every_ns == 0;
+  if (!o_.ckpt_dir.empty() && o_.ckpt_every > 0 && undeclared) {
     declared.every_steps = o_.ckpt_every;
     declared.offset = o_.ckpt_every - 1;
+  }
+  // By wall time, alone: the save comes in the first step whose boundary is
+  // ckpt_every_time after the last save began (the timer restarts at the
+  // boundary, just before it). In a group the replicas agree on the
+  // boundary after the next step from the first due one's: the forecaster
+  // learns that from the log.
+  if (!o_.ckpt_dir.empty() && o_.ckpt_every_time > absl::ZeroDuration() && store_ == nullptr &&
+      undeclared) {
+    declared.every_ns = absl::ToInt64Nanoseconds(o_.ckpt_every_time);
   }
   absl::StatusOr<std::unique_ptr<Telemetry>> tel = Telemetry::Create(to, o_.clock);
   if (!tel.ok()) return tel.status();

@@ -25,6 +25,15 @@ absl::Status CheckEvent(const PeriodicEvent& e, const char* name) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": every_steps, offset and expected_ns must not be negative"));
   }
+  if (e.every_ns < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": every_ns must not be negative, got ", e.every_ns));
+  }
+  if (e.every_ns > 0 && e.every_steps > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": every_steps ", e.every_steps, " and every_ns ", e.every_ns,
+                     " both declared; an event comes by steps or by wall time, not both"));
+  }
   if (e.every_steps > 0 && e.offset >= e.every_steps) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": offset ", e.offset, " must be below every_steps ", e.every_steps));
@@ -116,8 +125,7 @@ Forecaster::Impl::Impl(const ForecastOptions& o)
 }
 
 bool Forecaster::Impl::EventAt(IdleKind kind, int64_t step) const {
-  const PeriodicEvent& declared = kind == IdleKind::kCheckpoint ? opt_.checkpoint : opt_.eval;
-  if (declared.OccursAt(step)) return true;
+  if (DeclaredEvent(kind).OccursAt(step)) return true;
   const Occurrences& o = occ_[SlotKey(kind, 0)];
   return (o.rule_valid && o.rule.OccursAt(step)) || (o.wall_step >= 0 && o.wall_step == step) ||
          o.InRun(step, last_step_);
@@ -303,6 +311,9 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
       for (const StepObs& h : hist_) present += h.Find(key) != nullptr ? 1 : 0;
       if (2 * present >= static_cast<int>(hist_.size())) o.rule = {};
     }
+    // An event declared by wall time follows no step rule: its spacing in
+    // steps wanders with the steps' lengths (69, 69, then 68 steps).
+    if (event_slot && DeclaredEvent(SlotKind(key)).every_ns > 0) o.rule = {};
     o.rule_valid = o.rule.every > 0;
     if (event_slot) TrackWallClock(SlotKind(key), rec, obs, s, o);
     if (event) LearnLengthRhythm(key, o);
@@ -341,7 +352,7 @@ Forecaster::Impl::WallClockScale Forecaster::Impl::WallClockScaleNow() const {
 void Forecaster::Impl::TrackWallClock(IdleKind kind, const StepRecord& rec, const StepObs& obs,
                                       const SlotObs* s, Occurrences& o) const {
   const bool after_last = obs.step == last_step_ + 1;
-  const PeriodicEvent& declared = kind == IdleKind::kEval ? opt_.eval : opt_.checkpoint;
+  const PeriodicEvent& declared = DeclaredEvent(kind);
   if (declared.every_steps > 0) return;  // declared: its steps are known
   if (s == nullptr) {
     if (!o.timed.empty()) {
@@ -377,6 +388,20 @@ void Forecaster::Impl::TrackWallClock(IdleKind kind, const StepRecord& rec, cons
   o.quiet_step = -1;
   o.all_logged_since = true;
   o.wall_in_use = false;
+  if (declared.every_ns > 0) {
+    // Declared by wall time: its rule is known from the first occurrence
+    // (the timer checked where a step's work ends and restarted as the event
+    // began); a logged step that contradicts it drops it until the next.
+    o.wall = {};
+    WallClockRule& r = o.wall[static_cast<size_t>(WallClockCheck::kWorkEnd)];
+    r.check = WallClockCheck::kWorkEnd;
+    r.t_lo = declared.every_ns - 1;
+    r.t_hi = declared.every_ns;
+    r.pairs = kMinWallClockPairs;
+    o.wall_in_use = true;
+    o.rule_valid = false;
+    return;
+  }
   const WallClockScale w = WallClockScaleNow();
   // Every check over the whole window; where none fits (a period that
   // changed breaks them all, a check the job does not use only itself),

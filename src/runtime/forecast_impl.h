@@ -291,6 +291,10 @@ class Forecaster::Impl {
     bool ok = false;
   };
   WallClockScale WallClockScaleNow() const;
+  // The declared event of `kind` (checkpoint, else eval).
+  const PeriodicEvent& DeclaredEvent(IdleKind kind) const {
+    return kind == IdleKind::kCheckpoint ? opt_.checkpoint : opt_.eval;
+  }
   // The wall-clock occurrences and rules of the slot of `kind` (eval or
   // checkpoint, ordinal 0) in `o` after `obs` (`s`: its slot there, nullptr
   // when it has none); called before last_step_ moves on. Where the rules

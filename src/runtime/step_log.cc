@@ -20,7 +20,9 @@ using nlohmann::json;
 namespace {
 
 json EventJson(const PeriodicEvent& e) {
-  return {{"every_steps", e.every_steps}, {"offset", e.offset}, {"expected_ns", e.expected_ns}};
+  json j = {{"every_steps", e.every_steps}, {"offset", e.offset}, {"expected_ns", e.expected_ns}};
+  if (e.every_ns > 0) j["every_ns"] = e.every_ns;  // only then: older readers read the rest
+  return j;
 }
 
 json PhaseJson(const PhaseCatalog& c, int id) {
@@ -141,6 +143,12 @@ absl::Status ReadEvent(const json& o, PeriodicEvent& e, const std::string& where
     auto v = GetInt(o, key, where);
     if (!v.ok()) return v.status();
     *dst = *v;
+  }
+  e.every_ns = 0;
+  if (o.contains("every_ns")) {  // an event by wall time (optional)
+    auto v = GetInt(o, "every_ns", where);
+    if (!v.ok()) return v.status();
+    e.every_ns = *v;
   }
   return absl::OkStatus();
 }

@@ -143,7 +143,8 @@ def test_checkpoints_by_wall_time_resume_to_the_undisturbed_parameters(tmp_path)
     saved = sorted(int(p.name[len("step-"):]) for p in ckpt.glob("step-*"))
     assert saved and saved[-1] < 100, saved  # none at the end
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert records[0]["events"]["checkpoint"]["every_steps"] == 0  # nothing declared
+    declared = records[0]["events"]["checkpoint"]
+    assert (declared["every_steps"], declared["every_ns"]) == (0, 200_000_000), declared
     # Each save ran inside the step before it (the step's checkpoint phase).
     in_steps = [r["step"] for r in records[1:] if r.get("kind") == "checkpoint"]
     assert in_steps == [s - 1 for s in saved], (in_steps, saved)

@@ -281,6 +281,45 @@ TEST(ForecasterCorpus, ASavePeriodThatChangesIsLearnedAgainFromTheSavesSince) {
   EXPECT_GE(recall, 0.49);
 }
 
+// A save by wall time declared (the Runtime's ckpt_every_time, alone): its
+// rule is known from the first save, not learned from four, and no step
+// rule is taken from saves that fell equally spaced by chance.
+TEST(ForecasterCorpus, SavesDeclaredByWallTimeAreForecastFromTheFirstOne) {
+  double learned = 0, declared = 0;
+  for (const uint64_t seed : {1, 2, 3}) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    StepLog log = WallClockJob(WallClockCheck::kWorkEnd, 13'000, seed);
+    auto r = Evaluate(log, EvaluateOptions{});
+    ASSERT_TRUE(r.ok()) << r.status();
+    learned += Kind(*r, IdleKind::kCheckpoint).recall() / 3;
+    log.header.checkpoint.every_ns = 13'000'000'000;
+    r = Evaluate(log, EvaluateOptions{});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_GE(Kind(*r, IdleKind::kCheckpoint).precision(), r->claimed_confidence);
+    declared += Kind(*r, IdleKind::kCheckpoint).recall() / 3;
+  }
+  EXPECT_GT(declared, learned + 0.05);
+}
+
+TEST(ForecasterCorpus, ARecordedJobSavingByWallTimeDeclaredHoldsItsSaveClaims) {
+  // omni.Runtime(ckpt_every_s=1.5) in one process, recorded before the
+  // Runtime declared the period: its first three saves, 69 steps apart by
+  // chance, made a step rule that claimed step 271 (the save came at 270):
+  // checkpoint precision 0.846. The header as the Runtime writes it now.
+  auto log = ReadStepLog(std::string(OMNI_TEST_DATA_DIR) + "/wallclock_ckpt.jsonl");
+  ASSERT_TRUE(log.ok()) << log.status();
+  auto before = Evaluate(*log, EvaluateOptions{});
+  ASSERT_TRUE(before.ok()) << before.status();
+  log->header.checkpoint.every_ns = 1'500'000'000;
+  auto after = Evaluate(*log, EvaluateOptions{});
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_LT(Kind(*before, IdleKind::kCheckpoint).precision(), before->claimed_confidence);
+  EXPECT_GE(Kind(*after, IdleKind::kCheckpoint).precision(), after->claimed_confidence);
+  EXPECT_GT(Kind(*after, IdleKind::kCheckpoint).recall(),
+            Kind(*before, IdleKind::kCheckpoint).recall());
+  EXPECT_GE(after->total.precision(), after->claimed_confidence);
+}
+
 TEST(ForecasterCorpus, StepTimesWithMemoryGetBoundsFromTheirRecentLevel) {
   // The recorded text-only job drifts slowly (lag-1 autocorrelation 0.8):
   // measured slack 1.057 (1.375 from the quantiles of the whole window).

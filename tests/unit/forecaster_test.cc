@@ -2030,6 +2030,14 @@ TEST(Forecaster, RejectsBadOptionsNamingTheField) {
   o.checkpoint = PeriodicEvent{10, 10, 0};
   EXPECT_NE(Forecaster::Create(o).status().message().find("offset"), absl::string_view::npos);
   o = ForecastOptions{};
+  o.eval.every_ns = -1;
+  EXPECT_NE(Forecaster::Create(o).status().message().find("eval event: every_ns"),
+            absl::string_view::npos);
+  o = ForecastOptions{};
+  o.checkpoint = PeriodicEvent{10, 9, 0, 1'000'000'000};
+  EXPECT_NE(Forecaster::Create(o).status().message().find("by steps or by wall time"),
+            absl::string_view::npos);
+  o = ForecastOptions{};
   o.pipeline.stage = 4;
   EXPECT_NE(Forecaster::Create(o).status().message().find("stage"), absl::string_view::npos);
   o = ForecastOptions{};

@@ -496,7 +496,8 @@ TEST(Runtime, ACheckpointByWallTimeComesAtTheFirstBoundaryItsIntervalHasPassed) 
   EXPECT_EQ(steps, (std::vector<int64_t>{4, 8, 11, 14, 17}));
   absl::StatusOr<StepLog> logged = ReadStepLog(dir / "steps.jsonl");
   ASSERT_TRUE(logged.ok()) << logged.status();
-  EXPECT_EQ(logged->header.checkpoint.every_steps, 0) << "a period by wall time is not declared";
+  EXPECT_EQ(logged->header.checkpoint.every_steps, 0);
+  EXPECT_EQ(logged->header.checkpoint.every_ns, 100'000'000) << "the period by wall time";
   std::vector<int64_t> saved_in;
   for (const StepRecord& r : logged->steps) {
     if (r.kind() == StepKind::kCheckpoint) saved_in.push_back(r.step);
