@@ -55,7 +55,8 @@ def test_forecast_declares_checkpoint_windows_from_options(make_telemetry, clock
     # nothing by the clock (where its idle time begins is not known yet).
     assert ckpt[0]["guaranteed_ms"] == 240.0
     assert ckpt[0]["duration_ms"] == 0.0
-    assert tel.forecast_options["checkpoint"] == {"every": 10, "offset": 5, "expected_s": 0.3}
+    assert tel.forecast_options["checkpoint"] == {"every": 10, "offset": 5, "expected_s": 0.3,
+                                                 "every_s": 0.0}
 
 
 def test_forecasting_off_gives_no_forecast(make_telemetry, clock):
