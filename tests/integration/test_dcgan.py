@@ -9,12 +9,11 @@ import os
 import pathlib
 import re
 import json
-import signal
 import subprocess
-import time
 
 import numpy as np
 import pytest
+from first_checkpoint import sigterm_after_first_checkpoint
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN_DIR = pathlib.Path(os.environ.get("OMNI_BIN_DIR", str(REPO / "build" / "bin")))
@@ -88,16 +87,10 @@ def test_sigterm_then_resume_ends_bit_identical_to_an_unstopped_run(tmp_path, mn
     steps = [json.loads(l) for l in (ref_dir / "steps.jsonl").read_text().splitlines()[1:]]
     slowest_s = max(s["end_ns"] - s["start_ns"] for s in steps) / 1e9
     d = run_dir(tmp_path / "run", mnist)
-    p = subprocess.Popen([str(DCGAN), "--epochs", "1"], cwd=d,
-                         env=env(d, OMNI_PREEMPT_GRACE_S=f"{3 * slowest_s:.3f}"), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not any((d / "ckpt").glob("step-*")) and time.monotonic() < deadline:
-        assert p.poll() is None, p.communicate()
-        time.sleep(0.005)
-    p.send_signal(signal.SIGTERM)
-    out, err = p.communicate(timeout=300)
-    assert p.returncode == EXIT_PREEMPTED, err
+    code, out, err = sigterm_after_first_checkpoint(
+        [DCGAN, "--epochs", "1"], d / "ckpt", cwd=d,
+        env=env(d, OMNI_PREEMPT_GRACE_S=f"{3 * slowest_s:.3f}"))
+    assert code == EXIT_PREEMPTED, err
     saved = int(re.search(r"saved step (\d+) to ", err).group(1))
     assert 0 < saved < STEPS, err
     assert not FINAL_RE.search(out), out

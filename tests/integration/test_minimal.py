@@ -7,11 +7,10 @@ import os
 import pathlib
 import re
 import shutil
-import signal
 import subprocess
-import time
 
 import pytest
+from first_checkpoint import sigterm_after_first_checkpoint
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN_DIR = pathlib.Path(os.environ.get("OMNI_BIN_DIR", str(REPO / "build" / "bin")))
@@ -53,21 +52,14 @@ def test_sigterm_then_resume_is_bit_exact(tmp_path):
     # rightly exits 76 without a save ("deadline in -N ms"), and only then
     # the run is made again, at most twice.
     for attempt in range(3):
-        p = subprocess.Popen([str(MINIMAL), str(STEPS)],
-                             env=env(run_dir, OMNI_PREEMPT_GRACE_S="0.5"), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 300
-        while not any((run_dir / "ckpt").glob("step-*")) and time.monotonic() < deadline:
-            assert p.poll() is None, p.communicate()
-            time.sleep(0.005)
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=300)
-        stalled = p.returncode == 76 and re.search(r"deadline in -\d+ ms", err)
+        code, out, err = sigterm_after_first_checkpoint(
+            [MINIMAL, STEPS], run_dir / "ckpt", env=env(run_dir, OMNI_PREEMPT_GRACE_S="0.5"))
+        stalled = code == 76 and re.search(r"deadline in -\d+ ms", err)
         if not stalled or attempt == 2:
             break
         shutil.rmtree(run_dir)
         run_dir.mkdir()
-    assert p.returncode == EXIT_PREEMPTED, err
+    assert code == EXIT_PREEMPTED, err
     assert "saved step" in err and "resumable" in err, err
     saved = int(re.search(r"saved step (\d+) to ", err).group(1))
     assert 0 < saved < STEPS
