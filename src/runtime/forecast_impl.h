@@ -5,6 +5,7 @@
 // Thread safety: not thread-safe; one owner (the Telemetry worker, or a replay).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <deque>
 #include <map>
@@ -124,6 +125,10 @@ class Forecaster::Impl {
     struct Measured {
       double length = 0, level = 0, start = 0;
       int64_t step = 0;
+      // Its length where the normal steps' level is `now_level`: scaled
+      // down where they are faster now than when it was measured, never up
+      // (a slower machine or loader does not shorten an eval).
+      double LengthAt(double now_level) const { return length * std::min(1.0, now_level / level); }
     };
     std::deque<Measured> measured;  // newest last, at most 32 (across regimes)
     SpacingRule rule;

@@ -604,11 +604,10 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       // ms from that one, and it took 10.5.
       int64_t oldest = std::numeric_limits<int64_t>::max();
       for (const StepObs* o : pool) oldest = std::min(oldest, o->step);
+      const double now_level = NormalLevel();
       std::vector<double> before;
       for (const Occurrences::Measured& x : oc.measured) {
-        if (x.step < oldest && x.level > 0) {
-          before.push_back(x.length * std::min(1.0, NormalLevel() / x.level));
-        }
+        if (x.step < oldest && x.level > 0) before.push_back(x.LengthAt(now_level));
       }
       if (!before.empty()) {
         before.insert(before.end(), d.begin(), d.end());
@@ -699,7 +698,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       for (const Occurrences::Measured& x : oc.measured) {
         if (!(x.level > 0)) continue;
         const double speed = now_level / x.level;
-        lengths.push_back(x.length * std::min(1.0, speed));
+        lengths.push_back(x.LengthAt(now_level));
         // It starts after a normal step's work of now plus its lead over
         // the work then (a forward pass before an eval's idle time), the
         // lead as it was or scaled by the steps' speed: only the training
