@@ -35,6 +35,7 @@ TRAINER = BIN_DIR / "omni_train"
 ETCD = pathlib.Path("/usr/bin/etcd")
 FINAL_RE = re.compile(r"^final step=(\d+) params_xxh3=([0-9a-f]{16}) loss=(-?\d+\.\d+)$")
 STEP_RE = re.compile(r"^step=(\d+) loss=")
+STATE_RE = re.compile(r"state \(\d+ bytes, step (\d+)\) from rank")
 
 pytestmark = [
     pytest.mark.skipif(not TRAINER.exists(), reason=f"{TRAINER} not built"),
@@ -209,9 +210,17 @@ def test_the_job_outlives_its_first_replica_and_the_etcd_leader(tmp_path, etcd):
         finals.append(final(r.out_path.read_text()))
         assert "left r0" in err, err
         # From the step it joined at to the last, every step (0-based in the
-        # log) once or, when redone after the failure, twice: none skipped.
+        # log) once or, when redone after the failure, twice. A step is
+        # missing only where the replica received a peer's state that holds
+        # it: the kill can end the step's ring all-reduce on one survivor
+        # and fail it on the other, and the group takes the most advanced
+        # state ("state (... step C) from rank R": C steps done).
         got = sorted(set(r.steps()))
-        assert got == list(range(got[0], STEPS)), got
+        received = {int(c) for c in STATE_RE.findall(err)}
+        missing = sorted(set(range(got[0], STEPS)) - set(got))
+        for s in missing:
+            assert any(c > s and all(t in missing for t in range(s, c)) for c in received), \
+                f"{r.rid} skipped step {s} and received no state holding it: {err}"
     # Together the replicas committed every step of the run.
     logged = set(first.steps()).union(*(r.steps() for r in survivors))
     assert logged == set(range(STEPS)), sorted(set(range(STEPS)) - logged)
