@@ -86,11 +86,17 @@ namespace omni {
 // process). Its steps follow no step rule, and none is learned for it; from
 // its first occurrence on, the step of the next is forecast where the
 // steps' lengths make it sure (a far-ahead window is not published).
+// With wall_lag_steps > 0 (every_ns only; at most kMaxWallLagSteps) the
+// event comes that many steps after that first step instead: the replicas
+// of an elastic group agree on the boundary after the next step from the
+// first due one's (omni::Runtime's ckpt_every_time there: 1).
 struct PeriodicEvent {
+  static constexpr int64_t kMaxWallLagSteps = 8;
   int64_t every_steps = 0;
   int64_t offset = 0;
   int64_t expected_ns = 0;
   int64_t every_ns = 0;
+  int64_t wall_lag_steps = 0;
   bool OccursAt(int64_t step) const {
     return every_steps > 0 && step >= 0 && step % every_steps == offset;
   }

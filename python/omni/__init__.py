@@ -257,7 +257,10 @@ class Telemetry(_ClosingContext):
       ``checkpoint_expected_s``, ``eval_every``, ``eval_offset``,
       ``eval_expected_s``; or by wall time, ``checkpoint_every_s`` /
       ``eval_every_s`` (the event in the first step whose work ends that
-      long after the last one began; not with ``*_every``);
+      long after the last one began; not with ``*_every``), and
+      ``checkpoint_wall_lag_steps`` / ``eval_wall_lag_steps`` (it comes that
+      many steps later: 1 where elastic replicas agree on the boundary after
+      the next step);
     - pipeline schedule: ``pipeline_stages``, ``pipeline_micro_batches``,
       ``pipeline_stage``, ``pipeline_backward_over_forward``;
     - exports: ``step_log`` (JSON Lines path), ``trace`` (Chrome trace /

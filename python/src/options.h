@@ -32,10 +32,12 @@ void VisitTelemetryOptions(omni::TelemetryOptions& o, Visitor& v) {
   v.Int("checkpoint_offset", &o.forecast.checkpoint.offset);
   v.Seconds("checkpoint_expected_s", &o.forecast.checkpoint.expected_ns);
   v.Seconds("checkpoint_every_s", &o.forecast.checkpoint.every_ns);
+  v.Int("checkpoint_wall_lag_steps", &o.forecast.checkpoint.wall_lag_steps);
   v.Int("eval_every", &o.forecast.eval.every_steps);
   v.Int("eval_offset", &o.forecast.eval.offset);
   v.Seconds("eval_expected_s", &o.forecast.eval.expected_ns);
   v.Seconds("eval_every_s", &o.forecast.eval.every_ns);
+  v.Int("eval_wall_lag_steps", &o.forecast.eval.wall_lag_steps);
   v.Int("pipeline_stages", &o.forecast.pipeline.stages);
   v.Int("pipeline_micro_batches", &o.forecast.pipeline.micro_batches);
   v.Int("pipeline_stage", &o.forecast.pipeline.stage);

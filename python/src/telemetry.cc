@@ -76,6 +76,7 @@ py::dict EventDict(const omni::PeriodicEvent& event) {
   d["offset"] = event.offset;
   d["expected_s"] = NanosToSeconds(event.expected_ns);
   d["every_s"] = NanosToSeconds(event.every_ns);
+  d["wall_lag_steps"] = event.wall_lag_steps;
   return d;
 }
 

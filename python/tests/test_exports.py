@@ -29,7 +29,7 @@ def test_step_log_and_trace_files_are_written(make_telemetry, clock, tmp_path):
 def test_read_step_log_summarises_the_log(make_telemetry, clock, tmp_path):
     log_path = tmp_path / "steps.jsonl"
     tel = make_telemetry(step_log=log_path, source="pytest", checkpoint_every=100,
-                         eval_every_s=600.0, **NO_WARMUP)
+                         eval_every_s=600.0, eval_wall_lag_steps=1, **NO_WARMUP)
     tel.register_phase("loss_logging", "host_side")
     run_steps(tel, clock, 4, first=10)
     tel.close()
@@ -43,6 +43,7 @@ def test_read_step_log_summarises_the_log(make_telemetry, clock, tmp_path):
     assert info["duration_s"] == pytest.approx(4 * 0.025)
     assert info["checkpoint"]["every"] == 100
     assert (info["eval"]["every"], info["eval"]["every_s"]) == (0, 600.0)  # by wall time
+    assert info["eval"]["wall_lag_steps"] == 1  # one step after the timer's check
     assert {"id": omni.DATA_WAIT, "name": "data_wait", "idle": "data_stall"} in info["phases"]
     assert any(p["name"] == "loss_logging" for p in info["phases"])
     assert info["unfinished_tail_bytes"] == 0

@@ -56,7 +56,7 @@ def test_forecast_declares_checkpoint_windows_from_options(make_telemetry, clock
     assert ckpt[0]["guaranteed_ms"] == 240.0
     assert ckpt[0]["duration_ms"] == 0.0
     assert tel.forecast_options["checkpoint"] == {"every": 10, "offset": 5, "expected_s": 0.3,
-                                                 "every_s": 0.0}
+                                                 "every_s": 0.0, "wall_lag_steps": 0}
 
 
 def test_forecasting_off_gives_no_forecast(make_telemetry, clock):

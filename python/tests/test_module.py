@@ -69,6 +69,8 @@ def test_default_options_list_every_option_the_constructor_takes():
         (dict(checkpoint_every=10, checkpoint_offset=9, checkpoint_every_s=60.0),
          "by steps or by wall time"),
         (dict(eval_every_s=-1.0), "eval_every_s"),
+        (dict(checkpoint_wall_lag_steps=1), "wall_lag_steps 1 without every_ns"),
+        (dict(eval_every_s=60.0, eval_wall_lag_steps=9), "wall_lag_steps must be in"),
     ],
 )
 def test_bad_options_raise_value_error_naming_the_option(clock, options, message):

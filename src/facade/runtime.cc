@@ -279,14 +279,14 @@ absl::Status RuntimeImpl::Init() {
     declared.every_steps = o_.ckpt_every;
     declared.offset = o_.ckpt_every - 1;
   }
-  // By wall time, alone: the save comes in the first step whose boundary is
-  // ckpt_every_time after the last save began (the timer restarts at the
-  // boundary, just before it). In a group the replicas agree on the
-  // boundary after the next step from the first due one's: the forecaster
-  // learns that from the log.
-  if (!o_.ckpt_dir.empty() && o_.ckpt_every_time > absl::ZeroDuration() && store_ == nullptr &&
-      undeclared) {
+  // By wall time: alone, the save comes in the first step whose boundary
+  // is ckpt_every_time after the last save began (the timer restarts at the
+  // boundary, just before it); in a group, one step later (the replicas
+  // agree on the boundary after the next step from the first due one's,
+  // and each restarts its timer at that boundary: timed_saves.h).
+  if (!o_.ckpt_dir.empty() && o_.ckpt_every_time > absl::ZeroDuration() && undeclared) {
     declared.every_ns = absl::ToInt64Nanoseconds(o_.ckpt_every_time);
+    declared.wall_lag_steps = store_ == nullptr ? 0 : 1;
   }
   absl::StatusOr<std::unique_ptr<Telemetry>> tel = Telemetry::Create(to, o_.clock);
   if (!tel.ok()) return tel.status();

@@ -38,6 +38,16 @@ absl::Status CheckEvent(const PeriodicEvent& e, const char* name) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": offset ", e.offset, " must be below every_steps ", e.every_steps));
   }
+  if (e.wall_lag_steps < 0 || e.wall_lag_steps > PeriodicEvent::kMaxWallLagSteps) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": wall_lag_steps must be in [0, ",
+                                                   PeriodicEvent::kMaxWallLagSteps, "], got ",
+                                                   e.wall_lag_steps));
+  }
+  if (e.wall_lag_steps > 0 && e.every_ns == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": wall_lag_steps ", e.wall_lag_steps,
+                     " without every_ns; a lag applies to an event by wall time"));
+  }
   return absl::OkStatus();
 }
 
@@ -359,6 +369,10 @@ void Forecaster::Impl::TrackWallClock(IdleKind kind, const StepRecord& rec, cons
       o.quiet_step = obs.step;
       o.quiet_start_ns = obs.start_ns;
       o.quiet_end_ns = obs.end_ns;
+      o.quiet_recent.push_back({obs.step, obs.start_ns, obs.end_ns});
+      if (o.quiet_recent.size() > static_cast<size_t>(PeriodicEvent::kMaxWallLagSteps) + 1) {
+        o.quiet_recent.pop_front();
+      }
     }
     o.all_logged_since = o.all_logged_since && after_last;
     return;
@@ -386,6 +400,7 @@ void Forecaster::Impl::TrackWallClock(IdleKind kind, const StepRecord& rec, cons
   o.timed.push_back(t);
   if (o.timed.size() > static_cast<size_t>(kMaxWallClockPairs) + 1) o.timed.pop_front();
   o.quiet_step = -1;
+  o.quiet_recent.clear();
   o.all_logged_since = true;
   o.wall_in_use = false;
   if (declared.every_ns > 0) {
@@ -398,6 +413,7 @@ void Forecaster::Impl::TrackWallClock(IdleKind kind, const StepRecord& rec, cons
     r.t_lo = declared.every_ns - 1;
     r.t_hi = declared.every_ns;
     r.pairs = kMinWallClockPairs;
+    r.lag = declared.wall_lag_steps;
     o.wall_in_use = true;
     o.rule_valid = false;
     return;
@@ -467,9 +483,22 @@ int64_t Forecaster::Impl::WallStep(const Occurrences& o, WallClockRule& r,
   const auto anchor = static_cast<double>(r.Anchor(o.timed.back()));
   const double fires = anchor + static_cast<double>(r.t_hi) + w.tol;  // surely from here
   const double quiet = anchor + static_cast<double>(r.t_lo) - w.tol;  // surely before this
+  // The logged step without the event `back` steps before the newest one
+  // (nullptr: not logged, or the last occurrence's or before).
+  const auto quiet_before = [&](int64_t back) -> const Occurrences::Quiet* {
+    for (const Occurrences::Quiet& q : o.quiet_recent) {
+      if (q.step == o.quiet_step - back) return &q;
+    }
+    return nullptr;
+  };
+  const auto check_of = [&](const Occurrences::Quiet& q) {
+    return static_cast<double>(r.QuietCheck(q.start_ns, q.end_ns));
+  };
   if (o.quiet_step >= 0) {
     const auto check = static_cast<double>(r.QuietCheck(o.quiet_start_ns, o.quiet_end_ns));
-    if (check >= fires && o.all_logged_since) {
+    // The step whose check put the event at the newest logged step without it.
+    const Occurrences::Quiet* trigger = quiet_before(r.lag);
+    if (trigger != nullptr && check_of(*trigger) >= fires && o.all_logged_since) {
       // A logged step without the event where the rule put it: the rule
       // is wrong (the next occurrence learns again).
       r = {};
@@ -485,6 +514,17 @@ int64_t Forecaster::Impl::WallStep(const Occurrences& o, WallClockRule& r,
   // the history.
   const double work_lo = r.check == WallClockCheck::kStepStart ? 0 : w.d_min;
   const double work_hi = r.check == WallClockCheck::kStepStart ? 0 : w.d_max;
+  // A lagged rule: the steps already logged whose event is still to come
+  // (the last `lag` ones since the occurrence), in order; the first whose
+  // check surely fires puts it `lag` steps on.
+  for (int64_t k = std::max(last_step_ - r.lag + 1, o.timed.back().step + 1); k <= last_step_;
+       ++k) {
+    const Occurrences::Quiet* q = quiet_before(o.quiet_step - k);
+    if (q == nullptr) return -1;  // not logged: its check is unknown
+    const double check = check_of(*q);
+    if (check >= fires) return k + r.lag;
+    if (check >= quiet) return -1;
+  }
   const auto last_end = static_cast<double>(last_end_ns_);
   for (int64_t k = last_step_ + 1; k <= last_step_ + std::max<int64_t>(stride_, 1); ++k) {
     const auto before = static_cast<double>(k - last_step_ - 1);
@@ -493,7 +533,7 @@ int64_t Forecaster::Impl::WallStep(const Occurrences& o, WallClockRule& r,
       const double prev_hi = last_end + w.g_max + (before - 1) * (w.d_max + w.g_max) + work_hi;
       if (prev_hi >= quiet) return -1;
     }
-    if (last_end + before * w.d_min + work_lo >= fires) return k;
+    if (last_end + before * w.d_min + work_lo >= fires) return k + r.lag;
   }
   return -1;
 }

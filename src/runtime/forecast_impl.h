@@ -172,6 +172,13 @@ class Forecaster::Impl {
     // each Observe (UpdateWallStep).
     std::deque<TimedOccurrence> timed;  // newest last, at most kMaxWallClockPairs + 1
     int64_t quiet_step = -1, quiet_start_ns = 0, quiet_end_ns = 0;
+    // The logged steps without the event since the last occurrence, newest
+    // last, at most PeriodicEvent::kMaxWallLagSteps + 1 (a lagged rule's
+    // checks: WallStep).
+    struct Quiet {
+      int64_t step, start_ns, end_ns;
+    };
+    std::deque<Quiet> quiet_recent;
     int64_t wall_step = -1;
     std::array<WallClockRule, kNumWallClockChecks> wall{};
     bool all_logged_since = true;

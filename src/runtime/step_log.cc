@@ -22,6 +22,7 @@ namespace {
 json EventJson(const PeriodicEvent& e) {
   json j = {{"every_steps", e.every_steps}, {"offset", e.offset}, {"expected_ns", e.expected_ns}};
   if (e.every_ns > 0) j["every_ns"] = e.every_ns;  // only then: older readers read the rest
+  if (e.wall_lag_steps > 0) j["wall_lag_steps"] = e.wall_lag_steps;
   return j;
 }
 
@@ -144,11 +145,14 @@ absl::Status ReadEvent(const json& o, PeriodicEvent& e, const std::string& where
     if (!v.ok()) return v.status();
     *dst = *v;
   }
-  e.every_ns = 0;
-  if (o.contains("every_ns")) {  // an event by wall time (optional)
-    auto v = GetInt(o, "every_ns", where);
+  // An event by wall time, and its lag (optional).
+  for (auto [key, dst] : {std::pair<const char*, int64_t*>{"every_ns", &e.every_ns},
+                          {"wall_lag_steps", &e.wall_lag_steps}}) {
+    *dst = 0;
+    if (!o.contains(key)) continue;
+    auto v = GetInt(o, key, where);
     if (!v.ok()) return v.status();
-    e.every_ns = *v;
+    *dst = *v;
   }
   return absl::OkStatus();
 }

@@ -44,9 +44,12 @@ inline constexpr int kNumWallClockChecks = 3;
 // occurrence's anchor, with T in (t_lo, t_hi]. Learned from consecutive
 // occurrences: each pair bounds T from above (the later one came) and from
 // below (the step logged last before it did not). None when pairs == 0.
+// With `lag` > 0 (declared only: PeriodicEvent::wall_lag_steps) the event
+// comes `lag` steps after that first step.
 struct WallClockRule {
   int64_t t_lo = 0, t_hi = 0;
   int pairs = 0;
+  int64_t lag = 0;
   WallClockCheck check = WallClockCheck::kStepStart;
   bool valid() const { return pairs > 0; }
   // Where the timer restarted at occurrence `o`.

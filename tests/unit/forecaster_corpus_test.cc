@@ -192,14 +192,16 @@ TEST(ForecasterCorpus, CheckpointsByWallTimeAreForecastAtTheStepTheirTimerPasses
 // A job that saves (~600 ms) once `period_ms` has passed on a timer it
 // checks as `check` says (wall_clock.h), `later_ms` from step 700 on: 1,500
 // steps of 200 ms with 5 % noise (a 5 ms data wait, compute, a 10 ms
-// optimizer), 50 µs apart.
+// optimizer), 50 µs apart. With `lag`, the save comes that many steps after
+// the step whose check found the period passed (an elastic group's agreed
+// boundary: 1).
 StepLog WallClockJob(WallClockCheck check, int64_t period_ms, uint64_t seed, int64_t later_ms = -1,
-                     bool eval = false) {
+                     bool eval = false, int lag = 0) {
   constexpr int64_t kMs = 1'000'000;
   std::mt19937_64 rng(seed);
   std::lognormal_distribution<double> noise(0, 0.05);
   StepLog log;
-  int64_t t = 0, anchor = 0;
+  int64_t t = 0, anchor = 0, due_at = -1;
   for (int s = 0; s < 1500; ++s) {
     StepRecord r;
     r.step = s;
@@ -213,7 +215,11 @@ StepLog WallClockJob(WallClockCheck check, int64_t period_ms, uint64_t seed, int
     r.num_spans = 3;
     r.end_ns = t + work;
     const int64_t checked = check == WallClockCheck::kStepStart ? t : t + work;
-    if (checked - anchor >= (s < 700 || later_ms < 0 ? period_ms : later_ms) * kMs) {
+    if (due_at < 0 && checked - anchor >= (s < 700 || later_ms < 0 ? period_ms : later_ms) * kMs) {
+      due_at = s + lag;
+    }
+    if (s == due_at) {
+      due_at = -1;
       r.end_ns += static_cast<int64_t>(600 * kMs * noise(rng));
       r.spans[r.num_spans++] = {t + work, r.end_ns, eval ? phase::kEval : phase::kCheckpoint, 0};
       if (eval) {  // its forward pass first, busy
@@ -299,6 +305,36 @@ TEST(ForecasterCorpus, SavesDeclaredByWallTimeAreForecastFromTheFirstOne) {
     declared += Kind(*r, IdleKind::kCheckpoint).recall() / 3;
   }
   EXPECT_GT(declared, learned + 0.05);
+}
+
+// In an elastic group the replicas save at the boundary after the next step
+// from the first due one's (the Runtime declares wall_lag_steps 1 there).
+// Declared with its lag, the save is claimed from the first one on, as
+// precisely as claimed. Measured over the 3 seeds: checkpoint recall 0.85
+// (learned from the log: 0.33), precision 0.999-1.0. Declared without it,
+// the rule is found wrong at the step before each save and claims nothing
+// (recall 0).
+TEST(ForecasterCorpus, SavesAgreedTheStepAfterTheTimerFiresAreForecastWithTheDeclaredLag) {
+  double learned = 0, lagged = 0, unlagged = 0;
+  for (const uint64_t seed : {1, 2, 3}) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    StepLog log = WallClockJob(WallClockCheck::kWorkEnd, 13'000, seed, -1, false, /*lag=*/1);
+    auto r = Evaluate(log, EvaluateOptions{});
+    ASSERT_TRUE(r.ok()) << r.status();
+    learned += Kind(*r, IdleKind::kCheckpoint).recall() / 3;
+    log.header.checkpoint.every_ns = 13'000'000'000;
+    r = Evaluate(log, EvaluateOptions{});
+    ASSERT_TRUE(r.ok()) << r.status();
+    unlagged += Kind(*r, IdleKind::kCheckpoint).recall() / 3;
+    log.header.checkpoint.wall_lag_steps = 1;
+    r = Evaluate(log, EvaluateOptions{});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_GE(Kind(*r, IdleKind::kCheckpoint).precision(), r->claimed_confidence);
+    EXPECT_GE(r->total.precision(), r->claimed_confidence);
+    lagged += Kind(*r, IdleKind::kCheckpoint).recall() / 3;
+  }
+  EXPECT_LT(unlagged, learned) << "a declaration without the lag does worse than none";
+  EXPECT_GT(lagged, learned + 0.2);
 }
 
 TEST(ForecasterCorpus, ARecordedJobSavingByWallTimeDeclaredHoldsItsSaveClaims) {

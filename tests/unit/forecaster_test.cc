@@ -2038,6 +2038,17 @@ TEST(Forecaster, RejectsBadOptionsNamingTheField) {
   EXPECT_NE(Forecaster::Create(o).status().message().find("by steps or by wall time"),
             absl::string_view::npos);
   o = ForecastOptions{};
+  o.checkpoint.wall_lag_steps = 1;  // without every_ns
+  EXPECT_NE(Forecaster::Create(o).status().message().find("wall_lag_steps 1 without every_ns"),
+            absl::string_view::npos);
+  o = ForecastOptions{};
+  o.eval.every_ns = 1'000'000'000;
+  o.eval.wall_lag_steps = PeriodicEvent::kMaxWallLagSteps + 1;
+  EXPECT_NE(Forecaster::Create(o).status().message().find("eval event: wall_lag_steps must be in"),
+            absl::string_view::npos);
+  o.eval.wall_lag_steps = PeriodicEvent::kMaxWallLagSteps;
+  EXPECT_TRUE(Forecaster::Create(o).ok());
+  o = ForecastOptions{};
   o.pipeline.stage = 4;
   EXPECT_NE(Forecaster::Create(o).status().message().find("stage"), absl::string_view::npos);
   o = ForecastOptions{};

@@ -21,6 +21,7 @@
 #include "omni/runtime.h"
 #include "omni/state.h"
 #include "omni/stats.h"
+#include "omni/step_log.h"
 #include "omni/telemetry.h"
 #include "temp_dir.h"
 
@@ -287,6 +288,7 @@ TEST(RuntimeSharedCheckpoint, PeriodicCheckpointsFollowTheGroupThroughAJoin) {
 // different boundaries (here their periods differ: 40 and 70 ms), and a
 // job-level save is collective, so they agree on one boundary (the first
 // whose interval passed proposes it) and every checkpoint has both parts.
+// Each declares its period to the forecaster with that one step's lag.
 TEST(RuntimeSharedCheckpoint, ReplicasSaveByWallTimeAtTheBoundaryTheFirstDueOneProposes) {
   constexpr int64_t kTotal = 60;
   constexpr std::chrono::milliseconds kStep(5);
@@ -295,11 +297,18 @@ TEST(RuntimeSharedCheckpoint, ReplicasSaveByWallTimeAtTheBoundaryTheFirstDueOneP
   Log log;
   TempDir dir;
   const std::vector<Outcome> out = RunReplicas(
-      dir, "store", &clock, &log, 2, kTotal, -1, -1, 0, kStep, [](int i, RuntimeOptions& o) {
+      dir, "store", &clock, &log, 2, kTotal, -1, -1, 0, kStep, [&dir](int i, RuntimeOptions& o) {
         o.ckpt_every_time = absl::Milliseconds(i == 0 ? 40 : 70);
         o.keep_last = 100;
+        o.telemetry.step_log_path = dir / ("steps-" + std::to_string(i) + ".jsonl");
       });
-  for (int i = 0; i < 2; ++i) EXPECT_EQ(out[i].final_step, kTotal) << i;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(out[i].final_step, kTotal) << i;
+    absl::StatusOr<StepLog> logged = ReadStepLog(dir / ("steps-" + std::to_string(i) + ".jsonl"));
+    ASSERT_TRUE(logged.ok()) << logged.status();
+    EXPECT_EQ(logged->header.checkpoint.every_ns, (i == 0 ? 40 : 70) * 1'000'000) << i;
+    EXPECT_EQ(logged->header.checkpoint.wall_lag_steps, 1) << i << ": the agreed boundary";
+  }
   EXPECT_EQ(out[0].w, out[1].w);
   // About one save every 8-9 steps of 5 ms: the shorter period.
   ASSERT_GE(out[0].list.size(), 4U);

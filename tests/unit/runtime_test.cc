@@ -470,7 +470,8 @@ TEST(Runtime, ThePeriodicCheckpointIsDeclaredToTheForecastAndTheStepLog) {
 
 // Checkpoints by wall time: at the first boundary at least the interval after
 // the boundary of the last one (after Start at first), whatever the steps'
-// lengths; none at the last step; nothing declared to the forecaster.
+// lengths; none at the last step; the period declared to the forecaster by
+// wall time, without a lag (alone, no boundary is agreed).
 TEST(Runtime, ACheckpointByWallTimeComesAtTheFirstBoundaryItsIntervalHasPassed) {
   TempDir dir;
   FakeClock clock;
@@ -498,6 +499,7 @@ TEST(Runtime, ACheckpointByWallTimeComesAtTheFirstBoundaryItsIntervalHasPassed) 
   ASSERT_TRUE(logged.ok()) << logged.status();
   EXPECT_EQ(logged->header.checkpoint.every_steps, 0);
   EXPECT_EQ(logged->header.checkpoint.every_ns, 100'000'000) << "the period by wall time";
+  EXPECT_EQ(logged->header.checkpoint.wall_lag_steps, 0) << "alone: no agreed boundary";
   std::vector<int64_t> saved_in;
   for (const StepRecord& r : logged->steps) {
     if (r.kind() == StepKind::kCheckpoint) saved_in.push_back(r.step);

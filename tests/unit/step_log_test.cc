@@ -39,6 +39,7 @@ TEST(StepLog, RoundTripsHeaderEventsPhasesAndSpans) {
   h.source = "test";
   h.checkpoint = PeriodicEvent{50, 49, 123};
   h.eval.every_ns = 30'000'000'000;  // by wall time
+  h.eval.wall_lag_steps = 1;
   h.pipeline = PipelineSchedule{4, 8, 2, 1.5};
   PhaseCatalog cat = h.phases;
   auto w = StepLogWriter::Open(path, h);
@@ -56,6 +57,8 @@ TEST(StepLog, RoundTripsHeaderEventsPhasesAndSpans) {
   EXPECT_EQ(log->header.checkpoint.expected_ns, 123);
   EXPECT_EQ(log->header.checkpoint.every_ns, 0);
   EXPECT_EQ(log->header.eval.every_ns, 30'000'000'000);
+  EXPECT_EQ(log->header.eval.wall_lag_steps, 1);
+  EXPECT_EQ(log->header.checkpoint.wall_lag_steps, 0);
   EXPECT_EQ(log->header.eval.every_steps, 0);
   EXPECT_EQ(log->header.pipeline.stages, 4);
   EXPECT_DOUBLE_EQ(log->header.pipeline.backward_over_forward, 1.5);
