@@ -287,6 +287,19 @@ TEST(ForecasterCorpus, ASavePeriodThatChangesIsLearnedAgainFromTheSavesSince) {
   EXPECT_GE(recall, 0.49);
 }
 
+// The checkpoints' recall in `log` scored live; with `precise`, their
+// precision, and the whole log's, at least the claimed confidence.
+double CheckpointRecall(const StepLog& log, bool precise) {
+  auto r = Evaluate(log, EvaluateOptions{});
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return 0;
+  if (precise) {
+    EXPECT_GE(Kind(*r, IdleKind::kCheckpoint).precision(), r->claimed_confidence);
+    EXPECT_GE(r->total.precision(), r->claimed_confidence);
+  }
+  return Kind(*r, IdleKind::kCheckpoint).recall();
+}
+
 // A save by wall time declared (the Runtime's ckpt_every_time, alone): its
 // rule is known from the first save, not learned from four, and no step
 // rule is taken from saves that fell equally spaced by chance.
@@ -295,14 +308,9 @@ TEST(ForecasterCorpus, SavesDeclaredByWallTimeAreForecastFromTheFirstOne) {
   for (const uint64_t seed : {1, 2, 3}) {
     SCOPED_TRACE(testing::Message() << "seed " << seed);
     StepLog log = WallClockJob(WallClockCheck::kWorkEnd, 13'000, seed);
-    auto r = Evaluate(log, EvaluateOptions{});
-    ASSERT_TRUE(r.ok()) << r.status();
-    learned += Kind(*r, IdleKind::kCheckpoint).recall() / 3;
+    learned += CheckpointRecall(log, /*precise=*/false) / 3;
     log.header.checkpoint.every_ns = 13'000'000'000;
-    r = Evaluate(log, EvaluateOptions{});
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_GE(Kind(*r, IdleKind::kCheckpoint).precision(), r->claimed_confidence);
-    declared += Kind(*r, IdleKind::kCheckpoint).recall() / 3;
+    declared += CheckpointRecall(log, /*precise=*/true) / 3;
   }
   EXPECT_GT(declared, learned + 0.05);
 }
@@ -319,19 +327,11 @@ TEST(ForecasterCorpus, SavesAgreedTheStepAfterTheTimerFiresAreForecastWithTheDec
   for (const uint64_t seed : {1, 2, 3}) {
     SCOPED_TRACE(testing::Message() << "seed " << seed);
     StepLog log = WallClockJob(WallClockCheck::kWorkEnd, 13'000, seed, -1, false, /*lag=*/1);
-    auto r = Evaluate(log, EvaluateOptions{});
-    ASSERT_TRUE(r.ok()) << r.status();
-    learned += Kind(*r, IdleKind::kCheckpoint).recall() / 3;
+    learned += CheckpointRecall(log, /*precise=*/false) / 3;
     log.header.checkpoint.every_ns = 13'000'000'000;
-    r = Evaluate(log, EvaluateOptions{});
-    ASSERT_TRUE(r.ok()) << r.status();
-    unlagged += Kind(*r, IdleKind::kCheckpoint).recall() / 3;
+    unlagged += CheckpointRecall(log, /*precise=*/false) / 3;
     log.header.checkpoint.wall_lag_steps = 1;
-    r = Evaluate(log, EvaluateOptions{});
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_GE(Kind(*r, IdleKind::kCheckpoint).precision(), r->claimed_confidence);
-    EXPECT_GE(r->total.precision(), r->claimed_confidence);
-    lagged += Kind(*r, IdleKind::kCheckpoint).recall() / 3;
+    lagged += CheckpointRecall(log, /*precise=*/true) / 3;
   }
   EXPECT_LT(unlagged, learned) << "a declaration without the lag does worse than none";
   EXPECT_GT(lagged, learned + 0.2);
