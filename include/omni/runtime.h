@@ -118,10 +118,10 @@ struct OMNI_EXPORT RuntimeOptions {
   // = off. Not with ckpt_every (InvalidArgument: one period). In an elastic
   // group the replicas agree on one boundary through the store: the first
   // whose interval has passed proposes the boundary after the next step,
-  // where all of them save (a store read per boundary). Alone, it is
-  // declared to the forecaster as telemetry.forecast.checkpoint.every_ns
-  // (unless an event is declared there); in a group nothing is declared and
-  // the forecaster learns the saves by wall time from the log.
+  // where all of them save (a store read per boundary). It is declared to
+  // the forecaster as telemetry.forecast.checkpoint.every_ns (unless an
+  // event is declared there), in a group with wall_lag_steps 1 (the agreed
+  // boundary is one step after the first due replica's).
   absl::Duration ckpt_every_time = absl::ZeroDuration();
   int keep_last = 3;
   bool async_ckpt = false;  // periodic checkpoints in the background (not in elastic mode)
