@@ -366,9 +366,6 @@ void Forecaster::Impl::TrackWallClock(IdleKind kind, const StepRecord& rec, cons
   if (declared.every_steps > 0) return;  // declared: its steps are known
   if (s == nullptr) {
     if (!o.timed.empty()) {
-      o.quiet_step = obs.step;
-      o.quiet_start_ns = obs.start_ns;
-      o.quiet_end_ns = obs.end_ns;
       o.quiet_recent.push_back({obs.step, obs.start_ns, obs.end_ns});
       if (o.quiet_recent.size() > static_cast<size_t>(PeriodicEvent::kMaxWallLagSteps) + 1) {
         o.quiet_recent.pop_front();
@@ -393,13 +390,14 @@ void Forecaster::Impl::TrackWallClock(IdleKind kind, const StepRecord& rec, cons
     t.event_b_ns = p.end_ns;
     found = true;
   }
-  t.quiet_step = o.quiet_step;
-  t.quiet_start_ns = o.quiet_start_ns;
-  t.quiet_end_ns = o.quiet_end_ns;
+  if (!o.quiet_recent.empty()) {
+    t.quiet_step = o.quiet_recent.back().step;
+    t.quiet_start_ns = o.quiet_recent.back().start_ns;
+    t.quiet_end_ns = o.quiet_recent.back().end_ns;
+  }
   t.all_logged = o.all_logged_since && after_last;
   o.timed.push_back(t);
   if (o.timed.size() > static_cast<size_t>(kMaxWallClockPairs) + 1) o.timed.pop_front();
-  o.quiet_step = -1;
   o.quiet_recent.clear();
   o.all_logged_since = true;
   o.wall_in_use = false;
@@ -483,21 +481,22 @@ int64_t Forecaster::Impl::WallStep(const Occurrences& o, WallClockRule& r,
   const auto anchor = static_cast<double>(r.Anchor(o.timed.back()));
   const double fires = anchor + static_cast<double>(r.t_hi) + w.tol;  // surely from here
   const double quiet = anchor + static_cast<double>(r.t_lo) - w.tol;  // surely before this
-  // The logged step without the event `back` steps before the newest one
-  // (nullptr: not logged, or the last occurrence's or before).
-  const auto quiet_before = [&](int64_t back) -> const Occurrences::Quiet* {
+  // Logged step `step` without the event (nullptr: not logged, or the last
+  // occurrence's or before).
+  const auto quiet_at = [&](int64_t step) -> const Occurrences::Quiet* {
     for (const Occurrences::Quiet& q : o.quiet_recent) {
-      if (q.step == o.quiet_step - back) return &q;
+      if (q.step == step) return &q;
     }
     return nullptr;
   };
   const auto check_of = [&](const Occurrences::Quiet& q) {
     return static_cast<double>(r.QuietCheck(q.start_ns, q.end_ns));
   };
-  if (o.quiet_step >= 0) {
-    const auto check = static_cast<double>(r.QuietCheck(o.quiet_start_ns, o.quiet_end_ns));
+  if (!o.quiet_recent.empty()) {
+    const Occurrences::Quiet& newest = o.quiet_recent.back();
+    const double check = check_of(newest);
     // The step whose check put the event at the newest logged step without it.
-    const Occurrences::Quiet* trigger = quiet_before(r.lag);
+    const Occurrences::Quiet* trigger = quiet_at(newest.step - r.lag);
     if (trigger != nullptr && check_of(*trigger) >= fires && o.all_logged_since) {
       // A logged step without the event where the rule put it: the rule
       // is wrong (the next occurrence learns again).
@@ -519,7 +518,7 @@ int64_t Forecaster::Impl::WallStep(const Occurrences& o, WallClockRule& r,
   // check surely fires puts it `lag` steps on.
   for (int64_t k = std::max(last_step_ - r.lag + 1, o.timed.back().step + 1); k <= last_step_;
        ++k) {
-    const Occurrences::Quiet* q = quiet_before(o.quiet_step - k);
+    const Occurrences::Quiet* q = quiet_at(k);
     if (q == nullptr) return -1;  // not logged: its check is unknown
     const double check = check_of(*q);
     if (check >= fires) return k + r.lag;

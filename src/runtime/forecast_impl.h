@@ -163,18 +163,17 @@ class Forecaster::Impl {
     // run: its logged extent, never longer than the run was. Only starts
     // the log shows make the starts' rule.
     // An eval or checkpoint by wall time (WallClockRule): its last
-    // occurrences as the log shows them, the step logged last since the
-    // last one, whether every step since is logged, and the rule of each
+    // occurrences as the log shows them, the steps logged since the last
+    // one, whether every step since is logged, and the rule of each
     // check that fits. Rules that explain occurrences the step rule does
     // not replace it (`wall_in_use`; rule_valid is then false);
     // `wall_step` is the step all of them surely put the event at, among
     // the next logged one and those before it (-1: none is sure), set at
     // each Observe (UpdateWallStep).
     std::deque<TimedOccurrence> timed;  // newest last, at most kMaxWallClockPairs + 1
-    int64_t quiet_step = -1, quiet_start_ns = 0, quiet_end_ns = 0;
     // The logged steps without the event since the last occurrence, newest
-    // last, at most PeriodicEvent::kMaxWallLagSteps + 1 (a lagged rule's
-    // checks: WallStep).
+    // last, at most PeriodicEvent::kMaxWallLagSteps + 1 (the newest; and a
+    // lagged rule's checks: WallStep).
     struct Quiet {
       int64_t step, start_ns, end_ns;
     };
