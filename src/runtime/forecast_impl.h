@@ -273,7 +273,15 @@ class Forecaster::Impl {
   // Bound of step `step`'s duration from the current model: the local-level
   // bound when it applies to the step (`local` says so), else the marginal
   // one. False when there is no model.
+  // After a step that ran past its bound's upper end, the upper end of the
+  // steps until the next one is observed is widened by burst_cal_'s margin
+  // (TrackBurst).
   bool DurationBound(int64_t step, double& lo, double& hi, bool* local = nullptr) const;
+  // The same without that widening; `widen` is what it would add.
+  bool UnwidenedBound(int64_t step, double& lo, double& hi, bool* local, double* widen) const;
+  // Scores the bound of `obs` (called before the history takes it): updates
+  // burst_cal_ when the step followed a miss, and notes whether it missed.
+  void TrackBurst(const StepObs& obs);
   // The marginal bound only (the regime detector's reference).
   bool MarginalBound(int64_t step, double& lo, double& hi) const;
   const StepModel& ModelFor(int64_t step) const;
@@ -464,6 +472,13 @@ class Forecaster::Impl {
   std::array<MarginCalibrator, kNumIdleKinds> window_cal_;  // per window kind
   std::array<MarginCalibrator, kNumStepKinds> bound_cal_;   // per step kind (marginal)
   std::array<MarginCalibrator, kNumStepKinds> local_cal_;   // ... local-level bounds
+  // The extra margin of a bound whose step follows a miss above the last
+  // step's bound (per step kind; adaptive conformal calibration on that
+  // condition alone: Mondrian). Misses cluster where the steps' length has
+  // memory the bounds do not model (a loader behind for a few steps).
+  std::array<MarginCalibrator, kNumStepKinds> burst_cal_;
+  int64_t high_miss_step_ = -1;  // the last step longer than its bound (-1: none)
+  double high_miss_excess_ = 0;  // by how much (ns): burst_cal_'s margin's unit
   std::vector<WindowClaim> claims_;
   // Models are built from the history as it stands after an Observe or a
   // Relearn (CheckRegime's, inside Observe, before the history changes):

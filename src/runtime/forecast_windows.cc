@@ -861,6 +861,14 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
 }
 
 bool Forecaster::Impl::DurationBound(int64_t step, double& lo, double& hi, bool* local) const {
+  double widen = 0;
+  if (!UnwidenedBound(step, lo, hi, local, &widen)) return false;
+  if (high_miss_step_ >= 0 && high_miss_step_ == last_step_) hi += widen;
+  return true;
+}
+
+bool Forecaster::Impl::UnwidenedBound(int64_t step, double& lo, double& hi, bool* local,
+                                      double* widen) const {
   const StepModel& m = ModelFor(step);
   if (!m.ok || !m.kind_known) return false;
   const bool use_local = step <= m.local_until;
@@ -871,6 +879,10 @@ bool Forecaster::Impl::DurationBound(int64_t step, double& lo, double& hi, bool*
   lo = std::max(use_local ? std::min(s.lo, m.dur.lo) : s.lo, 0.0);
   hi = s.hi;
   if (local != nullptr) *local = use_local;
+  if (widen != nullptr) {
+    *widen = std::max(burst_cal_[static_cast<int>(KindAt(step))].margin(), 0.0) *
+             std::max(high_miss_excess_, s.spread);
+  }
   return true;
 }
 

@@ -1564,6 +1564,79 @@ TEST(Forecaster, StepsJustOutsideTheirBoundStartNoNewRegime) {
   EXPECT_EQ(fc.regime_changes(), 1);
 }
 
+// A loader that falls behind on 1 % of the steps and stays behind with
+// probability 0.8 a step (bursts of 5 steps on average), stalling 40-90 ms a
+// step meanwhile, among ~63 ms steps. `clustered` false: as many stalls, on
+// steps drawn at random. Each step is scored against NextStepBounds(1) taken
+// before it; `after_miss` counts the steps that follow one longer than its
+// bound.
+struct BurstReplay {
+  int scored = 0, covered = 0, after_miss = 0, after_miss_covered = 0;
+  std::vector<double> width_after_miss, width_other;  // hi - lo, ms
+};
+BurstReplay ReplayBursts(bool clustered, uint32_t seed) {
+  Forecaster fc = Make(Opts(2000));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::uniform_int_distribution<int64_t> stall(40, 90), wait(2, 4);
+  BurstReplay r;
+  bool behind = false, missed = false;
+  int64_t t = 0;
+  for (int i = 0; i < 4000; ++i) {
+    behind = clustered ? u(rng) < (behind ? 0.8 : 0.01) : u(rng) < 0.0476;
+    const int64_t dw = behind ? stall(rng) : wait(rng);
+    auto b = fc.NextStepBounds(1);
+    if (b.ok() && !b->empty()) {
+      const int64_t d = (dw + 60) * kMs;
+      const bool in = d >= (*b)[0].lo_ns && d <= (*b)[0].hi_ns;
+      ++r.scored;
+      r.covered += in ? 1 : 0;
+      const double width = static_cast<double>((*b)[0].hi_ns - (*b)[0].lo_ns) / kMs;
+      if (missed) {
+        ++r.after_miss;
+        r.after_miss_covered += in ? 1 : 0;
+        r.width_after_miss.push_back(width);
+      } else {
+        r.width_other.push_back(width);
+      }
+      missed = d > (*b)[0].hi_ns;
+    }
+    Feed(fc, Step(i, t, dw));
+    t += dw + 60;
+  }
+  return r;
+}
+
+double Median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+TEST(Forecaster, AStepAfterAMissGetsAWiderBoundWhereMissesCluster) {
+  // Measured (seeds 1-4): 0.90-0.97 of the steps after a miss covered,
+  // 0.977-0.981 of all (0.58-0.65 and 0.970-0.973 with the bounds after a
+  // miss as any other).
+  for (const uint32_t seed : {1u, 2u, 3u}) {
+    const BurstReplay r = ReplayBursts(true, seed);
+    ASSERT_GT(r.after_miss, 50) << "seed " << seed;
+    EXPECT_GE(static_cast<double>(r.covered) / r.scored, 0.9545) << "seed " << seed;
+    EXPECT_GE(static_cast<double>(r.after_miss_covered) / r.after_miss, 0.85) << "seed " << seed;
+  }
+}
+
+TEST(Forecaster, AStepAfterAMissIsBoundedAsAnyOtherWhereMissesDoNotCluster) {
+  // The same stalls at random: a miss says nothing of the next step. The
+  // bounds after one widen only while a chance miss after a miss is
+  // remembered (measured, seeds 1-4: their median width 1.00, 1.03, 1.07
+  // and 1.18 times the others'; a lone miss is undone by about 21 hits).
+  for (const uint32_t seed : {1u, 2u, 3u, 4u}) {
+    const BurstReplay r = ReplayBursts(false, seed);
+    ASSERT_GT(r.after_miss, 50) << "seed " << seed;
+    EXPECT_GE(static_cast<double>(r.covered) / r.scored, 0.9545) << "seed " << seed;
+    EXPECT_LE(Median(r.width_after_miss), 1.25 * Median(r.width_other)) << "seed " << seed;
+  }
+}
+
 TEST(Forecaster, ASlowdownStartsANewRegimeWithinThreeSteps) {
   Forecaster fc = Make(Opts(2000));
   Jitter j;
