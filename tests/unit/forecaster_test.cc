@@ -1059,6 +1059,33 @@ TEST(Forecaster, AHostGapOftenMissingInNormalStepsIsNotClaimedInAnEventStepFromI
   EXPECT_EQ(HostSideGuaranteedAt(*f, 139), -1);
 }
 
+// A host gap in every normal step for 50 steps, then missing from one: the
+// gap may be missing from far more steps than 1 in 51 (by the rule of
+// succession, 2 in 53 is above α/2), so it is not claimed until enough steps
+// with it have followed. Before, it was claimed at once (50 of 51 steps).
+TEST(Forecaster, AHostGapSeenMissingOnceIsNotClaimedUntilEnoughStepsShowIt) {
+  Forecaster fc = Make(Opts(2000));
+  int64_t t = 0;
+  int i = 0;
+  for (; i < 50; ++i) t += FeedHostGapStep(fc, i, t, 3, false);
+  auto before = fc.Predict(t * kMs);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_GT(HostSideGuaranteedAt(*before, i), 0) << "claimed while never seen missing";
+  t += FeedHostGapStep(fc, i++, t, 0, false);  // missing
+  auto after = fc.Predict(t * kMs);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(HostSideGuaranteedAt(*after, i), -1);
+  // (1 + 1) / (n + 2) <= α/2 from n = 86 on.
+  for (; i < 84; ++i) t += FeedHostGapStep(fc, i, t, 3, false);
+  auto f84 = fc.Predict(t * kMs);
+  ASSERT_TRUE(f84.ok()) << f84.status();
+  EXPECT_EQ(HostSideGuaranteedAt(*f84, i), -1) << "84 steps, one missing";
+  for (; i < 90; ++i) t += FeedHostGapStep(fc, i, t, 3, false);
+  auto f90 = fc.Predict(t * kMs);
+  ASSERT_TRUE(f90.ok()) << f90.status();
+  EXPECT_GT(HostSideGuaranteedAt(*f90, i), 0) << "90 steps, one missing";
+}
+
 // Normal steps whose host gap is anywhere in 1-9 ms (at random): a checkpoint step's gap
 // of 9 ms every time, 5 times, is claimed for no more than the normal steps'
 // low end (before: about 8.5 ms, from 5 equal lengths and the small-sample
