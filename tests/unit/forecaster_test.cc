@@ -1086,6 +1086,39 @@ TEST(Forecaster, AHostGapSeenMissingOnceIsNotClaimedUntilEnoughStepsShowIt) {
   EXPECT_GT(HostSideGuaranteedAt(*f90, i), 0) << "90 steps, one missing";
 }
 
+// Host-side pauses at random (here at steps 18 and 85 of 150): two of them
+// make no period. Before, the second made one of 67 steps and the next pause
+// was claimed at step 152 (a generated job's: 24 ms, all false). Two evals
+// at the same steps still do: an eval or a checkpoint comes on a period far
+// more often than not.
+TEST(Forecaster, TwoHostPausesAtRandomMakeNoPeriodButTwoEvalsDo) {
+  for (const PhaseId pause_phase : {phase::kHost, phase::kEval}) {
+    Forecaster fc = Make(Opts(60000));
+    int64_t t = 0;
+    for (int i = 0; i < 150; ++i) {
+      const int64_t end = i == 18 || i == 85 ? 120 : 80;
+      Feed(fc, MakeStep(i, t, end,
+                        {{phase::kDataWait, 0, 2},
+                         {phase::kCompute, 2, 70},
+                         {phase::kOptimizer, 70, 80},
+                         {end > 80 ? pause_phase : phase::kOptimizer, 80, end}}));
+      t += end;
+    }
+    auto f = fc.Predict(t * kMs);
+    ASSERT_TRUE(f.ok()) << f.status();
+    std::vector<int64_t> claimed;
+    for (const IdleWindow& w : f->windows) {
+      if (w.kind == IdleKind::kHostSide || w.kind == IdleKind::kEval) claimed.push_back(w.step);
+    }
+    if (pause_phase == phase::kHost) {
+      EXPECT_TRUE(claimed.empty()) << "host pause claimed at step " << claimed.front();
+    } else {
+      ASSERT_FALSE(claimed.empty());
+      EXPECT_EQ(claimed.front(), 152) << "the eval's period: 67 steps";
+    }
+  }
+}
+
 // Normal steps whose host gap is anywhere in 1-9 ms (at random): a checkpoint step's gap
 // of 9 ms every time, 5 times, is claimed for no more than the normal steps'
 // low end (before: about 8.5 ms, from 5 equal lengths and the small-sample
