@@ -142,8 +142,9 @@ Forecaster::Impl::Impl(const ForecastOptions& o)
   bound_cal_.fill(MarginCalibrator(0.6 * alpha_, 0.2));
   local_cal_.fill(MarginCalibrator(0.6 * alpha_, 0.2));
   // The steps after a miss aim at the stated rate itself: where misses do
-  // not cluster they miss as rarely as the others (at 0.6α), and the margin
-  // stays at or below 0 (no widening).
+  // not cluster they miss as rarely as the others (at 0.6α), so the margin
+  // stays at or below 0 (no widening) but for the covered steps it takes to
+  // undo a chance miss after a miss.
   burst_cal_.fill(MarginCalibrator(alpha_, kBurstGain));
   for (auto& p : slot_period_) p.fill(1);
   dur_period_.fill(1);
