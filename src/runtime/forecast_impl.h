@@ -232,6 +232,9 @@ class Forecaster::Impl {
     // (SpikeBits), and the rule is used even where the residue classes have
     // a period (they mix its phases).
     bool restarts = false;
+    // An eval or checkpoint step came after the last spike: where the
+    // rhythm restarts there, its phase is unknown until it spikes again.
+    bool event_since_spike = false;
   };
   static constexpr double kSpikeFactor = 4;
   static constexpr size_t kKeptSpikes = 8;

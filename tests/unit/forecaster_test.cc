@@ -1083,6 +1083,45 @@ TEST(Forecaster, ALogOfEveryFifthStepClaimsNothingInTheStepsBetween) {
   for (const int64_t s : stall_steps) EXPECT_EQ(s % 5, 4) << "claimed at step " << s;
 }
 
+// A loader made again after each eval (every 40 steps) stalls every 6th
+// step counted from it: the stalls' phase moves at each eval. Once the
+// rhythm is known to restart there, the step the old phase names after an
+// eval is not claimed: the new phase is unknown until the first stall
+// after the eval (logged every 5th step, a stall every 4th counted from
+// each eval: its 20 claims after evals all false, precision 0.79).
+TEST(Forecaster, ARhythmThatRestartsAtEachEvalIsNotClaimedAfterOneUntilItStallsAgain) {
+  Forecaster fc = Make(Opts(20000));
+  Jitter j;
+  int64_t t = 0;
+  int64_t last_eval = -1;
+  for (int i = 0; i < 120; ++i) {
+    if (i % 40 == 39) {
+      const int64_t d = j(300, 0.02);
+      Feed(fc,
+           MakeStep(
+               i, t, 60 + d,
+               {{phase::kDataWait, 0, 2}, {phase::kCompute, 2, 60}, {phase::kEval, 60, 60 + d}}));
+      t += 60 + d;
+      last_eval = i;
+      continue;
+    }
+    const bool stall = (i - last_eval) % 6 == 0;
+    const int64_t dw = stall ? j(150, 0.05) : j(3, 0.2);
+    Feed(fc, Step(i, t, dw));
+    t += dw + 60;
+  }
+  ASSERT_EQ(last_eval, 119);
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  for (const IdleWindow& w : f->windows) {
+    // The old phase (stalls at 85, 91, ..., 115) names 121 and 127; the new
+    // one 125, 131.
+    if (w.kind == IdleKind::kDataStall && w.step < 130) {
+      EXPECT_LT(w.guaranteed_ns, 50 * kMs) << "a stall claimed at step " << w.step;
+    }
+  }
+}
+
 // A host gap in every normal step for 50 steps, then missing from one: the
 // gap may be missing from far more steps than 1 in 51 (by the rule of
 // succession, 2 in 53 is above α/2), so it is not claimed until enough steps
