@@ -620,11 +620,7 @@ void Forecaster::Impl::LearnSpikes(const StepObs& obs) {
     while (!sp.kept.empty() && sp.kept.front().step < since) sp.kept.pop_front();
     if (sp.kept.empty()) sp.restarts = false;  // a new regime: learned again
     const bool spiked = obs.spikes.test(key);
-    if (spiked) {
-      sp.event_since_spike = false;
-    } else if (obs.kind != StepKind::kNormal) {
-      sp.event_since_spike = true;
-    }
+    sp.event_since_spike = !spiked && (sp.event_since_spike || obs.kind != StepKind::kNormal);
     if (spiked) {
       sp.kept.push_back(obs);
       // The rule is the major spikes': a loader's 300 ms stall every 150
@@ -912,7 +908,7 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
 }
 
 void Forecaster::Impl::TrackBurst(const StepObs& obs) {
-  const bool after_miss = high_miss_step_ >= 0 && high_miss_step_ == last_step_;
+  const bool after_miss = AfterHighMiss();
   high_miss_step_ = -1;
   double lo = 0, hi = 0, widen = 0;
   if (!UnwidenedBound(obs.step, lo, hi, nullptr, &widen)) return;

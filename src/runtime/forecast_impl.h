@@ -285,6 +285,8 @@ class Forecaster::Impl {
   // Scores the bound of `obs` (called before the history takes it): updates
   // burst_cal_ when the step followed a miss, and notes whether it missed.
   void TrackBurst(const StepObs& obs);
+  // The last observed step ran past its bound's upper end.
+  bool AfterHighMiss() const { return high_miss_step_ >= 0 && high_miss_step_ == last_step_; }
   // The marginal bound only (the regime detector's reference).
   bool MarginalBound(int64_t step, double& lo, double& hi) const;
   const StepModel& ModelFor(int64_t step) const;

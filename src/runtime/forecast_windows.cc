@@ -503,18 +503,19 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       }
       // Published only where the slot occurs in (nearly) every matching
       // step, and for normal steps once there are three of them.
+      // The share of missing steps is at most α/2. In normal steps, once
+      // the slot has been seen missing, by the rule of succession
+      // ((missing + 1) / (n + 2)): it may be missing from far more than it
+      // was seen missing from (a host-side gap of lognormal length, σ 0.8,
+      // median 3 ms, below the 1 ms window minimum in 8.5 % of the steps,
+      // missing from 1 of its first 44, was claimed in the next 24 at
+      // precision 0.9495).
       const int need = base == StepKind::kNormal ? 3 : 1;
-      if (n < need || static_cast<double>(a.size()) < (1 - alpha_ / 2) * n) continue;
-      // A slot seen missing from a step may be missing from far more than
-      // it was seen missing from: its share of missing steps, by the rule
-      // of succession ((missing + 1) / (n + 2)), is at most α/2. A host-side
-      // gap of lognormal length (σ 0.8, median 3 ms) below the 1 ms window
-      // minimum in 8.5 % of the steps, missing from 1 of its first 44,
-      // was claimed in the next 24 at precision 0.9495.
       const auto missing = static_cast<double>(n) - static_cast<double>(a.size());
-      if (base == StepKind::kNormal && missing > 0 && (missing + 1) / (n + 2) > alpha_ / 2) {
-        continue;
-      }
+      const double missing_share = base == StepKind::kNormal && missing > 0
+                                       ? (missing + 1) / (n + 2)
+                                       : missing / std::max(n, 1);
+      if (n < need || missing_share > alpha_ / 2) continue;
     }
     const bool recurring = Recurring(key);
     if (key == kGapKey && d.size() > kRecentGaps) {
@@ -873,7 +874,7 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
 bool Forecaster::Impl::DurationBound(int64_t step, double& lo, double& hi, bool* local) const {
   double widen = 0;
   if (!UnwidenedBound(step, lo, hi, local, &widen)) return false;
-  if (high_miss_step_ >= 0 && high_miss_step_ == last_step_) hi += widen;
+  if (AfterHighMiss()) hi += widen;
   return true;
 }
 
@@ -1066,14 +1067,14 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
   // steps missing at random (gaps of 5, 10, 25) keeps them: there the walk
   // below stopped at the first cycle of steps without windows, and the
   // logged steps' windows after it were lost (recall 0.86 → 0.69).
-  bool one_residue = stride_ > 1 && hist_.size() > 1;
-  for (size_t i = 1; one_residue && i < hist_.size(); ++i) {
-    one_residue = hist_[i].step - hist_[i - 1].step == stride_;
+  bool strided = stride_ > 1 && hist_.size() > 1;
+  for (size_t i = 1; strided && i < hist_.size(); ++i) {
+    strided = hist_[i].step - hist_[i - 1].step == stride_;
   }
   for (int64_t s = last_step_ + 1; s < limit; ++s) {
     const StepModel& m = ModelFor(s);
     if (!m.ok || m.dur.mean <= 0) break;
-    const bool between_logged = one_residue && (s - last_step_) % stride_ != 0;
+    const bool between_logged = strided && (s - last_step_) % stride_ != 0;
     // A step whose model has a gap before it (kGapKey: a flush every 50
     // steps, a batch fetched outside the hooks) starts after that gap, not
     // after the pooled gaps' mean.
