@@ -266,6 +266,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   }
   hist_.push_back(obs);
   if (static_cast<int>(hist_.size()) > opt_.history_steps) EvictOldest();
+  log_stride_ = -1;  // LogStride() of the history with this step
   LearnSpikes(obs);
   ++regime_steps_;
   Transient(obs);
@@ -338,11 +339,22 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
       o.rule = {};
     }
     // Only rare slots are events (a slot in every logged step of a sampled
-    // log is equally spaced too, but it is no event).
+    // log is equally spaced too, but it is no event). In a log of every
+    // k-th step, a rule at least 2k apart that names exactly the logged
+    // steps with the slot is rare among the steps themselves: a checkpoint
+    // every 20 steps is in every other step of a log of every 10th (its
+    // 13 checkpoint steps were bounded as normal ones, 0 of 13 covered).
     if (o.rule.every > 0) {
       int present = 0;
-      for (const StepObs& h : hist_) present += h.Find(key) != nullptr ? 1 : 0;
-      if (2 * present >= static_cast<int>(hist_.size())) o.rule = {};
+      bool exact = true;
+      for (const StepObs& h : hist_) {
+        const bool here = h.Find(key) != nullptr;
+        present += here ? 1 : 0;
+        exact = exact && here == o.rule.OccursAt(h.step);
+      }
+      const int64_t k = LogStride();
+      const bool rare_in_steps = exact && k > 1 && o.rule.every >= 2 * k;
+      if (2 * present >= static_cast<int>(hist_.size()) && !rare_in_steps) o.rule = {};
     }
     // An event declared by wall time follows no step rule: its spacing in
     // steps wanders with the steps' lengths (69, 69, then 68 steps).

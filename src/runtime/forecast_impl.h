@@ -293,7 +293,10 @@ class Forecaster::Impl {
   // `combo`: a checkpoint and an eval are both predicted at `step`.
   // `next`: `step` is the next logged step (an event's start then follows
   // the normal steps' recent level where their durations have memory).
-  StepModel BuildModel(int64_t step, StepKind kind, bool combo, bool next = false) const;
+  // `between`: a step between the logged ones (BetweenLogged), predicted
+  // from all the normal steps alike, whatever their residues and spikes.
+  StepModel BuildModel(int64_t step, StepKind kind, bool combo, bool next = false,
+                       bool between = false) const;
   // An event whose lengths follow a rhythm of its occurrences
   // (oc.length_period > 1): keeps, in the occurrences' parallel vectors,
   // those of `step`'s class (when it has 3). Unchanged otherwise.
@@ -363,6 +366,13 @@ class Forecaster::Impl {
   // The normal steps' cycle: the least common multiple of the periods in
   // use, 0 when above kMaxCycle.
   int64_t CycleLength() const;
+  // k where every gap between the steps in the history is k > 1 (a log of
+  // every k-th step); 0 otherwise (every step logged, or steps missing at
+  // random). Kept until the models are forgotten.
+  int64_t LogStride() const;
+  // A normal step between the logged ones of a log of every k-th step
+  // (after the last observed): nothing is known of its place in any rhythm.
+  bool BetweenLogged(int64_t step) const;
   // The first step in [from, limit) with a declared or learned event or a
   // spike rule's spike, or limit.
   int64_t NextEventStep(int64_t from, int64_t limit) const;
@@ -491,12 +501,14 @@ class Forecaster::Impl {
   mutable std::unordered_map<int64_t, StepModel> cache_;
   void ForgetModels() {
     cache_.clear();
+    log_stride_ = -1;
     basis_valid_ = false;
     class_gap_hi_.clear();
   }
   // GapHi of the steps without a gap slot, by residue (of the gap slot's
   // period); forgotten with the models.
   mutable std::map<int64_t, double> class_gap_hi_;
+  mutable int64_t log_stride_ = -1;  // LogStride(), -1 until computed
   // What every model built from one history shares (BuildModel): the
   // normal steps' residue-class means and the quantiles of their residuals,
   // and (levels) the normal steps' durations by class and the residuals

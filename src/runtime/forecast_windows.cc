@@ -260,10 +260,11 @@ const Forecaster::Impl::NormalBasis& Forecaster::Impl::Basis(bool levels) const 
   return nb;
 }
 
-StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, bool next) const {
+StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, bool next,
+                                       bool between) const {
   StepModel m;
   m.rule_bits = RuleBits(step);
-  m.spike_bits = SpikeBits(step);
+  if (!between) m.spike_bits = SpikeBits(step);
   // The steps an event step is predicted from: the event steps kept beyond
   // the history, then the history.
   std::vector<const StepObs*> pool;
@@ -292,11 +293,13 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
   // (A step's spikes off the rules are neither: a minor one that is no
   // rule's is the noise of the steps that did not spike.)
   const auto alike = [&](const StepObs& o) {
+    if (between) return true;
     return !(o.spikes & spike_mask_).any() ? !m.spike_bits.any()
                                            : (o.spikes & SpikeBits(o.step)) == m.spike_bits;
   };
   std::vector<const StepObs*> same;
   const auto matching = [&](int period) {
+    if (between) period = 1;
     same.clear();
     if (m.spike_bits.any()) {
       const int key = m.spike_bits.first();
@@ -814,9 +817,12 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
   // use look alike: one model each.
   // The next logged step's event has a model of its own (BuildModel).
   const bool next = kind != StepKind::kNormal && step > last_step_ && step <= last_step_ + stride_;
-  uint64_t h = (static_cast<uint64_t>(kind) * 2 + (combo ? 1 : 0)) * 2 + (next ? 1 : 0);
-  for (const int p : periods_) h = h * 1'000'003 + static_cast<uint64_t>(step % p);
-  const SlotMask spikes = SpikeBits(step);
+  // A normal step between the logged ones: one model for all of them.
+  const bool between = BetweenLogged(step);
+  uint64_t h = ((static_cast<uint64_t>(kind) * 2 + (combo ? 1 : 0)) * 2 + (next ? 1 : 0)) * 2 +
+               (between ? 1 : 0);
+  for (const int p : periods_) h = h * 1'000'003 + static_cast<uint64_t>(between ? 0 : step % p);
+  const SlotMask spikes = between ? SlotMask{} : SpikeBits(step);
   h = h * 1'000'003 + spikes.Hash();
   if (kind != StepKind::kNormal) {
     // An event's lengths may follow its occurrences' rhythm
@@ -831,7 +837,7 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
   if (it != cache_.end() && it->second.rule_bits == bits && it->second.spike_bits == spikes) {
     return it->second;
   }
-  StepModel m = BuildModel(step, kind, combo, next);
+  StepModel m = BuildModel(step, kind, combo, next, between);
   bool seen = false;
   for (size_t i = 0; combo && !seen && i < hist_.size(); ++i) {
     seen = hist_[i].Find(SlotKey(IdleKind::kCheckpoint, 0)) != nullptr &&
@@ -969,6 +975,22 @@ absl::StatusOr<StepBound> Forecaster::Impl::SaveBound() const {
   return b;
 }
 
+int64_t Forecaster::Impl::LogStride() const {
+  if (log_stride_ >= 0) return log_stride_;
+  int64_t k = hist_.size() < 2 ? 0 : hist_[1].step - hist_[0].step;
+  for (size_t i = 2; k > 1 && i < hist_.size(); ++i) {
+    if (hist_[i].step - hist_[i - 1].step != k) k = 0;
+  }
+  log_stride_ = k > 1 ? k : 0;
+  return log_stride_;
+}
+
+bool Forecaster::Impl::BetweenLogged(int64_t step) const {
+  const int64_t k = LogStride();
+  return k > 1 && step > last_step_ && (step - last_step_) % k != 0 &&
+         KindAt(step) == StepKind::kNormal;
+}
+
 int64_t Forecaster::Impl::CycleLength() const {
   int64_t l = 1;
   for (const int p : periods_) {
@@ -1042,7 +1064,14 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
   // (the start's uncertainty only grows), so the walk jumps from event to
   // event, advancing the start by the cycle's per-step increments (prefix
   // sums over one cycle). The cost is then independent of the horizon.
-  const int64_t cycle = CycleLength();
+  // In a log of every k-th step, the steps between the logged ones have a
+  // model of their own (BetweenLogged): the cycle spans k steps too.
+  const int64_t stride = LogStride();
+  int64_t cycle = CycleLength();
+  if (stride > 1 && cycle > 0) {
+    cycle = std::lcm(cycle, stride);
+    if (cycle > kMaxCycle) cycle = 0;
+  }
   const int64_t limit = last_step_ + 10'000'000;
   std::vector<double> inc_mid, inc_var, inc_level;  // per residue mod cycle
   std::vector<char> inc_seen;
@@ -1067,14 +1096,10 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
   // steps missing at random (gaps of 5, 10, 25) keeps them: there the walk
   // below stopped at the first cycle of steps without windows, and the
   // logged steps' windows after it were lost (recall 0.86 → 0.69).
-  bool strided = stride_ > 1 && hist_.size() > 1;
-  for (size_t i = 1; strided && i < hist_.size(); ++i) {
-    strided = hist_[i].step - hist_[i - 1].step == stride_;
-  }
   for (int64_t s = last_step_ + 1; s < limit; ++s) {
     const StepModel& m = ModelFor(s);
     if (!m.ok || m.dur.mean <= 0) break;
-    const bool between_logged = strided && (s - last_step_) % stride_ != 0;
+    const bool between_logged = stride > 1 && (s - last_step_) % stride != 0;
     // A step whose model has a gap before it (kGapKey: a flush every 50
     // steps, a batch fetched outside the hooks) starts after that gap, not
     // after the pooled gaps' mean.
@@ -1196,8 +1221,8 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
       // Residues only ever seen at event steps: their normal steps' model.
       for (int64_t r2 = 0; r2 < cycle; ++r2) {
         if (inc_seen[static_cast<size_t>(r2)] != 0) continue;
-        const StepModel nm =
-            BuildModel(s + 1 + (((r2 - s - 1) % cycle) + cycle) % cycle, StepKind::kNormal, false);
+        const int64_t at = s + 1 + (((r2 - s - 1) % cycle) + cycle) % cycle;
+        const StepModel nm = BuildModel(at, StepKind::kNormal, false, false, BetweenLogged(at));
         const StepModel::Slot* ng = nm.GapSlot();
         inc_mid[static_cast<size_t>(r2)] = nm.dur.mean + (ng != nullptr ? ng->d.mean : gap_mean);
         inc_var[static_cast<size_t>(r2)] = nm.dur.var + (ng != nullptr ? ng->d.var : gap_var);
