@@ -479,7 +479,15 @@ void Forecaster::Impl::TrackWallClock(IdleKind kind, const StepRecord& rec, cons
   }
   bool strict = false;
   for (const WallClockRule& r : o.wall) strict = strict || (r.valid() && r.t_lo < r.t_hi);
-  if (explained || (o.rule_valid && !strict)) return;
+  // Nor does a step rule give way where every wall-clock rule needs
+  // occurrences the log does not show: an eval every 50 steps, then every
+  // 30, logged every 5th step, fits "every 6 s" if an unlogged eval came
+  // between each two of the old ones, and the step rule every 30 needs none
+  // (the wall-clock rule named no step: 5 evals after the change bounded as
+  // normal steps, next-step coverage 0.947-0.954 over 4 seeds).
+  bool unseen = true;
+  for (const WallClockRule& r : o.wall) unseen = unseen && (!r.valid() || r.skips > 0);
+  if (explained || (o.rule_valid && (!strict || unseen))) return;
   o.wall_in_use = true;
   o.rule_valid = false;
 }

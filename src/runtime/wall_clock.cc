@@ -46,7 +46,10 @@ WallClockRule Fit(const std::deque<TimedOccurrence>& occ, size_t first, WallCloc
     const int64_t anchor = r.Anchor(occ[i - 1]);
     const bool one_period = o.all_logged || static_cast<double>(r.EventCheck(o) - anchor) <
                                                 kWallClockSkipFactor * static_cast<double>(r.t_hi);
-    if (!one_period) continue;
+    if (!one_period) {
+      ++r.skips;
+      continue;
+    }
     r.t_lo = std::max(r.t_lo, r.QuietCheck(o.quiet_start_ns, o.quiet_end_ns) - anchor);
     ++lower;
   }

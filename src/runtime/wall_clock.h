@@ -49,6 +49,10 @@ inline constexpr int kNumWallClockChecks = 3;
 struct WallClockRule {
   int64_t t_lo = 0, t_hi = 0;
   int pairs = 0;
+  // Of the pairs, those far enough apart to span an occurrence the log does
+  // not show (steps not logged between them): the rule holds only if there
+  // was one.
+  int skips = 0;
   int64_t lag = 0;
   WallClockCheck check = WallClockCheck::kStepStart;
   bool valid() const { return pairs > 0; }

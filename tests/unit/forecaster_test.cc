@@ -1141,6 +1141,29 @@ TEST(Forecaster, ACheckpointInEveryOtherStepOfALogOfEveryTenthIsBoundedAsACheckp
   EXPECT_GE((*b)[19].hi_ns, 380 * kMs);
 }
 
+// Every 5th step logged of a job whose undeclared eval came every 50 steps
+// (49, 99, ..., 999) and comes every 30 since (1029, 1059, ...). "Every
+// ~6 s" fits the evals too, if an unlogged one came between each two of the
+// old ones; the rule of every 30 steps needs none, and stays. Before, the
+// wall-clock rule dropped it and named no step: the evals at 1119-1209
+// were bounded as normal steps.
+TEST(Forecaster, AnEvalPeriodThatChangedInALogOfEveryFifthStepIsLearnedFromItsSteps) {
+  Forecaster fc = Make(Opts(20000));
+  Jitter j;
+  int64_t t = 0;
+  for (int64_t i = 0; i < 1115; ++i) {
+    const bool eval = i < 1000 ? i % 50 == 49 : i % 30 == 9;
+    const int64_t dw = j(20, 0.1), c = j(60, 0.03), ev = eval ? j(600, 0.05) : 0;
+    if (i % 5 == 4) Feed(fc, eval ? EvalStep(i, t, dw, c, ev) : Step(i, t, dw));
+    t += dw + (eval ? c + ev : 60);
+  }
+  auto b = fc.NextStepBounds(5);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->size(), 5u);
+  EXPECT_EQ((*b)[4].step, 1119);
+  EXPECT_GE((*b)[4].lo_ns, 500 * kMs);  // an eval step
+}
+
 // Every 10th step logged of a job whose loader stalls ~200 ms every 7th
 // step and that runs a declared eval every 64th: the logged steps stall
 // every 70th, a rhythm that names logged steps only. Nothing is known of

@@ -162,5 +162,34 @@ TEST(WallClock, AnOccurrenceTheLogDoesNotShowLeavesThePeriodBounded) {
   EXPECT_GE(learned, 5);
 }
 
+TEST(WallClock, CountsThePairsThatMaySpanAnOccurrenceTheLogDoesNotShow) {
+  const int64_t period = 20'000 * kMs;
+  // Every step logged: no pair can hide one.
+  const auto all = Simulate(WallClockCheck::kStepStart, period, 3, 1500, [](int) { return true; });
+  const WallClockRule r = LearnWallClock(all, WallClockCheck::kStepStart, kTol);
+  ASSERT_TRUE(r.valid());
+  EXPECT_EQ(r.skips, 0);
+  // The occurrence at the fourth period not logged, nor the steps around
+  // it: that pair spans it, the others are one period each.
+  std::deque<TimedOccurrence> occ;
+  for (const int k : {0, 1, 2, 4, 5, 6}) {
+    const int64_t t = k * (period + 50 * kMs);
+    TimedOccurrence o;
+    o.step = 100 * k;
+    o.start_ns = o.event_a_ns = t;
+    o.event_b_ns = t + 700 * kMs;
+    if (k > 0) {
+      o.quiet_step = o.step - 1;  // the step before it, logged
+      o.quiet_start_ns = t - 250 * kMs;
+      o.quiet_end_ns = t - 50 * kMs;
+    }
+    occ.push_back(o);
+  }
+  const WallClockRule s = LearnWallClock(occ, WallClockCheck::kStepStart, kTol);
+  ASSERT_TRUE(s.valid());
+  EXPECT_EQ(s.pairs, 5);
+  EXPECT_EQ(s.skips, 1);
+}
+
 }  // namespace
 }  // namespace omni
