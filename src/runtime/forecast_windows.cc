@@ -22,6 +22,10 @@ constexpr int kResidueAhead = 16;
 // Predict jumps over runs of normal steps by their cycle when it is at most
 // this long (else it walks every step).
 constexpr int64_t kMaxCycle = 4096;
+// A recurring slot of all normal steps alike whose lengths vary more than
+// this (standard deviation over mean) is claimed only from ⌈1/α⌉ − 1 of
+// them.
+constexpr double kFewCv = 0.3;
 // The furthest a fully negative margin pulls a quantile towards the median
 // (as a fraction of their distance).
 constexpr double kMaxPull = 0.5;
@@ -586,6 +590,23 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
     // late does not shorten the next one's guarantee.
     const Spread lengths = recurring ? Spread::kPerSideLog : Spread::kPerSide;
     Summarize(d, sl.d, wm, lengths);
+    // A slot of every normal step alike (no residue period or spike rule
+    // of its own: a regime's first steps) whose lengths vary widely (a
+    // loader's fetch overlapping the previous step's compute: what is
+    // left, often nothing): its few lengths show nothing of how often it is
+    // missing or short, and the next falls below all n of them with
+    // probability 1 / (n + 1). Claimed from ⌈1/α⌉ − 1 lengths (21 at the
+    // default confidence); one of nearly constant length is structural,
+    // claimed from 3 with the small-sample prior. (A generated loader's
+    // first 5 waits, 31-81 ms, claimed 18.5 ms of the next, which waited
+    // 0.5.) A residue class is exempt: its lengths are few by its period
+    // (a wait of ~5 ms, σ 0.3 in log space, every 50th step a stall: the
+    // waits' 50 classes claimed nothing for 1,000 steps).
+    if (recurring && base == StepKind::kNormal && key != kGapKey && slot_period_[kb][key] <= 1 &&
+        !m.spike_bits.test(key) && static_cast<double>(d.size()) < std::ceil(1 / alpha_) - 1 &&
+        sl.d.mean > 0 && std::sqrt(sl.d.var) > kFewCv * sl.d.mean) {
+      continue;
+    }
     if (!recurring && d_step.size() == 1 && d_step.front() == oc.first && ColdStart(normal)) {
       // Measured once (d_step: before a cold first length was left out
       // above), at its first occurrence in a job that started cold:
