@@ -22,10 +22,13 @@ constexpr int kResidueAhead = 16;
 // Predict jumps over runs of normal steps by their cycle when it is at most
 // this long (else it walks every step).
 constexpr int64_t kMaxCycle = 4096;
-// A recurring slot of all normal steps alike whose lengths vary more than
-// this (standard deviation over mean) is claimed only from ⌈1/α⌉ − 1 of
-// them.
+// A recurring slot of normal steps whose lengths vary more than this
+// (standard deviation over mean) in a regime's first ⌈1/α⌉ − 1 steps is
+// not claimed until then (WidelyVaryingFew).
 constexpr double kFewCv = 0.3;
+// ... unless the step's residue class of the slot cuts that spread by this
+// factor (a stall every 3rd step: 1.4 in all steps, 0.05 in its class).
+constexpr double kFewCvCut = 5;
 // The furthest a fully negative margin pulls a quantile towards the median
 // (as a fraction of their distance).
 constexpr double kMaxPull = 0.5;
@@ -262,6 +265,27 @@ const Forecaster::Impl::NormalBasis& Forecaster::Impl::Basis(bool levels) const 
     }
   }
   return nb;
+}
+
+bool Forecaster::Impl::WidelyVaryingFew(const std::vector<const StepObs*>& pool, int key,
+                                        const std::vector<double>& d) const {
+  std::vector<double> v;  // the slot's lengths in the normal steps
+  int normal = 0;
+  for (const StepObs* o : pool) {
+    if (o->kind != StepKind::kNormal) continue;
+    ++normal;
+    if (const SlotObs* s = o->Find(key)) v.push_back(static_cast<double>(s->b - s->a));
+  }
+  if (static_cast<double>(normal) >= std::ceil(1 / alpha_) - 1) return false;
+  const auto cv = [](const std::vector<double>& x) {
+    if (x.empty()) return 0.0;
+    const double mean = Mean(x.begin(), x.end());
+    double sq = 0;
+    for (const double y : x) sq += (y - mean) * (y - mean);
+    return mean > 0 ? std::sqrt(sq / static_cast<double>(x.size())) / mean : 0.0;
+  };
+  const double all = cv(v);
+  return all > kFewCv && cv(d) > all / kFewCvCut;
 }
 
 StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, bool next,
@@ -590,21 +614,25 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
     // late does not shorten the next one's guarantee.
     const Spread lengths = recurring ? Spread::kPerSideLog : Spread::kPerSide;
     Summarize(d, sl.d, wm, lengths);
-    // A slot of every normal step alike (no residue period or spike rule
-    // of its own: a regime's first steps) whose lengths vary widely (a
-    // loader's fetch overlapping the previous step's compute: what is
-    // left, often nothing): its few lengths show nothing of how often it is
-    // missing or short, and the next falls below all n of them with
-    // probability 1 / (n + 1). Claimed from ⌈1/α⌉ − 1 lengths (21 at the
-    // default confidence); one of nearly constant length is structural,
-    // claimed from 3 with the small-sample prior. (A generated loader's
-    // first 5 waits, 31-81 ms, claimed 18.5 ms of the next, which waited
-    // 0.5.) A residue class is exempt: its lengths are few by its period
-    // (a wait of ~5 ms, σ 0.3 in log space, every 50th step a stall: the
-    // waits' 50 classes claimed nothing for 1,000 steps).
-    if (recurring && base == StepKind::kNormal && key != kGapKey && slot_period_[kb][key] <= 1 &&
-        !m.spike_bits.test(key) && static_cast<double>(d.size()) < std::ceil(1 / alpha_) - 1 &&
-        sl.d.mean > 0 && std::sqrt(sl.d.var) > kFewCv * sl.d.mean) {
+    // A slot of every normal step whose lengths vary widely (a loader's
+    // fetch overlapping the previous step's compute: what is left, often
+    // nothing) in a regime's first ⌈1/α⌉ − 1 steps (21 at the default
+    // confidence): its few lengths show nothing of how often it is missing
+    // or short, and the next falls below all n of them with probability
+    // 1 / (n + 1). Not claimed until then; one of nearly constant length is
+    // structural, claimed from 3 with the small-sample prior. (A generated
+    // loader's first 5 waits, 31-81 ms, claimed 18.5 ms of the next, which
+    // waited 0.5.) The lengths of all its steps: a period chosen from so few
+    // is no evidence (a loader that started 8 steps behind, 73-225 ms, got a
+    // period of 2 whose classes varied by 0.15 and 0.26, and claimed 73 ms
+    // of the next step, which waited 2), unless it cuts the spread to a
+    // fifth (a stall every 3rd step: 1.4 in all steps, 0.05 in its class).
+    // Later the slot's residue classes are few by their period, not by the
+    // regime's length (a wait of ~5 ms, σ 0.3 in log space, with a stall
+    // every 50th step: the waits' 50 classes claimed nothing for 1,000
+    // steps when held to 21 each).
+    if (recurring && base == StepKind::kNormal && key != kGapKey &&
+        WidelyVaryingFew(pool, key, d)) {
       continue;
     }
     if (!recurring && d_step.size() == 1 && d_step.front() == oc.first && ColdStart(normal)) {
