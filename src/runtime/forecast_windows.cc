@@ -269,14 +269,14 @@ const Forecaster::Impl::NormalBasis& Forecaster::Impl::Basis(bool levels) const 
 
 bool Forecaster::Impl::WidelyVaryingFew(const std::vector<const StepObs*>& pool, int key,
                                         const std::vector<double>& d) const {
-  std::vector<double> v;  // the slot's lengths in the normal steps
-  int normal = 0;
-  for (const StepObs* o : pool) {
-    if (o->kind != StepKind::kNormal) continue;
-    ++normal;
-    if (const SlotObs* s = o->Find(key)) v.push_back(static_cast<double>(s->b - s->a));
-  }
+  const auto normal = std::count_if(pool.begin(), pool.end(),
+                                    [](const StepObs* o) { return o->kind == StepKind::kNormal; });
   if (static_cast<double>(normal) >= std::ceil(1 / alpha_) - 1) return false;
+  std::vector<double> v;  // the slot's lengths in the normal steps
+  for (const StepObs* o : pool) {
+    const SlotObs* s = o->kind == StepKind::kNormal ? o->Find(key) : nullptr;
+    if (s != nullptr) v.push_back(static_cast<double>(s->b - s->a));
+  }
   const auto cv = [](const std::vector<double>& x) {
     if (x.empty()) return 0.0;
     const double mean = Mean(x.begin(), x.end());
