@@ -295,11 +295,11 @@ class Forecaster::Impl {
   // the normal steps' recent level where their durations have memory).
   // Whether the regime has fewer than ⌈1/α⌉ − 1 normal steps (in `pool`)
   // and slot `key`'s lengths in them vary by more than kFewCv of their mean,
-  // and its lengths `d` in the step's residue class by more than a
-  // kFewCvCut-th of that: its few lengths show nothing of how often it is
-  // missing or short.
+  // and its lengths in the step's residue class (`cls`, summarised) by more
+  // than a kFewCvCut-th of that: its few lengths show nothing of how often
+  // it is missing or short.
   bool WidelyVaryingFew(const std::vector<const StepObs*>& pool, int key,
-                        const std::vector<double>& d) const;
+                        const SampleSummary& cls) const;
   // `between`: a step between the logged ones (BetweenLogged), predicted
   // from all the normal steps alike, whatever their residues and spikes.
   StepModel BuildModel(int64_t step, StepKind kind, bool combo, bool next = false,

@@ -268,7 +268,7 @@ const Forecaster::Impl::NormalBasis& Forecaster::Impl::Basis(bool levels) const 
 }
 
 bool Forecaster::Impl::WidelyVaryingFew(const std::vector<const StepObs*>& pool, int key,
-                                        const std::vector<double>& d) const {
+                                        const SampleSummary& cls) const {
   const auto normal = std::count_if(pool.begin(), pool.end(),
                                     [](const StepObs* o) { return o->kind == StepKind::kNormal; });
   if (static_cast<double>(normal) >= std::ceil(1 / alpha_) - 1) return false;
@@ -277,15 +277,12 @@ bool Forecaster::Impl::WidelyVaryingFew(const std::vector<const StepObs*>& pool,
     const SlotObs* s = o->kind == StepKind::kNormal ? o->Find(key) : nullptr;
     if (s != nullptr) v.push_back(static_cast<double>(s->b - s->a));
   }
-  const auto cv = [](const std::vector<double>& x) {
-    if (x.empty()) return 0.0;
-    const double mean = Mean(x.begin(), x.end());
-    double sq = 0;
-    for (const double y : x) sq += (y - mean) * (y - mean);
-    return mean > 0 ? std::sqrt(sq / static_cast<double>(x.size())) / mean : 0.0;
-  };
-  const double all = cv(v);
-  return all > kFewCv && cv(d) > all / kFewCvCut;
+  if (v.empty() || !(cls.mean > 0)) return false;
+  const double mean = Mean(v.begin(), v.end());
+  double sq = 0;
+  for (const double x : v) sq += (x - mean) * (x - mean);
+  const double all = std::sqrt(sq / static_cast<double>(v.size())) / mean;
+  return all > kFewCv && std::sqrt(cls.var) / cls.mean > all / kFewCvCut;
 }
 
 StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, bool next,
@@ -632,7 +629,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
     // every 50th step: the waits' 50 classes claimed nothing for 1,000
     // steps when held to 21 each).
     if (recurring && base == StepKind::kNormal && key != kGapKey &&
-        WidelyVaryingFew(pool, key, d)) {
+        WidelyVaryingFew(pool, key, sl.d)) {
       continue;
     }
     if (!recurring && d_step.size() == 1 && d_step.front() == oc.first && ColdStart(normal)) {
