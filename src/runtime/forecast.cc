@@ -855,6 +855,7 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
   if (UnwidenedBound(obs.step, lo, hi, &local, nullptr) && local) {
     local_cal_[static_cast<int>(obs.kind)].Update(d > hi || d < lo);
   }
+  if (LevelShift(obs)) return;
   if (!MarginalBound(obs.step, lo, hi)) return;
   // A step of another kind than the one predicted for it (its bound was
   // that kind's) is a miss of the bound, but no sign of a new regime: an
@@ -915,16 +916,63 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
   outlier_ = wide && !suspect_;
   if (run_len_ < 3) return;
   // Three misses on one side: a new regime begins with the missed steps.
-  {
-    std::vector<int64_t> missed{obs.step};
-    for (size_t i = hist_.size() - std::min<size_t>(hist_.size(), run_len_ - 1); i < hist_.size();
-         ++i) {
-      missed.push_back(hist_[i].step);
-    }
-    KeepPriorRegime(obs.step, missed);
+  BeginRegimeWithRun(obs, run_len_);
+}
+
+void Forecaster::Impl::BeginRegimeWithRun(const StepObs& obs, int run) {
+  std::vector<int64_t> missed{obs.step};
+  const auto before = static_cast<size_t>(run - 1);
+  for (size_t i = hist_.size() - std::min(hist_.size(), before); i < hist_.size(); ++i) {
+    missed.push_back(hist_[i].step);
   }
-  while (static_cast<int>(hist_.size()) > run_len_ - 1) hist_.pop_front();
+  KeepPriorRegime(obs.step, missed);
+  while (hist_.size() > before) hist_.pop_front();
   BeginRegime();
+}
+
+bool Forecaster::Impl::LevelShift(const StepObs& obs) {
+  // A level the steps left at once (a job moved to faster devices, a loader
+  // fixed): the marginal bound of a drifting series spans the drift, and
+  // the calibrator widens it at each miss, so that a step 0.6 times as long
+  // as the ones before missed it by less than its margin and the next ones
+  // not at all (a log of a growing curriculum running 0.6 times as long
+  // from its middle: no change in 400 steps, and its next eval claimed at
+  // the old length). Judged against the local-level bound of the run's
+  // first step (of the last normal step before it where it has none: the
+  // step after an event): beyond it by its width, kShiftSteps normal steps
+  // in a row on one side. Slow drift moves the level with the steps and
+  // never does; an event step between them neither breaks nor extends the
+  // run.
+  if (obs.kind != StepKind::kNormal || KindAt(obs.step) != StepKind::kNormal) return false;
+  const StepModel& m = ModelFor(obs.step);
+  if (shift_run_ == 0 && m.ok && obs.step <= m.local_until && m.dur_local.n > 0) {
+    shift_lo_ = m.dur_local.lo;
+    shift_hi_ = m.dur_local.hi;
+    shift_ref_step_ = obs.step;
+  }
+  if (shift_ref_step_ < 0 || obs.step - shift_ref_step_ > int64_t{2} * kShiftSteps) {
+    shift_run_ = 0;
+    return false;
+  }
+  const double width = shift_hi_ - shift_lo_;
+  const auto d = static_cast<double>(obs.duration());
+  const int side = d > shift_hi_ + width ? 1 : (d < shift_lo_ - width ? -1 : 0);
+  double lo = 0, hi = 0;
+  const bool marginal = side != 0 && MarginalBound(obs.step, lo, hi);
+  const bool missed = marginal && (d > hi || d < lo);
+  // A run begins only with a step the marginal bound missed as well: most
+  // of a rhythm's own long steps (a save's write slowing the 5 steps after
+  // it) leave the local level but not the bound of their class.
+  const bool begins = missed && (side > 0) == (d > hi);
+  if (side == 0 || (shift_run_ > 0 ? side != shift_side_ : !begins)) {
+    shift_run_ = 0;
+    return false;
+  }
+  shift_side_ = side;
+  if (++shift_run_ < kShiftSteps) return false;
+  if (marginal) bound_cal_[static_cast<int>(obs.kind)].Update(missed);
+  BeginRegimeWithRun(obs, kShiftSteps);
+  return true;
 }
 
 void Forecaster::Impl::TrackBurst(const StepObs& obs) {
@@ -1097,6 +1145,8 @@ void Forecaster::Impl::ResetRegimeState() {
   regime_steps_ = static_cast<int64_t>(hist_.size());
   run_len_ = 0;
   run_side_ = 0;
+  shift_run_ = 0;
+  shift_ref_step_ = -1;
   suspect_ = outlier_ = false;
   recent_.clear();
   claims_.clear();

@@ -390,6 +390,17 @@ class Forecaster::Impl {
   bool EventStepIn(int64_t a, int64_t b) const;
   void Relearn();
   void CheckRegime(const StepObs& obs);
+  // A new regime where kShiftSteps normal steps in a row lay beyond the
+  // local-level bound in place before the first of them by its width, on
+  // one side (true: it began).
+  bool LevelShift(const StepObs& obs);
+  // A new regime that begins with obs and the `run` − 1 steps before it
+  // (they missed the old regime's bounds).
+  void BeginRegimeWithRun(const StepObs& obs, int run);
+  static constexpr int kShiftSteps = 3;
+  int shift_run_ = 0, shift_side_ = 0;
+  int64_t shift_ref_step_ = -1;  // the step whose local bound is the reference
+  double shift_lo_ = 0, shift_hi_ = 0;
   // A new regime from scattered clear misses (true: it began); the state
   // reset of every new regime.
   bool ScatteredMisses();

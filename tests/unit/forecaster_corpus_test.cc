@@ -363,6 +363,35 @@ TEST(ForecasterCorpus, StepTimesWithMemoryGetBoundsFromTheirRecentLevel) {
   EXPECT_LE(Eval("drift.jsonl").next_step.slack_median, 1.15);
 }
 
+// The held-out drift trace (a curriculum that lengthens the steps 0.06% a
+// step under slow contention, an undeclared eval every 100 steps) running
+// 0.6 times as long from its middle step on, evals included: a job moved
+// to faster devices. The marginal bound spans the drift and the
+// calibrator widened it at each miss, so no new regime began in the 400
+// steps after, and the next eval was claimed at its old length (eval
+// precision 0.888).
+TEST(ForecasterCorpus, AnAbruptlyFasterDriftingJobBeginsANewRegimeAndItsEvalsHoldTheirClaims) {
+  auto log = ReadStepLog(std::string(OMNI_TEST_DATA_DIR) + "/drift.jsonl");
+  ASSERT_TRUE(log.ok()) << log.status();
+  const size_t cut = log->steps.size() / 2;
+  const int64_t t0 = log->steps[cut].start_ns;
+  const auto faster = [t0](int64_t t) { return t0 + (t - t0) * 6 / 10; };
+  for (size_t i = cut; i < log->steps.size(); ++i) {
+    StepRecord& r = log->steps[i];
+    r.start_ns = faster(r.start_ns);
+    r.end_ns = faster(r.end_ns);
+    for (int k = 0; k < r.num_spans; ++k) {
+      r.spans[static_cast<size_t>(k)].start_ns = faster(r.spans[static_cast<size_t>(k)].start_ns);
+      r.spans[static_cast<size_t>(k)].end_ns = faster(r.spans[static_cast<size_t>(k)].end_ns);
+    }
+  }
+  auto r = Evaluate(*log, EvaluateOptions{});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GE(r->regime_changes, 1);
+  EXPECT_GE(Kind(*r, IdleKind::kEval).precision(), r->claimed_confidence);
+  EXPECT_GE(r->total.precision(), r->claimed_confidence);
+}
+
 TEST(ForecasterCorpus, ARestartIsOneRegimeChangeAndTheSlowerStepsAreCovered) {
   const EvaluationReport r = Eval("restart.jsonl");
   EXPECT_EQ(r.regime_changes, 1);

@@ -1761,6 +1761,53 @@ TEST(Forecaster, ARestartBeginsANewRegimeAtOnce) {
   EXPECT_EQ(fc.regime_changes(), 1);
 }
 
+// A curriculum whose steps grow 0.06% a step under slow contention (AR(1),
+// φ 0.95, σ 1%), an undeclared eval every 100 steps, and from step 400 on
+// everything 0.6 times as long (moved to faster devices). The drift is no
+// new regime, however far it goes (LevelShift judges the steps against a
+// local level that moves with them); the jump is one within a few steps,
+// and the next eval is claimed at about its new length.
+// (ForecasterCorpus.AnAbruptlyFasterDriftingJobBeginsANewRegimeAndItsEvalsHoldTheirClaims:
+// the held-out drift trace so shifted, which the marginal bound alone
+// missed.)
+TEST(Forecaster, ADriftingSeriesBeginsANewRegimeOnlyWhereItsLevelJumps) {
+  Forecaster fc = Make(Opts(60'000));
+  std::mt19937_64 rng(4);
+  std::normal_distribution<double> noise(0, 0.01);
+  std::lognormal_distribution<double> wait(std::log(6.0), 0.3);
+  double level = 0;
+  int64_t t = 0;
+  int64_t changed_at = -1;
+  for (int i = 0; i < 520; ++i) {
+    level = 0.95 * level + noise(rng);
+    const double speed = i < 400 ? 1.0 : 0.6;
+    const auto dw = static_cast<int64_t>(wait(rng) * speed);
+    const auto c = static_cast<int64_t>(150 * (1 + 0.0006 * i) * std::exp(level) * speed);
+    if (i == 498) {
+      // The forecast before the first eval after the change.
+      auto f = fc.Predict(t * kMs);
+      ASSERT_TRUE(f.ok()) << f.status();
+      const IdleWindow* ev = FirstOfKind(*f, IdleKind::kEval);
+      ASSERT_NE(ev, nullptr);
+      EXPECT_EQ(ev->step, 499);
+      // Scaled by the normal steps' speed since it was measured (a level
+      // that lags the drift: somewhat above the 180 ms it takes now).
+      EXPECT_LE(ev->guaranteed_ns, 200 * kMs) << "an eval of 300 ms, now 180 ms";
+    }
+    if (i % 100 == 99) {
+      const auto ev = static_cast<int64_t>(300 * speed);
+      Feed(fc, EvalStep(i, t, dw, c, ev));
+      t += dw + c + ev;
+    } else {
+      Feed(fc, MakeStep(i, t, dw + c, {{phase::kDataWait, 0, dw}, {phase::kCompute, dw, dw + c}}));
+      t += dw + c;
+    }
+    if (changed_at < 0 && fc.regime_changes() > 0) changed_at = i;
+  }
+  EXPECT_GE(changed_at, 400) << "slow drift is no new regime";
+  EXPECT_LE(changed_at, 405);
+}
+
 // A stall as long as a restart, the steps after it as before: the old
 // regime comes back (a transient), its history with it.
 TEST(Forecaster, AStallAsLongAsARestartIsTakenBackWhenTheStepsFitAgain) {
