@@ -950,6 +950,8 @@ bool Forecaster::Impl::LevelShift(const StepObs& obs) {
     shift_hi_ = m.dur_local.hi;
     shift_ref_step_ = obs.step;
   }
+  // A reference older than two runs' length (events, or steps without a
+  // local bound, between) says nothing of where the level is now.
   if (shift_ref_step_ < 0 || obs.step - shift_ref_step_ > int64_t{2} * kShiftSteps) {
     shift_run_ = 0;
     return false;
