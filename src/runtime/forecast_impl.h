@@ -290,9 +290,6 @@ class Forecaster::Impl {
   // The marginal bound only (the regime detector's reference).
   bool MarginalBound(int64_t step, double& lo, double& hi) const;
   const StepModel& ModelFor(int64_t step) const;
-  // `combo`: a checkpoint and an eval are both predicted at `step`.
-  // `next`: `step` is the next logged step (an event's start then follows
-  // the normal steps' recent level where their durations have memory).
   // Whether the regime has fewer than ⌈1/α⌉ − 1 normal steps (in `pool`)
   // and slot `key`'s lengths in them vary by more than kFewCv of their mean,
   // and its lengths in the step's residue class (`cls`, summarised) by more
@@ -300,6 +297,9 @@ class Forecaster::Impl {
   // it is missing or short.
   bool WidelyVaryingFew(const std::vector<const StepObs*>& pool, int key,
                         const SampleSummary& cls) const;
+  // `combo`: a checkpoint and an eval are both predicted at `step`.
+  // `next`: `step` is the next logged step (an event's start then follows
+  // the normal steps' recent level where their durations have memory).
   // `between`: a step between the logged ones (BetweenLogged), predicted
   // from all the normal steps alike, whatever their residues and spikes.
   StepModel BuildModel(int64_t step, StepKind kind, bool combo, bool next = false,
@@ -397,10 +397,6 @@ class Forecaster::Impl {
   // A new regime that begins with obs and the `run` − 1 steps before it
   // (they missed the old regime's bounds).
   void BeginRegimeWithRun(const StepObs& obs, int run);
-  static constexpr int kShiftSteps = 3;
-  int shift_run_ = 0, shift_side_ = 0;
-  int64_t shift_ref_step_ = -1;  // the step whose local bound is the reference
-  double shift_lo_ = 0, shift_hi_ = 0;
   // A new regime from scattered clear misses (true: it began); the state
   // reset of every new regime.
   bool ScatteredMisses();
@@ -457,6 +453,12 @@ class Forecaster::Impl {
   int since_learn_ = 0;
   std::vector<int> periods_;  // the distinct periods > 1 in use (cache key)
   int run_side_ = 0, run_len_ = 0;
+  // LevelShift's run: its length and side, and its reference (the local
+  // bound of `shift_ref_step_`).
+  static constexpr int kShiftSteps = 3;
+  int shift_run_ = 0, shift_side_ = 0;
+  int64_t shift_ref_step_ = -1;
+  double shift_lo_ = 0, shift_hi_ = 0;
   bool suspect_ = false;  // two misses on one side: a regime may be ending
   bool outlier_ = false;  // one step far outside its bound (a stall, a GC)
   // The regime before the last change, while it may still come back
