@@ -856,7 +856,10 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
     local_cal_[static_cast<int>(obs.kind)].Update(d > hi || d < lo);
   }
   if (LevelShift(obs)) return;
-  if (!MarginalBound(obs.step, lo, hi)) return;
+  // The calibrator scores the published upper end; the regime is judged
+  // against type 7's (`fit`), which a few steps of a new level do not move.
+  double fit = 0;
+  if (!MarginalBound(obs.step, lo, hi, fit)) return;
   // A step of another kind than the one predicted for it (its bound was
   // that kind's) is a miss of the bound, but no sign of a new regime: an
   // eval loop logged as 30 eval steps every 500 made a "change" of its
@@ -865,7 +868,7 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
     bound_cal_[static_cast<int>(obs.kind)].Update(d > hi || d < lo);
     return;
   }
-  if (obs.kind == StepKind::kNormal && d > kRestartFactor * hi) {
+  if (obs.kind == StepKind::kNormal && d > kRestartFactor * fit) {
     // A step far beyond any the regime makes: the job restarted (its
     // kernels compiled again, on a device that may be slower or faster),
     // or a stall as long. A new regime begins with it, as a new process's
@@ -874,16 +877,16 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
     // after fit it (Transient: a stall). Three misses, the two after the
     // restart counted, were needed before (the restart trace's next-step
     // coverage below the claim on 2 of 8 fresh draws).
-    bound_cal_[static_cast<int>(obs.kind)].Update(true);
+    bound_cal_[static_cast<int>(obs.kind)].Update(d > hi);
     KeepPriorRegime(obs.step, {obs.step});
     hist_.clear();
     BeginRegime();
     return;
   }
-  const int miss = d > hi ? 1 : (d < lo ? -1 : 0);
-  bound_cal_[static_cast<int>(obs.kind)].Update(miss != 0);
-  const double margin = kRegimeMissMargin * (hi - lo);
-  const bool clear = d > hi + margin || d < lo - margin;
+  bound_cal_[static_cast<int>(obs.kind)].Update(d > hi || d < lo);
+  const int miss = d > fit ? 1 : (d < lo ? -1 : 0);
+  const double margin = kRegimeMissMargin * (fit - lo);
+  const bool clear = d > fit + margin || d < lo - margin;
   recent_.emplace_back(obs.step, clear);
   if (static_cast<int>(recent_.size()) > kScatterSteps) recent_.pop_front();
   if (clear && ScatteredMisses()) return;
@@ -900,7 +903,7 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
   // events' lengths with it (seen: three false changes in the demo's 1,000
   // steps, each leaving its next eval unclaimed). A slight miss is counted by
   // the calibrator and is evidence of neither regime.
-  const int side = d > hi + margin ? 1 : (d < lo - margin ? -1 : 0);
+  const int side = d > fit + margin ? 1 : (d < lo - margin ? -1 : 0);
   if (side == 0) {
     outlier_ = false;
     return;
@@ -911,7 +914,7 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
     run_side_ = side;
     run_len_ = 1;
   }
-  const bool wide = d > 1.5 * hi || d < lo / 1.5;
+  const bool wide = d > 1.5 * fit || d < lo / 1.5;
   suspect_ = run_len_ >= 2;
   outlier_ = wide && !suspect_;
   if (run_len_ < 3) return;
@@ -947,7 +950,7 @@ bool Forecaster::Impl::LevelShift(const StepObs& obs) {
   const StepModel& m = ModelFor(obs.step);
   if (shift_run_ == 0 && m.ok && obs.step <= m.local_until && m.dur_local.n > 0) {
     shift_lo_ = m.dur_local.lo;
-    shift_hi_ = m.dur_local.hi;
+    shift_hi_ = m.dur_local.hi_fit;
     shift_ref_step_ = obs.step;
   }
   // A reference older than two runs' length (events, or steps without a
@@ -959,20 +962,20 @@ bool Forecaster::Impl::LevelShift(const StepObs& obs) {
   const double width = shift_hi_ - shift_lo_;
   const auto d = static_cast<double>(obs.duration());
   const int side = d > shift_hi_ + width ? 1 : (d < shift_lo_ - width ? -1 : 0);
-  double lo = 0, hi = 0;
-  const bool marginal = side != 0 && MarginalBound(obs.step, lo, hi);
-  const bool missed = marginal && (d > hi || d < lo);
+  double lo = 0, hi = 0, fit = 0;
+  const bool marginal = side != 0 && MarginalBound(obs.step, lo, hi, fit);
+  const bool missed = marginal && (d > fit || d < lo);
   // A run begins only with a step the marginal bound missed as well: most
   // of a rhythm's own long steps (a save's write slowing the 5 steps after
   // it) leave the local level but not the bound of their class.
-  const bool begins = missed && (side > 0) == (d > hi);
+  const bool begins = missed && (side > 0) == (d > fit);
   if (side == 0 || (shift_run_ > 0 ? side != shift_side_ : !begins)) {
     shift_run_ = 0;
     return false;
   }
   shift_side_ = side;
   if (++shift_run_ < kShiftSteps) return false;
-  if (marginal) bound_cal_[static_cast<int>(obs.kind)].Update(missed);
+  if (marginal) bound_cal_[static_cast<int>(obs.kind)].Update(d > hi || d < lo);
   BeginRegimeWithRun(obs, kShiftSteps);
   return true;
 }
@@ -1037,9 +1040,9 @@ void Forecaster::Impl::KeepPriorRegime(int64_t at, std::vector<int64_t> missed) 
   p.bound.assign(static_cast<size_t>(cycle), {kNaN, kNaN});
   p.caps.assign(static_cast<size_t>(cycle), {});
   for (int64_t s = last_step_ + 1; s <= last_step_ + cycle; ++s) {
-    double lo = 0, hi = 0;
-    if (KindAt(s) == StepKind::kNormal && MarginalBound(s, lo, hi)) {
-      p.bound[static_cast<size_t>(s % cycle)] = {lo, hi};
+    double lo = 0, hi = 0, fit = 0;
+    if (KindAt(s) == StepKind::kNormal && MarginalBound(s, lo, hi, fit)) {
+      p.bound[static_cast<size_t>(s % cycle)] = {lo, fit};
     }
     const StepModel& m = ModelFor(s);
     if (!m.ok) continue;

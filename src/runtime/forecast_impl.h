@@ -26,6 +26,9 @@ namespace omni {
 // miss budget goes to the upper end (a tighter upper bound at the same
 // stated confidence: more steps fit before a deadline).
 inline constexpr double kDurationLoShare = 0.2;
+// Below kPredictiveBelow/α values a duration's upper end is the sample's
+// predictive quantile (PredictiveQuantileSorted; Summarize).
+inline constexpr double kPredictiveBelow = 4;
 // The least spread (a share of the mean) a sample of fewer than 5 values is
 // given (Summarize): a window's times and a duration's lower end, and a
 // duration's upper end (a step's, a save's). An event's duration moves
@@ -48,7 +51,10 @@ struct SampleSummary {
   int n = 0;              // matching past steps
   int present = 0;        // ... in which the slot occurred (= n for durations)
   double lo = 0, hi = 0;  // two-sided quantiles at the stated confidence
-  double low_tail = 0;    // one-sided lower quantile (guaranteed length)
+  // A duration's upper end as the regime detector judges a step (type 7's
+  // quantile where `hi` is the predictive one: Summarize).
+  double hi_fit = 0;
+  double low_tail = 0;  // one-sided lower quantile (guaranteed length)
   double median = 0, mean = 0, var = 0;
   // The standard deviation the lower end of a small sample's interval
   // uses: the lower half's own (√2 × the root mean square below the median,
@@ -287,8 +293,9 @@ class Forecaster::Impl {
   void TrackBurst(const StepObs& obs);
   // The last observed step ran past its bound's upper end.
   bool AfterHighMiss() const { return high_miss_step_ >= 0 && high_miss_step_ == last_step_; }
-  // The marginal bound only (the regime detector's reference).
-  bool MarginalBound(int64_t step, double& lo, double& hi) const;
+  // The marginal bound only: `hi` the published upper end (bound_cal_
+  // scores it), `fit` the regime detector's (SampleSummary::hi_fit).
+  bool MarginalBound(int64_t step, double& lo, double& hi, double& fit) const;
   const StepModel& ModelFor(int64_t step) const;
   // Whether the regime has fewer than ⌈1/α⌉ − 1 normal steps (in `pool`)
   // and slot `key`'s lengths in them vary by more than kFewCv of their mean,

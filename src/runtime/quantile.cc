@@ -13,6 +13,15 @@ double QuantileSorted(const std::vector<double>& v, double level) {
   return v[i] + f * (v[i + 1] - v[i]);
 }
 
+double PredictiveQuantileSorted(const std::vector<double>& v, double level) {
+  const double pos = std::clamp(level, 0.0, 1.0) * static_cast<double>(v.size() + 1) - 1;
+  if (pos <= 0) return v.front();
+  const auto i = static_cast<size_t>(std::floor(pos));
+  if (i + 1 >= v.size()) return v.back();
+  const double f = pos - static_cast<double>(i);
+  return v[i] + f * (v[i + 1] - v[i]);
+}
+
 double QuantileInPlace(std::vector<double>& v, double level) {
   std::sort(v.begin(), v.end());
   return QuantileSorted(v, level);

@@ -20,6 +20,10 @@ namespace omni {
 double QuantileInPlace(std::vector<double>& v, double level);
 // Same on an already sorted vector.
 double QuantileSorted(const std::vector<double>& sorted, double level);
+// The level-quantile of a sorted vector as a bound on the next value
+// (type 6: the order statistic at level·(n + 1), interpolated, clamped to
+// the least and the greatest value).
+double PredictiveQuantileSorted(const std::vector<double>& sorted, double level);
 
 // The normal quantile z with P(|Z| ≤ z) = c (0 ≤ c < 1): z = 1.96 at 0.95;
 // a one-sided level 1 − p is TwoSidedZ(1 − 2p).
