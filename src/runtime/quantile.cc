@@ -5,21 +5,26 @@
 
 namespace omni {
 
-double QuantileSorted(const std::vector<double>& v, double level) {
-  const double pos = std::clamp(level, 0.0, 1.0) * static_cast<double>(v.size() - 1);
+namespace {
+
+// The value at 0-based position `pos` of a sorted vector, interpolated
+// between its neighbours, clamped to its least and greatest values.
+double AtPosition(const std::vector<double>& v, double pos) {
+  if (pos <= 0) return v.front();
   const auto i = static_cast<size_t>(std::floor(pos));
   if (i + 1 >= v.size()) return v.back();
   const double f = pos - static_cast<double>(i);
   return v[i] + f * (v[i + 1] - v[i]);
 }
 
+}  // namespace
+
+double QuantileSorted(const std::vector<double>& v, double level) {
+  return AtPosition(v, std::clamp(level, 0.0, 1.0) * static_cast<double>(v.size() - 1));
+}
+
 double PredictiveQuantileSorted(const std::vector<double>& v, double level) {
-  const double pos = std::clamp(level, 0.0, 1.0) * static_cast<double>(v.size() + 1) - 1;
-  if (pos <= 0) return v.front();
-  const auto i = static_cast<size_t>(std::floor(pos));
-  if (i + 1 >= v.size()) return v.back();
-  const double f = pos - static_cast<double>(i);
-  return v[i] + f * (v[i + 1] - v[i]);
+  return AtPosition(v, std::clamp(level, 0.0, 1.0) * static_cast<double>(v.size() + 1) - 1);
 }
 
 double QuantileInPlace(std::vector<double>& v, double level) {
