@@ -44,7 +44,7 @@
 //    of a change from a run of misses, 8 normal steps in a row fit the old
 //    regime's bounds, the change was a transient (a slow spell that
 //    passed): the old history comes back without the steps that missed,
-//    and the change is not counted (transients() counts these).
+//    and no change since it is counted (transients() counts these).
 //  - Windows are anchored to steps: each has its step, kind, earliest and
 //    latest start, a duration guaranteed once it started and an expected
 //    duration; far-ahead windows keep their length, only their start spreads.

@@ -1032,7 +1032,10 @@ void Forecaster::Impl::KeepPriorRegime(int64_t at, std::vector<int64_t> missed) 
   // A second change while the first may still be taken back keeps the first
   // one's regime (the slow spell was learned, and its end is the change);
   // Transient judges the steps against that regime's bounds.
-  if (prior_.has_value()) return;
+  if (prior_.has_value()) {
+    ++prior_->changes;
+    return;
+  }
   int64_t cycle = CycleLength();
   if (cycle == 0) cycle = std::max(dur_period_[static_cast<int>(StepKind::kNormal)], 1);
   PriorRegime p;
@@ -1108,6 +1111,7 @@ bool Forecaster::Impl::Transient(const StepObs& obs) {
     spell_steps_.pop_front();
   }
   const int64_t steps = p.regime_steps + (obs.step - p.since);
+  const int changes = p.changes;
   const auto spell = static_cast<double>(spell_steps_.size() + p.missed.size());
   const bool recurring_spells =
       !spell_steps_.empty() &&
@@ -1125,7 +1129,7 @@ bool Forecaster::Impl::Transient(const StepObs& obs) {
   kept_events_ = std::move(p.kept_events);
   while (static_cast<int>(hist_.size()) > opt_.history_steps) EvictOldest();
   prior_.reset();
-  --regimes_;
+  regimes_ -= changes;
   ++transients_;
   ResetRegimeState();
   regime_steps_ = steps;

@@ -492,6 +492,7 @@ class Forecaster::Impl {
     std::vector<std::vector<Cap>> caps;
     int64_t since = -1;
     int fits = 0;
+    int changes = 1;  // regime changes since `since` (taking it back undoes all)
     std::vector<int64_t> missed;
   };
   std::optional<PriorRegime> prior_;
