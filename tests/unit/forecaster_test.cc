@@ -104,6 +104,23 @@ struct Jitter {
   }
 };
 
+// Steps one after another: a ~20 ms data wait, `compute` ms of compute and
+// 10 ms of optimizer; `t` is where the next one starts (ms).
+struct WorkSteps {
+  Jitter j;
+  int64_t t = 0;
+  int64_t i = 0;
+  StepRecord operator()(int64_t compute) {
+    const int64_t dw = j(20, 0.05);
+    StepRecord r = MakeStep(i++, t, dw + compute + 10,
+                            {{phase::kDataWait, 0, dw},
+                             {phase::kCompute, dw, dw + compute},
+                             {phase::kOptimizer, dw + compute, dw + compute + 10}});
+    t += dw + compute + 10;
+    return r;
+  }
+};
+
 TEST(Forecaster, StallEveryThirdStepIsForecastOnThoseStepsOnly) {
   Forecaster fc = Make(Opts(6000));
   Jitter j;
@@ -1981,18 +1998,7 @@ TEST(Forecaster, TakingBackASlowSpellUndoesEveryChangeSinceIt) {
   // a restart) before the steps came back to the old regime: taking it back
   // undoes both changes.
   Forecaster fc = Make(Opts(2000));
-  Jitter j;
-  int64_t t = 0;
-  int i = 0;
-  const auto step = [&](int64_t compute) {
-    const int64_t dw = j(20, 0.05);
-    const StepRecord r = MakeStep(i++, t, dw + compute + 10,
-                                  {{phase::kDataWait, 0, dw},
-                                   {phase::kCompute, dw, dw + compute},
-                                   {phase::kOptimizer, dw + compute, dw + compute + 10}});
-    t += dw + compute + 10;
-    return r;
-  };
+  WorkSteps step;
   for (int k = 0; k < 100; ++k) Feed(fc, step(50));
   for (int k = 0; k < 6; ++k) Feed(fc, step(150));
   EXPECT_EQ(fc.regime_changes(), 1);
@@ -2012,18 +2018,7 @@ TEST(Forecaster, ShortSpellsThatRecurAreLearnedAsTheJobsRhythm) {
   // bound) made a change of every spell: recall 0.887 -> 0.646, next-step
   // coverage 0.974 -> 0.958 on such a log.
   Forecaster fc = Make(Opts(2000));
-  Jitter j;
-  int64_t t = 0;
-  int i = 0;
-  const auto step = [&](int64_t compute) {
-    const int64_t dw = j(20, 0.05);
-    const StepRecord r = MakeStep(i++, t, dw + compute + 10,
-                                  {{phase::kDataWait, 0, dw},
-                                   {phase::kCompute, dw, dw + compute},
-                                   {phase::kOptimizer, dw + compute, dw + compute + 10}});
-    t += dw + compute + 10;
-    return r;
-  };
+  WorkSteps step;
   int scored = 0, covered = 0;
   double conf = 0;
   for (int spell = 0; spell < 20; ++spell) {
@@ -2046,18 +2041,7 @@ TEST(Forecaster, ShortSpellsThatRecurAreLearnedAsTheJobsRhythm) {
 
 TEST(Forecaster, ASlowSpellThatPassesIsTakenBackWithWhatItHadLearned) {
   Forecaster fc = Make(Opts(2000));
-  Jitter j;
-  int64_t t = 0;
-  int i = 0;
-  const auto step = [&](int64_t compute) {
-    const int64_t dw = j(20, 0.05);
-    const StepRecord r = MakeStep(i++, t, dw + compute + 10,
-                                  {{phase::kDataWait, 0, dw},
-                                   {phase::kCompute, dw, dw + compute},
-                                   {phase::kOptimizer, dw + compute, dw + compute + 10}});
-    t += dw + compute + 10;
-    return r;
-  };
+  WorkSteps step;
   for (int k = 0; k < 100; ++k) Feed(fc, step(50));
   // Four steps at more than twice the work (a noisy neighbour), then as
   // before.
@@ -2068,7 +2052,7 @@ TEST(Forecaster, ASlowSpellThatPassesIsTakenBackWithWhatItHadLearned) {
   Feed(fc, step(50));
   EXPECT_EQ(fc.regime_changes(), 0);
   EXPECT_EQ(fc.transients(), 1);
-  auto f = fc.Predict(t * kMs);
+  auto f = fc.Predict(step.t * kMs);
   ASSERT_TRUE(f.ok()) << f.status();
   // The old 100 steps and the 8 since, not the slow ones.
   EXPECT_EQ(f->steps_observed, 108);
