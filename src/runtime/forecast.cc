@@ -1116,12 +1116,21 @@ bool Forecaster::Impl::Transient(const StepObs& obs) {
   const bool recurring_spells =
       !spell_steps_.empty() &&
       spell > alpha_ / 2 * static_cast<double>(std::min<int64_t>(opt_.history_steps, steps));
+  // The steps since the change, those TrimWarmup dropped as a warm-up
+  // among them: a spell of steps over 3 times the usual ones was dropped
+  // so, and recurring spells were never kept (3 steps at 5 times the work
+  // every 33 after 100 steady ones: every spell a change, recall 0.684).
+  std::vector<const StepObs*> since;
+  for (const StepObs& o : p.trimmed) since.push_back(&o);
+  for (const StepObs& o : hist_) since.push_back(&o);
+  std::stable_sort(since.begin(), since.end(),
+                   [](const StepObs* a, const StepObs* b) { return a->step < b->step; });
   std::deque<StepObs> merged = std::move(p.hist);
-  for (const StepObs& o : hist_) {
-    if ((merged.empty() || o.step > merged.back().step) &&
+  for (const StepObs* o : since) {
+    if ((merged.empty() || o->step > merged.back().step) &&
         (recurring_spells ||
-         std::find(p.missed.begin(), p.missed.end(), o.step) == p.missed.end())) {
-      merged.push_back(o);
+         std::find(p.missed.begin(), p.missed.end(), o->step) == p.missed.end())) {
+      merged.push_back(*o);
     }
   }
   spell_steps_.insert(spell_steps_.end(), p.missed.begin(), p.missed.end());
@@ -1171,6 +1180,10 @@ void Forecaster::Impl::TrimWarmup() {
       if (o.kind == StepKind::kNormal) d.push_back(static_cast<double>(o.duration()));
     }
     if (static_cast<double>(hist_.front().duration()) <= 3 * QuantileInPlace(d, 0.5)) break;
+    // While the change may be taken back, these may be a spell's steps
+    // (3 steps at 5 times the work, then the usual ones: 3 times their
+    // median), which Transient needs if the spells recur.
+    if (prior_.has_value()) prior_->trimmed.push_back(hist_.front());
     hist_.pop_front();
     since_learn_ = std::numeric_limits<int>::max() / 2;
   }

@@ -492,7 +492,8 @@ class Forecaster::Impl {
     std::vector<std::vector<Cap>> caps;
     int64_t since = -1;
     int fits = 0;
-    int changes = 1;  // regime changes since `since` (taking it back undoes all)
+    int changes = 1;              // regime changes since `since` (taking it back undoes all)
+    std::deque<StepObs> trimmed;  // steps since, dropped by TrimWarmup
     std::vector<int64_t> missed;
   };
   std::optional<PriorRegime> prior_;

@@ -2039,6 +2039,35 @@ TEST(Forecaster, ShortSpellsThatRecurAreLearnedAsTheJobsRhythm) {
   EXPECT_GE(static_cast<double>(covered) / scored, conf);
 }
 
+TEST(Forecaster, SpellsOfStepsOver3TimesTheUsualThatRecurStayInTheHistory) {
+  // The same spells after 100 steady steps: each made a change, and the
+  // spell's steps, over 3 times the steps after them, were dropped from the
+  // new regime as a warm-up, so taking it back never kept them however
+  // often they came: 18 transients in 18 spells, next-step coverage 0.959,
+  // median slack 1.31 on such a log.
+  Forecaster fc = Make(Opts(2000));
+  WorkSteps step;
+  for (int k = 0; k < 100; ++k) Feed(fc, step(50));
+  int scored = 0, covered = 0;
+  double conf = 0;
+  for (int spell = 0; spell < 18; ++spell) {
+    for (int k = 0; k < 33; ++k) {
+      const StepRecord r = step(k < 3 ? 370 : 50);
+      if (spell >= 8) {
+        auto b = fc.NextStepBounds(1);
+        ASSERT_TRUE(b.ok()) << b.status();
+        ++scored;
+        conf = (*b)[0].confidence;
+        covered += r.duration_ns() >= (*b)[0].lo_ns && r.duration_ns() <= (*b)[0].hi_ns ? 1 : 0;
+      }
+      Feed(fc, r);
+    }
+  }
+  EXPECT_EQ(fc.regime_changes(), 0);
+  EXPECT_LE(fc.transients(), 3);
+  EXPECT_GE(static_cast<double>(covered) / scored, conf);
+}
+
 TEST(Forecaster, ASlowSpellThatPassesIsTakenBackWithWhatItHadLearned) {
   Forecaster fc = Make(Opts(2000));
   WorkSteps step;
