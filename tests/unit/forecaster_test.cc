@@ -2009,6 +2009,33 @@ TEST(Forecaster, TakingBackASlowSpellUndoesEveryChangeSinceIt) {
   EXPECT_EQ(fc.regime_changes(), 0);
 }
 
+// Feeds `lead` steps at 50 ms of compute, then `cycles` cycles of 3 steps
+// at 370 ms and 30 at 50 (a neighbour's periodic burst). Returns the share
+// of the steps of the cycles from `scored_from` on that fell inside the
+// next-step bound published before them; `conf` is the bounds' confidence.
+double FeedSpellCycles(Forecaster& fc, int lead, int cycles, int scored_from, double& conf) {
+  WorkSteps step;
+  for (int k = 0; k < lead; ++k) Feed(fc, step(50));
+  int scored = 0, covered = 0;
+  for (int cycle = 0; cycle < cycles; ++cycle) {
+    for (int k = 0; k < 33; ++k) {
+      const StepRecord r = step(k < 3 ? 370 : 50);
+      if (cycle >= scored_from) {
+        auto b = fc.NextStepBounds(1);
+        if (!b.ok()) {
+          ADD_FAILURE() << "step " << r.step << ": " << b.status();
+          return 0;
+        }
+        ++scored;
+        conf = (*b)[0].confidence;
+        covered += r.duration_ns() >= (*b)[0].lo_ns && r.duration_ns() <= (*b)[0].hi_ns ? 1 : 0;
+      }
+      Feed(fc, r);
+    }
+  }
+  return static_cast<double>(covered) / scored;
+}
+
 TEST(Forecaster, ShortSpellsThatRecurAreLearnedAsTheJobsRhythm) {
   // 3 steps at 5 times the work every 33 steps (a neighbour's periodic
   // burst): after the first spells, the spells are part of the rhythm; each
@@ -2018,25 +2045,11 @@ TEST(Forecaster, ShortSpellsThatRecurAreLearnedAsTheJobsRhythm) {
   // bound) made a change of every spell: recall 0.887 -> 0.646, next-step
   // coverage 0.974 -> 0.958 on such a log.
   Forecaster fc = Make(Opts(2000));
-  WorkSteps step;
-  int scored = 0, covered = 0;
   double conf = 0;
-  for (int spell = 0; spell < 20; ++spell) {
-    for (int k = 0; k < 33; ++k) {
-      const StepRecord r = step(k < 30 ? 50 : 370);
-      if (spell >= 10) {
-        auto b = fc.NextStepBounds(1);
-        ASSERT_TRUE(b.ok()) << b.status();
-        ++scored;
-        conf = (*b)[0].confidence;
-        covered += r.duration_ns() >= (*b)[0].lo_ns && r.duration_ns() <= (*b)[0].hi_ns ? 1 : 0;
-      }
-      Feed(fc, r);
-    }
-  }
+  const double coverage = FeedSpellCycles(fc, 30, 20, 10, conf);
   EXPECT_EQ(fc.regime_changes(), 0);
   EXPECT_LE(fc.transients(), 2);
-  EXPECT_GE(static_cast<double>(covered) / scored, conf);
+  EXPECT_GE(coverage, conf);
 }
 
 TEST(Forecaster, SpellsOfStepsOver3TimesTheUsualThatRecurStayInTheHistory) {
@@ -2046,26 +2059,11 @@ TEST(Forecaster, SpellsOfStepsOver3TimesTheUsualThatRecurStayInTheHistory) {
   // often they came: 18 transients in 18 spells, next-step coverage 0.959,
   // median slack 1.31 on such a log.
   Forecaster fc = Make(Opts(2000));
-  WorkSteps step;
-  for (int k = 0; k < 100; ++k) Feed(fc, step(50));
-  int scored = 0, covered = 0;
   double conf = 0;
-  for (int spell = 0; spell < 18; ++spell) {
-    for (int k = 0; k < 33; ++k) {
-      const StepRecord r = step(k < 3 ? 370 : 50);
-      if (spell >= 8) {
-        auto b = fc.NextStepBounds(1);
-        ASSERT_TRUE(b.ok()) << b.status();
-        ++scored;
-        conf = (*b)[0].confidence;
-        covered += r.duration_ns() >= (*b)[0].lo_ns && r.duration_ns() <= (*b)[0].hi_ns ? 1 : 0;
-      }
-      Feed(fc, r);
-    }
-  }
+  const double coverage = FeedSpellCycles(fc, 100, 18, 8, conf);
   EXPECT_EQ(fc.regime_changes(), 0);
   EXPECT_LE(fc.transients(), 3);
-  EXPECT_GE(static_cast<double>(covered) / scored, conf);
+  EXPECT_GE(coverage, conf);
 }
 
 TEST(Forecaster, ASlowSpellThatPassesIsTakenBackWithWhatItHadLearned) {
