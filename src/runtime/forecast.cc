@@ -1116,23 +1116,21 @@ bool Forecaster::Impl::Transient(const StepObs& obs) {
   const bool recurring_spells =
       !spell_steps_.empty() &&
       spell > alpha_ / 2 * static_cast<double>(std::min<int64_t>(opt_.history_steps, steps));
-  // The steps since the change, those TrimWarmup dropped as a warm-up
-  // among them: a spell of steps over 3 times the usual ones was dropped
-  // so, and recurring spells were never kept (3 steps at 5 times the work
-  // every 33 after 100 steady ones: every spell a change, recall 0.684).
-  std::vector<const StepObs*> since;
-  for (const StepObs& o : p.trimmed) since.push_back(&o);
-  for (const StepObs& o : hist_) since.push_back(&o);
-  std::stable_sort(since.begin(), since.end(),
-                   [](const StepObs* a, const StepObs* b) { return a->step < b->step; });
   std::deque<StepObs> merged = std::move(p.hist);
-  for (const StepObs* o : since) {
-    if ((merged.empty() || o->step > merged.back().step) &&
+  const auto keep = [&](const StepObs& o) {
+    if ((merged.empty() || o.step > merged.back().step) &&
         (recurring_spells ||
-         std::find(p.missed.begin(), p.missed.end(), o->step) == p.missed.end())) {
-      merged.push_back(*o);
+         std::find(p.missed.begin(), p.missed.end(), o.step) == p.missed.end())) {
+      merged.push_back(o);
     }
-  }
+  };
+  // The steps since the change, first those TrimWarmup dropped from the
+  // front of the history as a warm-up: a spell of steps over 3 times the
+  // usual ones was dropped so, and recurring spells were never kept (3
+  // steps at 5 times the work every 33 after 100 steady ones: every spell a
+  // change, recall 0.684).
+  for (const StepObs& o : p.trimmed) keep(o);
+  for (const StepObs& o : hist_) keep(o);
   spell_steps_.insert(spell_steps_.end(), p.missed.begin(), p.missed.end());
   hist_ = std::move(merged);
   kept_events_ = std::move(p.kept_events);
