@@ -1021,7 +1021,7 @@ namespace {
 
 // A level change (a run of misses on one side) is taken back when this many
 // normal steps in a row fit the old regime's bounds within kTransientSteps
-// of it. A changed rhythm (ScatteredMisses) is not: its steps fit the old
+// steps of the log of it. A changed rhythm (ScatteredMisses) is not: its steps fit the old
 // bounds in long stretches between the misses.
 constexpr int kTransientFits = 8;
 constexpr int64_t kTransientSteps = 64;
@@ -1042,7 +1042,10 @@ void Forecaster::Impl::KeepPriorRegime(int64_t at, std::vector<int64_t> missed) 
   constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   p.bound.assign(static_cast<size_t>(cycle), {kNaN, kNaN});
   p.caps.assign(static_cast<size_t>(cycle), {});
-  for (int64_t s = last_step_ + 1; s <= last_step_ + cycle; ++s) {
+  // The next `cycle` logged steps (in a log of every 10th, the steps
+  // between are bounded from all the steps, and no logged step is one).
+  const int64_t stride = std::max<int64_t>(stride_, 1);
+  for (int64_t s = last_step_ + stride; s <= last_step_ + cycle * stride; s += stride) {
     double lo = 0, hi = 0, fit = 0;
     if (KindAt(s) == StepKind::kNormal && MarginalBound(s, lo, hi, fit)) {
       p.bound[static_cast<size_t>(s % cycle)] = {lo, fit};
@@ -1085,7 +1088,9 @@ void Forecaster::Impl::CapByPriorRegime(int64_t step, int key, int64_t& guarante
 bool Forecaster::Impl::Transient(const StepObs& obs) {
   if (!prior_.has_value()) return false;
   PriorRegime& p = *prior_;
-  if (obs.step - p.since > kTransientSteps) {
+  // Counted in steps of the log (a log of every 10th step: 64 of them).
+  const int64_t stride = std::max<int64_t>(stride_, 1);
+  if (obs.step - p.since > kTransientSteps * stride) {
     prior_.reset();
     return false;
   }
@@ -1107,10 +1112,10 @@ bool Forecaster::Impl::Transient(const StepObs& obs) {
   // falls behind for a few steps every few dozen), and a history without
   // them bounds the next spell's steps as if none came (fresh draws of
   // bursty_stalls: next-step coverage as low as 0.921).
-  while (!spell_steps_.empty() && spell_steps_.front() < obs.step - opt_.history_steps) {
+  while (!spell_steps_.empty() && spell_steps_.front() < obs.step - opt_.history_steps * stride) {
     spell_steps_.pop_front();
   }
-  const int64_t steps = p.regime_steps + (obs.step - p.since);
+  const int64_t steps = p.regime_steps + (obs.step - p.since) / stride;
   const int changes = p.changes;
   const auto spell = static_cast<double>(spell_steps_.size() + p.missed.size());
   const bool recurring_spells =

@@ -380,9 +380,10 @@ class Forecaster::Impl {
   // The normal steps' cycle: the least common multiple of the periods in
   // use, 0 when above kMaxCycle.
   int64_t CycleLength() const;
-  // k where every gap between the steps in the history is k > 1 (a log of
-  // every k-th step); 0 otherwise (every step logged, or steps missing at
-  // random). Kept until the models are forgotten.
+  // k > 1 where every gap between the steps in the history is a multiple
+  // of k and one is k (a log of every k-th step, a few perhaps left out);
+  // 0 otherwise (every step logged, or steps missing at random). Kept until
+  // the models are forgotten.
   int64_t LogStride() const;
   // A normal step between the logged ones of a log of every k-th step
   // (after the last observed): nothing is known of its place in any rhythm.

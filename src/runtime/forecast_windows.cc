@@ -1045,9 +1045,16 @@ absl::StatusOr<StepBound> Forecaster::Impl::SaveBound() const {
 
 int64_t Forecaster::Impl::LogStride() const {
   if (log_stride_ >= 0) return log_stride_;
-  int64_t k = hist_.size() < 2 ? 0 : hist_[1].step - hist_[0].step;
-  for (size_t i = 2; k > 1 && i < hist_.size(); ++i) {
-    if (hist_[i].step - hist_[i - 1].step != k) k = 0;
+  // The least gap, where every gap is a multiple of it: a change taken
+  // back (Transient) leaves out the slow spell's steps, and a log of every
+  // 10th step with one gap of 40 is still a log of every 10th.
+  int64_t k = 0;
+  for (size_t i = 1; i < hist_.size(); ++i) {
+    const int64_t gap = hist_[i].step - hist_[i - 1].step;
+    if (k == 0 || gap < k) k = gap;
+  }
+  for (size_t i = 1; k > 1 && i < hist_.size(); ++i) {
+    if ((hist_[i].step - hist_[i - 1].step) % k != 0) k = 0;
   }
   log_stride_ = k > 1 ? k : 0;
   return log_stride_;

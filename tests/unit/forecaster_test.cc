@@ -1993,6 +1993,42 @@ TEST(Forecaster, ASlowdownStartsANewRegimeWithinThreeSteps) {
   EXPECT_GT((*b)[0].lo_ns, 95 * kMs);  // learnt from the slow steps only
 }
 
+TEST(Forecaster, ASlowSpellTakenBackInALogOfEveryTenthStepLeavesALogOfEveryTenth) {
+  // A change is taken back within 64 steps of the log (64 logged steps of
+  // a log of every 10th, not 6.4: no change there was ever taken back), and
+  // the history without the spell's steps, a gap of 50 among gaps of 10,
+  // is still a log of every 10th (it had become a log of every step: a
+  // stall claimed at each step between the logged ones; precision 0.85 on
+  // a log of 3-step spells every 33 logged steps, each spell a change).
+  Forecaster fc = Make(Opts(20000));
+  Jitter j;
+  int64_t t = 0;
+  int64_t s = 9;
+  const auto feed = [&](int64_t compute) {
+    const int64_t dw = j(20, 0.05);
+    Feed(fc, MakeStep(s, t, dw + compute + 10,
+                      {{phase::kDataWait, 0, dw},
+                       {phase::kCompute, dw, dw + compute},
+                       {phase::kOptimizer, dw + compute, dw + compute + 10}}));
+    t += 10 * (dw + compute + 10);
+    s += 10;
+  };
+  for (int k = 0; k < 100; ++k) feed(50);
+  for (int k = 0; k < 4; ++k) feed(200);
+  EXPECT_EQ(fc.regime_changes(), 1);
+  for (int k = 0; k < 8; ++k) feed(50);
+  EXPECT_EQ(fc.transients(), 1);
+  EXPECT_EQ(fc.regime_changes(), 0);
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  std::set<int64_t> stall_steps;
+  for (const IdleWindow& w : f->windows) {
+    if (w.kind == IdleKind::kDataStall) stall_steps.insert(w.step);
+  }
+  ASSERT_TRUE(stall_steps.count(s)) << "the next logged step's stall";
+  for (const int64_t k : stall_steps) EXPECT_EQ(k % 10, 9) << "claimed at step " << k;
+}
+
 TEST(Forecaster, TakingBackASlowSpellUndoesEveryChangeSinceIt) {
   // A spell that changed twice (slow, then a stall long enough to count as
   // a restart) before the steps came back to the old regime: taking it back
