@@ -832,6 +832,9 @@ constexpr int kScatterMisses = 5;
 // A normal step this many times its bound's upper end begins a new regime
 // at once (CheckRegime: a restart).
 constexpr double kRestartFactor = 20;
+// How many steps after a run's first one keep the bound they had before it
+// (CheckRegime's run reference).
+constexpr int kRunRefSteps = 6;
 
 }  // namespace
 
@@ -884,6 +887,21 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
     return;
   }
   bound_cal_[static_cast<int>(obs.kind)].Update(d > hi || d < lo);
+  // A run's later steps are judged against the bound their steps had
+  // before it began (KeepRunReference): the run's own steps, in the sample,
+  // pull the quantile towards them (30 steady steps, then steps twice as
+  // long: with two of them among 32, type 7's quantile at 0.964 lay 0.88 of
+  // the way into them, the third was no clear miss, and no change came).
+  const int64_t stride = std::max<int64_t>(stride_, 1);
+  const int64_t ahead = (obs.step - run_ref_from_) / stride;
+  if (run_len_ > 0 && ahead >= 0 && ahead < static_cast<int64_t>(run_ref_.size()) &&
+      (obs.step - run_ref_from_) % stride == 0) {
+    const auto& [ref_lo, ref_fit] = run_ref_[static_cast<size_t>(ahead)];
+    if (!std::isnan(ref_fit)) {
+      lo = ref_lo;
+      fit = ref_fit;
+    }
+  }
   const int miss = d > fit ? 1 : (d < lo ? -1 : 0);
   const double margin = kRegimeMissMargin * (fit - lo);
   const bool clear = d > fit + margin || d < lo - margin;
@@ -913,6 +931,7 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
   } else {
     run_side_ = side;
     run_len_ = 1;
+    KeepRunReference(obs);
   }
   const bool wide = d > 1.5 * fit || d < lo / 1.5;
   suspect_ = run_len_ >= 2;
@@ -920,6 +939,36 @@ void Forecaster::Impl::CheckRegime(const StepObs& obs) {
   if (run_len_ < 3) return;
   // Three misses on one side: a new regime begins with the missed steps.
   BeginRegimeWithRun(obs, run_len_);
+}
+
+void Forecaster::Impl::KeepRunReference(const StepObs& obs) {
+  // The history does not hold `obs` yet: these are the bounds of the steps
+  // after it from the steps before the run.
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  const int64_t stride = std::max<int64_t>(stride_, 1);
+  run_ref_from_ = obs.step + stride;
+  run_ref_.assign(kRunRefSteps, {kNaN, kNaN});
+  // Steps back at the regime before the last change (a slow spell's end):
+  // Transient takes that change back; a reference here would make the
+  // return a change of its own first, and forget the spell's steps.
+  if (prior_.has_value() && obs.kind == StepKind::kNormal) {
+    const auto& [lo, hi] =
+        prior_->bound[static_cast<size_t>(obs.step % static_cast<int64_t>(prior_->bound.size()))];
+    const auto d = static_cast<double>(obs.duration());
+    if (!std::isnan(lo) && d >= lo && d <= hi) return;
+  }
+  // Only for a step bounded from fewer than kPredictiveBelow/α steps: from
+  // more, a run's few steps hardly move the quantile, and the reference
+  // would only keep the calibrator from widening the bound at each miss,
+  // which a slow spell of contention needs (the level rises and falls
+  // back: a change there forgets the steps it will fall back to).
+  for (int j = 0; j < kRunRefSteps; ++j) {
+    const int64_t s = run_ref_from_ + j * stride;
+    double lo = 0, hi = 0, fit = 0;
+    if (MarginalBound(s, lo, hi, fit) && ModelFor(s).dur.n < kPredictiveBelow / alpha_) {
+      run_ref_[static_cast<size_t>(j)] = {lo, fit};
+    }
+  }
 }
 
 void Forecaster::Impl::BeginRegimeWithRun(const StepObs& obs, int run) {

@@ -405,6 +405,9 @@ class Forecaster::Impl {
   // A new regime that begins with obs and the `run` − 1 steps before it
   // (they missed the old regime's bounds).
   void BeginRegimeWithRun(const StepObs& obs, int run);
+  // Keeps the marginal bounds of the kRunRefSteps steps after `obs`, the
+  // first of a run of clear misses, in run_ref_.
+  void KeepRunReference(const StepObs& obs);
   // A new regime from scattered clear misses (true: it began); the state
   // reset of every new regime.
   bool ScatteredMisses();
@@ -461,6 +464,11 @@ class Forecaster::Impl {
   int since_learn_ = 0;
   std::vector<int> periods_;  // the distinct periods > 1 in use (cache key)
   int run_side_ = 0, run_len_ = 0;
+  // The marginal bounds (lower end, type-7 upper end) of the steps after
+  // the run's first, from run_ref_from_ on (one per stride_), as they were
+  // before the run began (KeepRunReference; NaN: no bound).
+  int64_t run_ref_from_ = -1;
+  std::vector<std::pair<double, double>> run_ref_;
   // LevelShift's run: its length and side, and its reference (the local
   // bound of `shift_ref_step_`).
   static constexpr int kShiftSteps = 3;
