@@ -106,9 +106,15 @@ struct OMNI_EXPORT StepRecord {
   StepKind kind() const;
 };
 
-// Checks a record's invariants: start <= end, spans inside the step, properly
-// nested, depths consistent, phase ids known to `catalog`. InvalidArgument
-// naming the step and span otherwise.
+// The largest step number a record may carry: the forecaster reckons with
+// the numbers of steps after the last one (in a log of every k-th step, k
+// times a cycle of steps ahead), and they must fit in an int64.
+inline constexpr int64_t kMaxStepNumber = int64_t{1} << 61;
+
+// Checks a record's invariants: a step number of at most kMaxStepNumber,
+// start <= end, spans inside the step, properly nested, depths consistent,
+// phase ids known to `catalog`. InvalidArgument naming the step and span
+// otherwise.
 OMNI_EXPORT absl::Status ValidateStepRecord(const StepRecord& rec, const PhaseCatalog& catalog);
 
 // An idle interval of a step in absolute clock nanoseconds.

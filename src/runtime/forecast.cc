@@ -946,8 +946,11 @@ void Forecaster::Impl::KeepRunReference(const StepObs& obs) {
   // after it from the steps before the run.
   constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   const int64_t stride = std::max<int64_t>(stride_, 1);
-  run_ref_from_ = obs.step + stride;
   run_ref_.assign(kRunRefSteps, {kNaN, kNaN});
+  run_ref_from_ = -1;
+  // Step numbers so near the int64 limit that the steps after do not fit.
+  if (stride > (std::numeric_limits<int64_t>::max() - obs.step) / kRunRefSteps) return;
+  run_ref_from_ = obs.step + stride;
   // Steps back at the regime before the last change (a slow spell's end):
   // Transient takes that change back; a reference here would make the
   // return a change of its own first, and forget the spell's steps.
@@ -1094,7 +1097,11 @@ void Forecaster::Impl::KeepPriorRegime(int64_t at, std::vector<int64_t> missed) 
   // The next `cycle` logged steps (in a log of every 10th, the steps
   // between are bounded from all the steps, and no logged step is one).
   const int64_t stride = std::max<int64_t>(stride_, 1);
-  for (int64_t s = last_step_ + stride; s <= last_step_ + cycle * stride; s += stride) {
+  // (Not past the int64 limit, for a log whose step numbers come near it.)
+  const int64_t ahead =
+      std::min(cycle, (std::numeric_limits<int64_t>::max() - last_step_) / stride);
+  for (int64_t j = 1; j <= ahead; ++j) {
+    const int64_t s = last_step_ + j * stride;
     double lo = 0, hi = 0, fit = 0;
     if (KindAt(s) == StepKind::kNormal && MarginalBound(s, lo, hi, fit)) {
       p.bound[static_cast<size_t>(s % cycle)] = {lo, fit};

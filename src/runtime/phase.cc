@@ -122,6 +122,10 @@ StepKind StepRecord::kind() const {
 }
 
 absl::Status ValidateStepRecord(const StepRecord& rec, const PhaseCatalog& catalog) {
+  if (rec.step > kMaxStepNumber) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", rec.step, ": above the largest step number 2^61 (", kMaxStepNumber, ")"));
+  }
   if (rec.end_ns < rec.start_ns) {
     return absl::InvalidArgumentError(absl::StrCat("step ", rec.step, ": ends before it starts (",
                                                    rec.end_ns - rec.start_ns, " ns)"));

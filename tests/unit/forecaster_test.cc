@@ -2049,6 +2049,35 @@ TEST(Forecaster, ASlowSpellTakenBackInALogOfEveryTenthStepLeavesALogOfEveryTenth
   for (const int64_t k : stall_steps) EXPECT_EQ(k % 10, 9) << "claimed at step " << k;
 }
 
+TEST(Forecaster, StepNumbersUpToTheLargestAllowedMakeNoOverflow) {
+  // A log 2^48 steps apart whose last step is kMaxStepNumber, with a slow
+  // spell and a slowdown in its last 5 steps: the bounds kept for a run and
+  // for a change that may be taken back are those of steps after the last
+  // one (a signed overflow when the last one was the int64 limit: a runtime
+  // error under the asan preset's -fsanitize=undefined with
+  // UBSAN_OPTIONS=halt_on_error=1, in NextStepBounds too). One past it is
+  // refused, naming the limit.
+  Forecaster fc = Make(Opts(2000));
+  WorkSteps step;
+  constexpr int64_t kGap = int64_t{1} << 48;
+  for (int k = 0; k < 200; ++k) {
+    const int compute = (k >= 100 && k < 104) || k >= 195 ? 200 : 50;
+    StepRecord r = step(compute);
+    r.step = kMaxStepNumber - (199 - k) * kGap;
+    Feed(fc, r);
+  }
+  EXPECT_EQ(fc.transients(), 1);
+  EXPECT_EQ(fc.regime_changes(), 1);
+  const auto bounds = fc.NextStepBounds(3);  // steps past the last one
+  EXPECT_TRUE(bounds.ok() || bounds.status().code() == absl::StatusCode::kFailedPrecondition)
+      << bounds.status();
+  StepRecord past = step(50);
+  past.step = kMaxStepNumber + 1;
+  const absl::Status st = fc.Observe(past, PhaseCatalog());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("largest step number"), std::string::npos) << st;
+}
+
 TEST(Forecaster, TakingBackASlowSpellUndoesEveryChangeSinceIt) {
   // A spell that changed twice (slow, then a stall long enough to count as
   // a restart) before the steps came back to the old regime: taking it back
