@@ -1073,10 +1073,17 @@ namespace {
 
 // A level change (a run of misses on one side) is taken back when this many
 // normal steps in a row fit the old regime's bounds within kTransientSteps
-// steps of the log of it. A changed rhythm (ScatteredMisses) is not: its steps fit the old
-// bounds in long stretches between the misses.
+// steps of the log of it. A changed rhythm (ScatteredMisses) is not: its
+// steps fit the old bounds in long stretches between the misses.
 constexpr int kTransientFits = 8;
 constexpr int64_t kTransientSteps = 64;
+
+// `steps` steps of a log of every `stride`-th, in step numbers; at most the
+// int64 limit (a log whose steps are numbers far apart).
+int64_t StepsOfLog(int64_t steps, int64_t stride) {
+  int64_t span = 0;
+  return __builtin_mul_overflow(steps, stride, &span) ? std::numeric_limits<int64_t>::max() : span;
+}
 
 }  // namespace
 
@@ -1146,7 +1153,7 @@ bool Forecaster::Impl::Transient(const StepObs& obs) {
   PriorRegime& p = *prior_;
   // Counted in steps of the log (a log of every 10th step: 64 of them).
   const int64_t stride = std::max<int64_t>(stride_, 1);
-  if (obs.step - p.since > kTransientSteps * stride) {
+  if (obs.step - p.since > StepsOfLog(kTransientSteps, stride)) {
     prior_.reset();
     return false;
   }
@@ -1168,7 +1175,8 @@ bool Forecaster::Impl::Transient(const StepObs& obs) {
   // falls behind for a few steps every few dozen), and a history without
   // them bounds the next spell's steps as if none came (fresh draws of
   // bursty_stalls: next-step coverage as low as 0.921).
-  while (!spell_steps_.empty() && spell_steps_.front() < obs.step - opt_.history_steps * stride) {
+  while (!spell_steps_.empty() &&
+         spell_steps_.front() < obs.step - StepsOfLog(opt_.history_steps, stride)) {
     spell_steps_.pop_front();
   }
   const int64_t steps = p.regime_steps + (obs.step - p.since) / stride;

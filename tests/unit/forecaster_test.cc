@@ -2050,8 +2050,8 @@ TEST(Forecaster, ASlowSpellTakenBackInALogOfEveryTenthStepLeavesALogOfEveryTenth
 }
 
 TEST(Forecaster, StepNumbersUpToTheLargestAllowedMakeNoOverflow) {
-  // A log 2^48 steps apart whose last step is kMaxStepNumber, with a slow
-  // spell and a slowdown in its last 5 steps: the bounds kept for a run and
+  // A log 2^54 steps apart whose last step is kMaxStepNumber, with two
+  // slow spells and a slowdown in its last 5 steps: the bounds kept for a run and
   // for a change that may be taken back are those of steps after the last
   // one (a signed overflow when the last one was the int64 limit: a runtime
   // error under the asan preset's -fsanitize=undefined with
@@ -2059,14 +2059,15 @@ TEST(Forecaster, StepNumbersUpToTheLargestAllowedMakeNoOverflow) {
   // refused, naming the limit.
   Forecaster fc = Make(Opts(2000));
   WorkSteps step;
-  constexpr int64_t kGap = int64_t{1} << 48;
-  for (int k = 0; k < 200; ++k) {
-    const int compute = (k >= 100 && k < 104) || k >= 195 ? 200 : 50;
+  constexpr int64_t kGap = int64_t{1} << 54;  // 120 steps up to 2^61
+  for (int k = 0; k < 120; ++k) {
+    const bool spell = (k >= 40 && k < 44) || (k >= 70 && k < 74);
+    const int compute = k >= 115 ? 800 : (spell ? 200 : 50);
     StepRecord r = step(compute);
-    r.step = kMaxStepNumber - (199 - k) * kGap;
+    r.step = kMaxStepNumber - (119 - k) * kGap;
     Feed(fc, r);
   }
-  EXPECT_EQ(fc.transients(), 1);
+  EXPECT_EQ(fc.transients(), 2);
   EXPECT_EQ(fc.regime_changes(), 1);
   const auto bounds = fc.NextStepBounds(3);  // steps past the last one
   EXPECT_TRUE(bounds.ok() || bounds.status().code() == absl::StatusCode::kFailedPrecondition)
