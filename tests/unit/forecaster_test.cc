@@ -110,13 +110,15 @@ struct WorkSteps {
   Jitter j;
   int64_t t = 0;
   int64_t i = 0;
+  int64_t stride = 1;  // a log of every stride-th step: the ones between pass unlogged
   StepRecord operator()(int64_t compute) {
     const int64_t dw = j(20, 0.05);
-    StepRecord r = MakeStep(i++, t, dw + compute + 10,
+    StepRecord r = MakeStep(i, t, dw + compute + 10,
                             {{phase::kDataWait, 0, dw},
                              {phase::kCompute, dw, dw + compute},
                              {phase::kOptimizer, dw + compute, dw + compute + 10}});
-    t += dw + compute + 10;
+    i += stride;
+    t += stride * (dw + compute + 10);
     return r;
   }
 };
@@ -2021,25 +2023,17 @@ TEST(Forecaster, ASlowSpellTakenBackInALogOfEveryTenthStepLeavesALogOfEveryTenth
   // stall claimed at each step between the logged ones; precision 0.85 on
   // a log of 3-step spells every 33 logged steps, each spell a change).
   Forecaster fc = Make(Opts(20000));
-  Jitter j;
-  int64_t t = 0;
-  int64_t s = 9;
-  const auto feed = [&](int64_t compute) {
-    const int64_t dw = j(20, 0.05);
-    Feed(fc, MakeStep(s, t, dw + compute + 10,
-                      {{phase::kDataWait, 0, dw},
-                       {phase::kCompute, dw, dw + compute},
-                       {phase::kOptimizer, dw + compute, dw + compute + 10}}));
-    t += 10 * (dw + compute + 10);
-    s += 10;
-  };
-  for (int k = 0; k < 100; ++k) feed(50);
-  for (int k = 0; k < 4; ++k) feed(200);
+  WorkSteps step;
+  step.i = 9;
+  step.stride = 10;
+  for (int k = 0; k < 100; ++k) Feed(fc, step(50));
+  for (int k = 0; k < 4; ++k) Feed(fc, step(200));
   EXPECT_EQ(fc.regime_changes(), 1);
-  for (int k = 0; k < 8; ++k) feed(50);
+  for (int k = 0; k < 8; ++k) Feed(fc, step(50));
   EXPECT_EQ(fc.transients(), 1);
   EXPECT_EQ(fc.regime_changes(), 0);
-  auto f = fc.Predict(t * kMs);
+  const int64_t s = step.i;  // the next logged step
+  auto f = fc.Predict(step.t * kMs);
   ASSERT_TRUE(f.ok()) << f.status();
   std::set<int64_t> stall_steps;
   for (const IdleWindow& w : f->windows) {
@@ -2051,10 +2045,10 @@ TEST(Forecaster, ASlowSpellTakenBackInALogOfEveryTenthStepLeavesALogOfEveryTenth
 
 TEST(Forecaster, StepNumbersUpToTheLargestAllowedMakeNoOverflow) {
   // A log 2^54 steps apart whose last step is kMaxStepNumber, with two
-  // slow spells and a slowdown in its last 5 steps: the bounds kept for a run and
-  // for a change that may be taken back are those of steps after the last
-  // one (a signed overflow when the last one was the int64 limit: a runtime
-  // error under the asan preset's -fsanitize=undefined with
+  // slow spells and a slowdown in its last 5 steps: the bounds kept for a
+  // run and for a change that may be taken back are those of steps after
+  // the last one (a signed overflow when the last one was the int64 limit:
+  // a runtime error under the asan preset's -fsanitize=undefined with
   // UBSAN_OPTIONS=halt_on_error=1, in NextStepBounds too). One past it is
   // refused, naming the limit.
   Forecaster fc = Make(Opts(2000));
