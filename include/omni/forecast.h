@@ -120,8 +120,12 @@ struct PipelineSchedule {
 // (p − 1)/(m + p − 1). REQUIRES: p ≥ 1, m ≥ 1.
 OMNI_EXPORT double PipelineBubbleFraction(int stages, int micro_batches);
 
+// The longest forecast horizon, 2^61 ns (73 years): added to a clock
+// reading of at most kMaxClockNs, the sum fits in an int64.
+inline constexpr int64_t kMaxForecastHorizonNs = int64_t{1} << 61;
+
 struct ForecastOptions {
-  int64_t horizon_ns = 300'000'000'000;  // 5 minutes
+  int64_t horizon_ns = 300'000'000'000;  // 5 minutes; at most kMaxForecastHorizonNs
   // Stated confidence of every window and bound. 0 = derive it from k as the
   // two-sided normal coverage erf(k/√2) (0.954 for the default k = 2).
   double confidence = 0;
@@ -144,7 +148,7 @@ struct ForecastOptions {
   }
 };
 
-// InvalidArgument naming the field: non-positive horizon, negative or
+// InvalidArgument naming the field: horizon outside (0, kMaxForecastHorizonNs], negative or
 // non-finite k, confidence outside [0, 1), negative min_window, history_steps
 // < 8, min_steps < 2, max_period outside [1, 256], negative
 // every/offset/expected, offset ≥ every, pipeline stages < 1, micro_batches <
@@ -255,7 +259,8 @@ class OMNI_EXPORT Forecaster {
   // one (calls are meant for step boundaries). FailedPrecondition while the
   // current regime has fewer than min_steps steps. While the newest step
   // broke its bound widely (a suspected regime change), the forecast has no
-  // windows.
+  // windows. InvalidArgument for a `now_ns` outside [0, kMaxClockNs] (the
+  // range of a record's clock readings).
   absl::StatusOr<Forecast> Predict(int64_t now_ns);
 
   // Bounds of the durations of the next `n` steps (n ≥ 1), in step order;

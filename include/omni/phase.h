@@ -111,10 +111,14 @@ struct OMNI_EXPORT StepRecord {
 // times a cycle of steps ahead), and they must fit in an int64.
 inline constexpr int64_t kMaxStepNumber = int64_t{1} << 61;
 
+// The range of a record's clock readings, [0, kMaxClockNs] (2^62 ns, 146
+// years: CLOCK_REALTIME reaches it in 2116): the forecaster adds a horizon
+// and the lengths of steps ahead to them, and the sums must fit in an int64.
+inline constexpr int64_t kMaxClockNs = int64_t{1} << 62;
+
 // Checks a record's invariants: a step number of at most kMaxStepNumber,
-// start <= end, spans inside the step, properly nested, depths consistent,
-// phase ids known to `catalog`. InvalidArgument naming the step and span
-// otherwise.
+// clock readings in [0, kMaxClockNs], start <= end, spans inside the step, properly nested, depths
+// consistent, phase ids known to `catalog`. InvalidArgument naming the step and span otherwise.
 OMNI_EXPORT absl::Status ValidateStepRecord(const StepRecord& rec, const PhaseCatalog& catalog);
 
 // An idle interval of a step in absolute clock nanoseconds.

@@ -64,9 +64,10 @@ constexpr double kRhythmCheckZ = 3.0;
 }  // namespace
 
 absl::Status ValidateForecastOptions(const ForecastOptions& o) {
-  if (o.horizon_ns <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("forecast horizon must be positive, got ", o.horizon_ns, " ns"));
+  if (o.horizon_ns <= 0 || o.horizon_ns > kMaxForecastHorizonNs) {
+    return absl::InvalidArgumentError(absl::StrCat("forecast horizon must be in (0, 2^61] ns (",
+                                                   kMaxForecastHorizonNs, "), got ", o.horizon_ns,
+                                                   " ns"));
   }
   if (!std::isfinite(o.k) || o.k < 0) {
     return absl::InvalidArgumentError(

@@ -51,6 +51,20 @@ double Mean(std::vector<double>::const_iterator first, std::vector<double>::cons
                        : std::accumulate(first, last, 0.0) / static_cast<double>(last - first);
 }
 
+// A length of the forecast (or a time after the last step's end) as an
+// int64, saturated at ±kMaxClockNs: the extrapolation from a hostile log's
+// lengths may leave the int64 range, where a conversion is undefined.
+int64_t SatNs(double ns) {
+  constexpr auto kLimit = static_cast<double>(kMaxClockNs);
+  return static_cast<int64_t>(std::clamp(ns, -kLimit, kLimit));
+}
+
+// The clock reading `offset` after `base`, saturated at the int64 limit.
+int64_t AtOffset(int64_t base, double offset) {
+  int64_t t = 0;
+  return __builtin_add_overflow(base, SatNs(offset), &t) ? std::numeric_limits<int64_t>::max() : t;
+}
+
 absl::Status NotReady(int64_t have, int need) {
   return absl::FailedPreconditionError(absl::StrCat("no forecast yet: the current regime has ",
                                                     have, " of the ", need, " steps it needs"));
@@ -988,9 +1002,8 @@ absl::StatusOr<std::vector<StepBound>> Forecaster::Impl::NextStepBounds(int n) c
   for (int i = 1; i <= n; ++i) {
     double lo = 0, hi = 0;
     if (!DurationBound(last_step_ + i, lo, hi)) break;
-    out.push_back(StepBound{last_step_ + i, static_cast<int64_t>(std::floor(lo)),
-                            static_cast<int64_t>(std::ceil(hi)), conf_,
-                            static_cast<int64_t>(std::ceil(GapHi(last_step_ + i)))});
+    out.push_back(StepBound{last_step_ + i, SatNs(std::floor(lo)), SatNs(std::ceil(hi)), conf_,
+                            SatNs(std::ceil(GapHi(last_step_ + i)))});
   }
   return out;
 }
@@ -1037,8 +1050,8 @@ absl::StatusOr<StepBound> Forecaster::Impl::SaveBound() const {
     }
     if (opt_.checkpoint.every_steps == 0 && !o.rule_valid && st >= o.wall_step) break;
   }
-  b.lo_ns = static_cast<int64_t>(std::floor(std::max(s.lo, 0.0)));
-  b.hi_ns = static_cast<int64_t>(std::ceil(s.hi));
+  b.lo_ns = SatNs(std::floor(std::max(s.lo, 0.0)));
+  b.hi_ns = SatNs(std::ceil(s.hi));
   b.confidence = conf_;
   return b;
 }
@@ -1104,6 +1117,10 @@ int64_t Forecaster::Impl::NextEvalOrCheckpoint(int64_t from) const {
 }
 
 absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
+  if (now_ns < 0 || now_ns > kMaxClockNs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forecast time ", now_ns, " ns outside [0, 2^62] (0, ", kMaxClockNs, ")"));
+  }
   if (!Ready()) return NotReady(static_cast<int64_t>(hist_.size()), opt_.min_steps);
   Forecast f;
   f.made_at_ns = now_ns;
@@ -1125,10 +1142,14 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
     for (const double x : g) gap_var += (x - gap_mean) * (x - gap_mean);
     gap_var /= static_cast<double>(g.size());
   }
-  const auto now = static_cast<double>(now_ns);
+  // Times in doubles from the last step's end on: a clock reading near
+  // 2^62 has a resolution of 1 µs in a double, and the sums along the walk
+  // lost more (windows 2.1 µs late, one of exactly min_window dropped).
+  const int64_t base = last_end_ns_;
+  const auto now = static_cast<double>(now_ns - base);
   const double horizon_end = now + static_cast<double>(opt_.horizon_ns);
   const auto min_window = static_cast<double>(opt_.min_window_ns);
-  const auto last_end = static_cast<double>(last_end_ns_);
+  const double last_end = 0;
   double mid = last_end + gap_mean;  // expected start of the step
   double var = gap_var;              // variance of that start
   double level = 0;                  // accumulated uncertainty of the level
@@ -1199,7 +1220,7 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
       for (const StepModel::Slot& sl : m.slots) {
         if (s_lo + std::max(sl.a.lo, 0.0) <= needed) needed = std::max(needed, s_lo + sl.b.lo);
       }
-      f.devices_needed_at_ns = static_cast<int64_t>(std::max(needed, now));
+      f.devices_needed_at_ns = AtOffset(base, std::max(needed, now));
       needed_known = true;
     }
     const bool event_step = KindAt(s) != StepKind::kNormal;
@@ -1219,10 +1240,13 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
       w.before_step = sl.key == kGapKey;
       const double earliest = w.before_step ? pe_lo : s_lo + std::max(sl.a.lo, 0.0);
       const double latest = w.before_step ? pe_hi : s_hi + std::max(sl.a.hi, 0.0);
-      w.earliest_start_ns = static_cast<int64_t>(earliest);
-      w.latest_start_ns = static_cast<int64_t>(latest);
-      w.guaranteed_ns = static_cast<int64_t>(std::max(sl.d.low_tail, 0.0));
-      w.expected_ns = static_cast<int64_t>(std::max(sl.d.median, 0.0));
+      // Starting more than 2^62 ns (146 years) after the last step: no
+      // clock reading of the range (a hostile log's lengths).
+      if (latest >= static_cast<double>(kMaxClockNs)) continue;
+      w.earliest_start_ns = AtOffset(base, earliest);
+      w.latest_start_ns = AtOffset(base, latest);
+      w.guaranteed_ns = SatNs(std::max(sl.d.low_tail, 0.0));
+      w.expected_ns = SatNs(std::max(sl.d.median, 0.0));
       double end_lo = sl.b.lo;
       CapByPriorRegime(s, sl.key, w.guaranteed_ns, end_lo);
       const double start = std::max(latest, now);
@@ -1234,8 +1258,8 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
       // length once open still is.
       const bool anchored_only = outlier_ || sl.anchored_only;
       if (!anchored_only && end - start >= min_window && end > start) {
-        w.start_ns = static_cast<int64_t>(start);
-        w.duration_ns = static_cast<int64_t>(end - start);
+        w.start_ns = AtOffset(base, start);
+        w.duration_ns = SatNs(end - start);
       } else {
         // Start too uncertain for a sure part: listed (with its guaranteed
         // length, usable from the window-open notice on) for events
@@ -1260,7 +1284,7 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
         w.start_ns = std::max(w.latest_start_ns, now_ns);
         w.duration_ns = 0;
         if (static_cast<double>(w.guaranteed_ns) < min_window) continue;
-        if (w.start_ns >= static_cast<int64_t>(horizon_end)) continue;
+        if (static_cast<double>(w.start_ns - base) >= horizon_end) continue;
       }
       if ((w.duration_ns > 0 || w.guaranteed_ns > 0) && s <= last_step_ + kClaimSteps) {
         claims_.push_back(WindowClaim{s, sl.key, w.start_ns, w.start_ns + w.duration_ns,

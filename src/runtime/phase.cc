@@ -126,6 +126,13 @@ absl::Status ValidateStepRecord(const StepRecord& rec, const PhaseCatalog& catal
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", rec.step, ": above the largest step number 2^61 (", kMaxStepNumber, ")"));
   }
+  for (const int64_t t : {rec.start_ns, rec.end_ns}) {
+    if (t < 0 || t > kMaxClockNs) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", rec.step, ": clock reading ", t,
+                                                     " ns outside [0, 2^62] (0, ", kMaxClockNs,
+                                                     ")"));
+    }
+  }
   if (rec.end_ns < rec.start_ns) {
     return absl::InvalidArgumentError(absl::StrCat("step ", rec.step, ": ends before it starts (",
                                                    rec.end_ns - rec.start_ns, " ns)"));

@@ -2073,6 +2073,57 @@ TEST(Forecaster, StepNumbersUpToTheLargestAllowedMakeNoOverflow) {
   EXPECT_NE(std::string(st.message()).find("largest step number"), std::string::npos) << st;
 }
 
+TEST(Forecaster, ALogEndingAtTheLargestClockReadingIsForecastAsTheSameLogEarlier) {
+  // The same steps at 1 s and ending at kMaxClockNs: the forecast windows
+  // are those of the earlier log, shifted (a forecast of steps after the
+  // last one reaches past the limit by the horizon). A time outside the
+  // clock's range is refused.
+  constexpr int kSteps = 200;
+  constexpr int64_t kStepNs = 101 * kMs;
+  const int64_t late_origin = kMaxClockNs - kSteps * kStepNs;
+  std::vector<Forecast> forecasts;
+  for (const int64_t origin : {int64_t{1'000'000'000}, late_origin}) {
+    ForecastOptions o = Opts(2000);
+    o.horizon_ns = kMaxForecastHorizonNs;
+    Forecaster fc = Make(o);
+    for (int k = 0; k < kSteps; ++k) {
+      StepRecord r = testing::MakeStep(k, 0, 100,
+                                       {{phase::kDataWait, 0, k % 3 == 2 ? 40 : 5},
+                                        {phase::kCompute, k % 3 == 2 ? 40 : 5, 100}});
+      const int64_t start = origin + k * kStepNs;
+      for (int i = 0; i < r.num_spans; ++i) {
+        r.spans[i].start_ns += start;
+        r.spans[i].end_ns += start;
+      }
+      r.start_ns += start;
+      r.end_ns += start;
+      Feed(fc, r);
+    }
+    const int64_t now = origin + kSteps * kStepNs - kMs;
+    auto f = fc.Predict(now);
+    ASSERT_TRUE(f.ok()) << f.status();
+    for (IdleWindow& w : f->windows) {  // relative to the origin
+      w.start_ns -= origin;
+      w.earliest_start_ns -= origin;
+      w.latest_start_ns -= origin;
+    }
+    forecasts.push_back(*std::move(f));
+    EXPECT_EQ(fc.Predict(kMaxClockNs + 1).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  const std::vector<IdleWindow>& early = forecasts[0].windows;
+  const std::vector<IdleWindow>& late = forecasts[1].windows;
+  ASSERT_GT(early.size(), 10U);
+  ASSERT_EQ(early.size(), late.size());
+  for (size_t i = 0; i < early.size(); ++i) {
+    EXPECT_EQ(early[i].step, late[i].step);
+    EXPECT_EQ(early[i].kind, late[i].kind);
+    // Within the double's resolution at 2^62 (512 ns).
+    EXPECT_NEAR(early[i].start_ns, late[i].start_ns, 2048) << "window " << i;
+    EXPECT_NEAR(early[i].latest_start_ns, late[i].latest_start_ns, 2048) << "window " << i;
+    EXPECT_NEAR(early[i].duration_ns, late[i].duration_ns, 2048) << "window " << i;
+  }
+}
+
 TEST(Forecaster, TakingBackASlowSpellUndoesEveryChangeSinceIt) {
   // A spell that changed twice (slow, then a stall long enough to count as
   // a restart) before the steps came back to the old regime: taking it back
@@ -2598,6 +2649,9 @@ TEST(Forecaster, RejectsBadOptionsNamingTheField) {
   o = ForecastOptions{};
   o.horizon_ns = 0;
   EXPECT_NE(Forecaster::Create(o).status().message().find("horizon"), absl::string_view::npos);
+  o.horizon_ns = kMaxForecastHorizonNs + 1;  // added to a clock reading of up to kMaxClockNs
+  EXPECT_NE(Forecaster::Create(o).status().message().find("horizon must be in (0, 2^61]"),
+            absl::string_view::npos);
   o = ForecastOptions{};
   o.checkpoint = PeriodicEvent{10, 10, 0};
   EXPECT_NE(Forecaster::Create(o).status().message().find("offset"), absl::string_view::npos);

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "test_util.h"
@@ -82,6 +84,29 @@ TEST(ValidateStepRecord, RejectsSpansThatDoNotNestOrLeaveTheStep) {
   auto unknown = MakeStep(1, 0, 100, {{static_cast<PhaseId>(30), 0, 10}});
   EXPECT_NE(ValidateStepRecord(unknown, c).message().find("unknown phase"),
             absl::string_view::npos);
+}
+
+TEST(ValidateStepRecord, ClockReadingsOutsideZeroTo2Pow62AreRefusedNamingThem) {
+  // The forecaster adds a horizon and the lengths of steps ahead to a
+  // record's clock readings. A record from the int64 minimum to its maximum
+  // was accepted, its duration an overflow (and so was the message about a
+  // record that ends before it starts: "(1 ns)" for the reverse).
+  PhaseCatalog c;
+  auto at_limit = MakeStep(1, 0, 100, {});
+  at_limit.end_ns = kMaxClockNs;
+  EXPECT_TRUE(ValidateStepRecord(at_limit, c).ok());
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (const auto& [start, end] : std::vector<std::pair<int64_t, int64_t>>{
+           {kMin, kMax}, {kMax, kMin}, {-1, 100}, {0, kMaxClockNs + 1}, {kMaxClockNs + 1, kMax}}) {
+    auto r = MakeStep(7, 0, 100, {});
+    r.start_ns = start;
+    r.end_ns = end;
+    const absl::Status st = ValidateStepRecord(r, c);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << start << " " << end;
+    EXPECT_NE(st.message().find("step 7: clock reading"), absl::string_view::npos) << st;
+    EXPECT_NE(st.message().find("outside [0, 2^62]"), absl::string_view::npos) << st;
+  }
 }
 
 TEST(ForEachIdleInterval, InnermostPhaseDecidesAndUncoveredTimeIsHostSide) {
