@@ -273,7 +273,16 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
         "notices.min_samples, notices.window and notices.poll_ns must be positive, got ",
         n.min_samples, ", ", n.window, " and ", n.poll_ns));
   }
+  if (n.poll_ns > kMaxClockNs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("notices.poll_ns must be at most 2^62, got ", n.poll_ns));
+  }
   if (log.steps.empty()) return absl::InvalidArgumentError("step log has no steps");
+  // A log built in code, not read by ReadStepLog: the step numbers and
+  // clock readings below are reckoned with before the forecaster sees them.
+  for (const StepRecord& rec : log.steps) {
+    if (auto st = ValidateStepRecord(rec, log.header.phases); !st.ok()) return st;
+  }
   for (size_t i = 1; i < log.steps.size(); ++i) {
     if (log.steps[i].start_ns < log.steps[i - 1].start_ns) {  // (ReadStepLog refuses it too)
       return absl::InvalidArgumentError(absl::StrCat("step ", log.steps[i].step,
@@ -310,6 +319,18 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
     });
   }
   const int64_t log_end = log.steps.back().end_ns;
+  if (options.scoring == Scoring::kHorizon) {
+    // Each forecast scores up to a horizon of the log again (its windows,
+    // the claims past it, the real idle time): the sums must fit in an
+    // int64, with room to spare (live scoring scores each stretch once).
+    const int64_t span = std::min(fo.horizon_ns, log_end - log.steps.front().start_ns);
+    int64_t most = 0;
+    if (__builtin_mul_overflow(span, 4 * static_cast<int64_t>(log.steps.size()), &most)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("horizon scoring of ", log.steps.size(), " forecasts over up to ", span,
+                       " ns each overflows the sums: score live, or over a shorter horizon"));
+    }
+  }
   // Each step reduced as the forecaster sees it: where each window's slot
   // actually opened (the moment its live notice would be written).
   std::vector<StepObs> obs;

@@ -295,6 +295,20 @@ int64_t RemainingGivenElapsed(const DurationQuantiles& q, int64_t elapsed_ns, do
   return std::max<int64_t>(0, static_cast<int64_t>(std::floor(end - e)));
 }
 
+int64_t NoClaimUntil(const DurationQuantiles& q, int64_t elapsed_ns, double confidence) {
+  if (q.samples <= 0) return std::numeric_limits<int64_t>::max();
+  const auto e = static_cast<double>(std::max<int64_t>(0, elapsed_ns));
+  // RemainingGivenElapsed's cap e·(1 − c)/c grows within a grid interval:
+  // while it is under a nanosecond, a claim of 0 may be one later on.
+  const double c = std::clamp(confidence, 0.0, 1.0);
+  if (c > 0 && c < 1 && e * (1 - c) < c) return elapsed_ns + 1;
+  const auto it = std::upper_bound(q.ns.begin(), q.ns.end(), e);
+  if (it == q.ns.end() || *it >= static_cast<double>(kMaxClockNs)) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return std::max(elapsed_ns + 1, static_cast<int64_t>(std::ceil(*it)));
+}
+
 std::string WindowNoticeToJson(const WindowNotice& n) {
   json j;
   j["schema"] = "omni.window";

@@ -166,6 +166,56 @@ TEST(Evaluator, ALogWhoseClockGoesBackIsRefusedNotScored) {
       << r.status();
 }
 
+// 100 ms steps, 1 ms apart, with a pause of `pause_ns` after every 30th.
+StepLog WithPauses(int n, int64_t pause_ns) {
+  StepLog log;
+  int64_t t = 0;
+  for (int i = 0; i < n; ++i) {
+    StepRecord r = MakeStep(i, 0, 100, {{phase::kDataWait, 0, 20}, {phase::kCompute, 20, 100}});
+    for (int k = 0; k < r.num_spans; ++k) {
+      r.spans[k].start_ns += t;
+      r.spans[k].end_ns += t;
+    }
+    r.start_ns += t;
+    r.end_ns += t;
+    log.steps.push_back(r);
+    t = r.end_ns + kMs + (i % 30 == 29 ? pause_ns : 0);
+  }
+  return log;
+}
+
+TEST(Evaluator, APauseOfYearsBetweenTwoStepsIsScoredWithoutAPollPerHalfMillisecond) {
+  // A job paused for 2^60 ns (36 years) between two steps, several times:
+  // the live notice replay polled every 0.5 ms of each gap while the
+  // quantile table, which holds the long gaps, made no claim (2·10^12 polls
+  // a gap; this test ran for hours). It skips to where the table can claim
+  // again now, with the same scores as polling every 0.5 ms.
+  constexpr int64_t kPause = int64_t{1} << 60;
+  const StepLog log = WithPauses(120, kPause);
+  auto r = Evaluate(log, Opts());
+  ASSERT_TRUE(r.ok()) << r.status();
+  const EvaluationReport::Score& gaps = r->notices.by_kind[static_cast<int>(IdleKind::kHostSide)];
+  EXPECT_GE(gaps.real_ns, 3 * kPause) << "the pauses are real idle time";
+  // Claims held at least as often as stated over the time claimed.
+  EXPECT_GE(r->notices.total.precision(), r->claimed_confidence);
+  EXPECT_GE(r->total.precision(), r->claimed_confidence);
+}
+
+TEST(Evaluator, HorizonScoringWhoseSumsWouldOverflowIsRefusedNamingIt) {
+  // Each forecast scores its whole horizon: 120 forecasts over 2^61 ns of a
+  // log paused for years overflowed the int64 sums (a runtime error under
+  // the asan preset's UBSan, nonsense figures without it).
+  EvaluateOptions o = Opts();
+  o.scoring = Scoring::kHorizon;
+  o.forecast.horizon_ns = kMaxForecastHorizonNs;
+  const auto r = Evaluate(WithPauses(120, int64_t{1} << 60), o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("overflows the sums"), std::string::npos) << r.status();
+  o.scoring = Scoring::kLive;  // each stretch once
+  EXPECT_TRUE(Evaluate(WithPauses(120, int64_t{1} << 60), o).ok());
+}
+
 TEST(Evaluator, ASampledLogScoresOnlyTheLoggedTime) {
   // Every 10th step of regular 100 ms steps: the unlogged steps in between
   // are neither real idle time nor scored forecasts.

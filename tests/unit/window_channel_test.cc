@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -167,6 +168,44 @@ TEST(RemainingGivenElapsed, IsZeroPastEverythingMeasuredAndUnknownWithoutSamples
   const DurationQuantiles q = QuantilesOf({1e6, 2e6, 3e6});
   EXPECT_EQ(RemainingGivenElapsed(q, 5'000'000, 0.95), 0);
   EXPECT_EQ(RemainingGivenElapsed(QuantilesOf({}), 0, 0.95), -1);
+}
+
+TEST(NoClaimUntil, NothingIsClaimedBetweenANoClaimAndTheTimeItGives) {
+  // The notice replay skips from an elapsed time the table claims nothing
+  // at to NoClaimUntil's answer: every elapsed time between them, checked
+  // one by one over a fine grid, is claimed nothing too, for tables of 3 to
+  // 200 windows (ClaimableQuantilesOf's, with its small-sample bound and
+  // QuantilesOf's) and confidences whose cap (1 − c)/c · elapsed is under a
+  // nanosecond at first.
+  std::mt19937_64 rng(11);
+  std::lognormal_distribution<double> len(std::log(40.0), 1.0);  // ~40 ns, heavy-tailed
+  int checked = 0, skipped = 0;
+  for (const int n : {3, 5, 20, 200}) {
+    std::vector<double> v;
+    v.reserve(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) v.push_back(std::ceil(len(rng)));
+    for (const DurationQuantiles& q : {ClaimableQuantilesOf(v), QuantilesOf(v)}) {
+      for (const double c : {0.5, 0.95, 0.9999}) {
+        for (int64_t e = 0; e < 2000; ++e) {
+          if (RemainingGivenElapsed(q, e, c) > 0) continue;
+          const int64_t until = NoClaimUntil(q, e, c);
+          ASSERT_GT(until, e);
+          if (until > e + 1) ++skipped;
+          for (int64_t x = e + 1; x < std::min<int64_t>(until, 2000); ++x) {
+            ASSERT_LE(RemainingGivenElapsed(q, x, c), 0)
+                << "n " << n << " c " << c << " from " << e << " to " << until << " at " << x;
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(skipped, 100);
+  EXPECT_GT(checked, 10'000);
+  EXPECT_EQ(NoClaimUntil(QuantilesOf({}), 0, 0.95), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(NoClaimUntil(QuantilesOf({1e6, 2e6}), 3'000'000, 0.95),
+            std::numeric_limits<int64_t>::max())
+      << "past everything measured";
 }
 
 // The claim a notice makes at a window's open, from the n windows measured
