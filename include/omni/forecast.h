@@ -148,11 +148,12 @@ struct ForecastOptions {
   }
 };
 
-// InvalidArgument naming the field: horizon outside (0, kMaxForecastHorizonNs], negative or
-// non-finite k, confidence outside [0, 1), negative min_window, history_steps
-// < 8, min_steps < 2, max_period outside [1, 256], negative
-// every/offset/expected, offset ≥ every, pipeline stages < 1, micro_batches <
-// 1, stage outside [0, stages), non-finite or negative backward_over_forward.
+// InvalidArgument naming the field: horizon outside (0,
+// kMaxForecastHorizonNs], negative or non-finite k, confidence outside
+// [0, 1), negative min_window, history_steps < 8, min_steps < 2, max_period
+// outside [1, 256], negative every/offset/expected, offset ≥ every,
+// pipeline stages < 1, micro_batches < 1, stage outside [0, stages),
+// non-finite or negative backward_over_forward.
 OMNI_EXPORT absl::Status ValidateForecastOptions(const ForecastOptions& options);
 
 // Windows of one kind in a step the forecaster tells apart (IdleWindow::ordinal).

@@ -117,8 +117,9 @@ inline constexpr int64_t kMaxStepNumber = int64_t{1} << 61;
 inline constexpr int64_t kMaxClockNs = int64_t{1} << 62;
 
 // Checks a record's invariants: a step number of at most kMaxStepNumber,
-// clock readings in [0, kMaxClockNs], start <= end, spans inside the step, properly nested, depths
-// consistent, phase ids known to `catalog`. InvalidArgument naming the step and span otherwise.
+// clock readings in [0, kMaxClockNs], start <= end, spans inside the step,
+// properly nested, depths consistent, phase ids known to `catalog`.
+// InvalidArgument naming the step and span otherwise.
 OMNI_EXPORT absl::Status ValidateStepRecord(const StepRecord& rec, const PhaseCatalog& catalog);
 
 // An idle interval of a step in absolute clock nanoseconds.

@@ -91,6 +91,10 @@ OMNI_EXPORT DurationQuantiles ClaimableQuantilesOf(std::vector<double> values);
 // or, while the forecast's guaranteed length for the window has not
 // elapsed, what is left of it when that is longer. One rule for the channel
 // reader and omni eval's notice replay.
+inline int64_t WithForecastClaim(int64_t table_ns, int64_t guaranteed_ns, int64_t elapsed_ns) {
+  return guaranteed_ns > elapsed_ns ? std::max(table_ns, guaranteed_ns - elapsed_ns) : table_ns;
+}
+
 // Where RemainingGivenElapsed(q, elapsed_ns, confidence) ≤ 0: the least
 // elapsed time after elapsed_ns at which it may be positive again (it is a
 // step function of the elapsed time over q's grid, but for its cap of
@@ -99,10 +103,6 @@ OMNI_EXPORT DurationQuantiles ClaimableQuantilesOf(std::vector<double> values);
 // replay skip the polls in between (notice_replay.cc). Exported for its
 // test.
 OMNI_EXPORT int64_t NoClaimUntil(const DurationQuantiles& q, int64_t elapsed_ns, double confidence);
-
-inline int64_t WithForecastClaim(int64_t table_ns, int64_t guaranteed_ns, int64_t elapsed_ns) {
-  return guaranteed_ns > elapsed_ns ? std::max(table_ns, guaranteed_ns - elapsed_ns) : table_ns;
-}
 
 // The guaranteed length of the claim in [begin, end) for the window of
 // (step, phase, kind, ordinal): 0 when there is none.
