@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cli_numbers.h"
 #include "omni/checkpoint.h"
 #include "omni/evaluator.h"
 #include "omni/job_checkpoint.h"
@@ -112,48 +113,18 @@ bool Parse(int argc, char** argv, const std::vector<std::string>& allowed, Parse
   return true;
 }
 
-// Numeric options: the whole value must parse and lie in [lo, hi] (no silent
-// wrap-around or saturation); `v` keeps its default when the flag is absent.
+// Numeric options (cli_numbers.h); `v` keeps its default when the flag is
+// absent.
 bool Integer(const Parsed& p, const std::string& flag, int64_t lo, int64_t hi, int64_t& v,
              std::string& err) {
   auto it = p.flags.find(flag);
-  if (it == p.flags.end()) return true;
-  const std::string& s = it->second;
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(s.c_str(), &end, 10);
-  if (end == s.c_str() || *end != '\0') {
-    err = "not an integer for " + flag + ": '" + s + "'";
-    return false;
-  }
-  if (errno == ERANGE || x < lo || x > hi) {
-    err = flag + " " + s + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) +
-          "]";
-    return false;
-  }
-  v = x;
-  return true;
+  return it == p.flags.end() || omni::ParseInteger(flag, it->second, lo, hi, v, err);
 }
 
 bool Real(const Parsed& p, const std::string& flag, double lo, double hi, double& v,
           std::string& err) {
   auto it = p.flags.find(flag);
-  if (it == p.flags.end()) return true;
-  const std::string& s = it->second;
-  char* end = nullptr;
-  const double x = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || *end != '\0' || !std::isfinite(x)) {
-    err = "not a number for " + flag + ": '" + s + "'";
-    return false;
-  }
-  if (!(x >= lo && x <= hi)) {
-    char range[64];
-    std::snprintf(range, sizeof(range), "[%g, %g]", lo, hi);
-    err = flag + " " + s + " is out of range " + range;
-    return false;
-  }
-  v = x;
-  return true;
+  return it == p.flags.end() || omni::ParseReal(flag, it->second, lo, hi, v, err);
 }
 
 int Info() {

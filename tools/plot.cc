@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cli_numbers.h"
 #include "nlohmann/json.hpp"
 #include "omni/evaluator.h"
 #include "svg.h"
@@ -372,26 +374,33 @@ int PlotCommand(int argc, char** argv) {
       o.guest.label = v;
       continue;
     }
-    char* end = nullptr;
-    const double x = std::strtod(v.c_str(), &end);
-    if (end == v.c_str() || *end != '\0' || !std::isfinite(x)) {
-      std::fprintf(stderr, "omni: not a number for %s: '%s'\n%s", a.c_str(), v.c_str(), usage);
-      return 2;
-    }
-    if (a == "--from-step") {
-      o.from_step = static_cast<int64_t>(x);
-    } else if (a == "--to-step") {
-      o.to_step = static_cast<int64_t>(x);
+    // The ranges omni eval and omni forecast take (omni_cli.cc); a step
+    // number as the log's (kMaxStepNumber). A value converted unchecked
+    // was undefined past the int64 range: --from-step 9223372036854775807
+    // plotted the whole log.
+    std::string err;
+    int64_t n = 0;
+    double x = 0;
+    bool ok = true;
+    if (a == "--from-step" || a == "--to-step") {
+      ok = ParseInteger(a, v, 0, kMaxStepNumber, n, err);
+      (a == "--from-step" ? o.from_step : o.to_step) = n;
     } else if (a == "--k") {
-      o.forecast.k = x;
+      ok = ParseReal(a, v, 0, 1e6, o.forecast.k, err);
     } else if (a == "--horizon-s") {
+      ok = ParseReal(a, v, 0, 9e9, x, err);
       o.forecast.horizon_ns = static_cast<int64_t>(x * 1e9);
     } else if (a == "--window") {
-      o.forecast.history_steps = static_cast<int>(x);
+      ok = ParseInteger(a, v, 1, std::numeric_limits<int>::max(), n, err);
+      o.forecast.history_steps = static_cast<int>(n);
     } else if (a == "--width") {
-      o.width_px = x;
+      ok = ParseReal(a, v, 200, 100'000, o.width_px, err);
     } else {
-      std::fprintf(stderr, "omni: unknown flag %s\n%s", a.c_str(), usage);
+      err = "unknown flag " + a;
+      ok = false;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "omni: %s\n%s", err.c_str(), usage);
       return 2;
     }
   }

@@ -5,6 +5,8 @@
 #include <fstream>
 #include <regex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "omni/evaluator.h"
@@ -86,6 +88,30 @@ TEST(PlotTimeline, ShowsOnlyTheRequestedStepsAndRefusesAnEmptyRange) {
   EXPECT_EQ(cli::PlotTimeline(log, o).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cli::PlotTimeline(StepLog{}, cli::PlotOptions{}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PlotCommand, AFlagValueOutsideItsRangeIsRefusedNamingTheFlag) {
+  // The values were converted from a double unchecked: a step number past
+  // the int64 range was undefined (--from-step 9223372036854775807 plotted
+  // the whole log), and --window 1e10 or --horizon-s 1e30 likewise.
+  for (const auto& [flag, value] :
+       std::vector<std::pair<std::string, std::string>>{{"--from-step", "9223372036854775807"},
+                                                        {"--to-step", "-1"},
+                                                        {"--from-step", "2.5"},
+                                                        {"--window", "1e10"},
+                                                        {"--horizon-s", "1e30"},
+                                                        {"--width", "0"},
+                                                        {"--k", "nan"}}) {
+    std::vector<std::string> args = {"omni", "plot", "no-such.jsonl", flag, value};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    ::testing::internal::CaptureStderr();
+    const int rc = cli::PlotCommand(static_cast<int>(argv.size()), argv.data());
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(rc, 2) << flag << " " << value << ": " << err;
+    EXPECT_NE(err.find(flag), std::string::npos) << err;
+    EXPECT_NE(err.find(value), std::string::npos) << err;
+  }
 }
 
 TEST(SvgWriter, EscapesTextAndAttributes) {
