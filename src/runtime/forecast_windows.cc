@@ -1149,10 +1149,9 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
   const auto now = static_cast<double>(now_ns - base);
   const double horizon_end = now + static_cast<double>(opt_.horizon_ns);
   const auto min_window = static_cast<double>(opt_.min_window_ns);
-  const double last_end = 0;
-  double mid = last_end + gap_mean;  // expected start of the step
-  double var = gap_var;              // variance of that start
-  double level = 0;                  // accumulated uncertainty of the level
+  double mid = gap_mean;  // expected start of the step
+  double var = gap_var;   // variance of that start
+  double level = 0;       // accumulated uncertainty of the level
   bool needed_known = false;
   const auto n_hist = static_cast<double>(hist_.size());
   // Jumping: once a whole cycle of consecutive normal steps (past the next
@@ -1209,9 +1208,9 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
     const double pe_sd = z_ * std::sqrt(std::max(var - gap_v, 0.0));
     double pe_lo = mid - gap_m - pe_sd - level, pe_hi = mid - gap_m + pe_sd + level;
     if (s == last_step_ + 1) {
-      s_lo = last_end + (own_gap ? gs->d.lo : gap_lo);
-      s_hi = last_end + (own_gap ? gs->d.hi : gap_hi);
-      pe_lo = pe_hi = last_end;
+      s_lo = own_gap ? gs->d.lo : gap_lo;  // after the last step's end, at 0
+      s_hi = own_gap ? gs->d.hi : gap_hi;
+      pe_lo = pe_hi = 0;
     }
     if (s_lo >= horizon_end) break;
     if (!needed_known) {

@@ -30,15 +30,6 @@ void ScoreWindow(const DurationQuantiles& q, int64_t guaranteed, int64_t origin,
     }
     first = false;
     int64_t next = e + o.poll_ns;
-    if (r <= 0) {
-      // Nothing claimed at e (so e is past the forecast's guaranteed
-      // length): skip the polls before the table can claim again, rather
-      // than poll every 0.5 ms of a window of days (a job paused
-      // between two steps of its log).
-      const int64_t until = NoClaimUntil(q, e, o.confidence);
-      if (until >= duration) break;
-      next = std::max(next, e + (until - e + o.poll_ns - 1) / o.poll_ns * o.poll_ns);
-    }
     if (r > 0) {
       const int64_t end = e + r;
       const int64_t from = std::max(e, covered_to);
@@ -56,6 +47,14 @@ void ScoreWindow(const DurationQuantiles& q, int64_t guaranteed, int64_t origin,
         covered_to = end;
       }
       next = std::max(next, end - (end - e) % o.poll_ns);
+    } else {
+      // Nothing claimed at e (so e is past the forecast's guaranteed
+      // length): skip the polls before the table can claim again, rather
+      // than poll every 0.5 ms of a window of days (a job paused
+      // between two steps of its log).
+      const int64_t until = NoClaimUntil(q, e, o.confidence);
+      if (until >= duration) break;
+      next = std::max(next, e + (until - e + o.poll_ns - 1) / o.poll_ns * o.poll_ns);
     }
     e = next;
   }

@@ -171,13 +171,8 @@ StepLog WithPauses(int n, int64_t pause_ns) {
   StepLog log;
   int64_t t = 0;
   for (int i = 0; i < n; ++i) {
-    StepRecord r = MakeStep(i, 0, 100, {{phase::kDataWait, 0, 20}, {phase::kCompute, 20, 100}});
-    for (int k = 0; k < r.num_spans; ++k) {
-      r.spans[k].start_ns += t;
-      r.spans[k].end_ns += t;
-    }
-    r.start_ns += t;
-    r.end_ns += t;
+    const StepRecord r = testing::ShiftedBy(
+        MakeStep(i, 0, 100, {{phase::kDataWait, 0, 20}, {phase::kCompute, 20, 100}}), t);
     log.steps.push_back(r);
     t = r.end_ns + kMs + (i % 30 == 29 ? pause_ns : 0);
   }

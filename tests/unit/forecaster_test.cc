@@ -2087,17 +2087,11 @@ TEST(Forecaster, ALogEndingAtTheLargestClockReadingIsForecastAsTheSameLogEarlier
     o.horizon_ns = kMaxForecastHorizonNs;
     Forecaster fc = Make(o);
     for (int k = 0; k < kSteps; ++k) {
-      StepRecord r = testing::MakeStep(k, 0, 100,
-                                       {{phase::kDataWait, 0, k % 3 == 2 ? 40 : 5},
-                                        {phase::kCompute, k % 3 == 2 ? 40 : 5, 100}});
-      const int64_t start = origin + k * kStepNs;
-      for (int i = 0; i < r.num_spans; ++i) {
-        r.spans[i].start_ns += start;
-        r.spans[i].end_ns += start;
-      }
-      r.start_ns += start;
-      r.end_ns += start;
-      Feed(fc, r);
+      const int stall = k % 3 == 2 ? 40 : 5;
+      Feed(fc, testing::ShiftedBy(
+                   testing::MakeStep(k, 0, 100,
+                                     {{phase::kDataWait, 0, stall}, {phase::kCompute, stall, 100}}),
+                   origin + k * kStepNs));
     }
     const int64_t now = origin + kSteps * kStepNs - kMs;
     auto f = fc.Predict(now);

@@ -34,4 +34,17 @@ inline StepRecord MakeStep(int64_t step, int64_t start_ms, int64_t dur_ms,
   return r;
 }
 
+// `r` moved `ns` later, its spans with it (a clock reading in ns that
+// MakeStep's milliseconds do not reach: a pause of 2^60 ns, a log ending
+// at kMaxClockNs).
+inline StepRecord ShiftedBy(StepRecord r, int64_t ns) {
+  r.start_ns += ns;
+  r.end_ns += ns;
+  for (int i = 0; i < r.num_spans; ++i) {
+    r.spans[i].start_ns += ns;
+    r.spans[i].end_ns += ns;
+  }
+  return r;
+}
+
 }  // namespace omni::testing
