@@ -116,7 +116,7 @@ inline constexpr int64_t kMaxStepNumber = int64_t{1} << 61;
 // and the lengths of steps ahead to them, and the sums must fit in an int64.
 inline constexpr int64_t kMaxClockNs = int64_t{1} << 62;
 
-// Checks a record's invariants: a step number of at most kMaxStepNumber,
+// Checks a record's invariants: a step number in [0, kMaxStepNumber],
 // clock readings in [0, kMaxClockNs], start <= end, spans inside the step,
 // properly nested, depths consistent, phase ids known to `catalog`.
 // InvalidArgument naming the step and span otherwise.

@@ -122,9 +122,9 @@ StepKind StepRecord::kind() const {
 }
 
 absl::Status ValidateStepRecord(const StepRecord& rec, const PhaseCatalog& catalog) {
-  if (rec.step > kMaxStepNumber) {
+  if (rec.step < 0 || rec.step > kMaxStepNumber) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "step ", rec.step, ": above the largest step number 2^61 (", kMaxStepNumber, ")"));
+        "step ", rec.step, ": step number outside [0, 2^61] (0, ", kMaxStepNumber, ")"));
   }
   for (const int64_t t : {rec.start_ns, rec.end_ns}) {
     if (t < 0 || t > kMaxClockNs) {

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "test_util.h"
 
 namespace omni {
@@ -106,6 +107,23 @@ TEST(ValidateStepRecord, ClockReadingsOutsideZeroTo2Pow62AreRefusedNamingThem) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << start << " " << end;
     EXPECT_NE(st.message().find("step 7: clock reading"), absl::string_view::npos) << st;
     EXPECT_NE(st.message().find("outside [0, 2^62]"), absl::string_view::npos) << st;
+  }
+}
+
+TEST(ValidateStepRecord, StepNumbersOutsideZeroTo2Pow61AreRefusedNamingThem) {
+  // A negative step number was accepted here and refused only later, by
+  // the forecaster, as a step "not after the last one (-1)".
+  PhaseCatalog c;
+  for (const int64_t ok : {int64_t{0}, kMaxStepNumber}) {
+    EXPECT_TRUE(ValidateStepRecord(MakeStep(ok, 0, 100, {}), c).ok()) << ok;
+  }
+  for (const int64_t bad : {std::numeric_limits<int64_t>::min(), int64_t{-150}, int64_t{-1},
+                            kMaxStepNumber + 1, std::numeric_limits<int64_t>::max()}) {
+    const absl::Status st = ValidateStepRecord(MakeStep(bad, 0, 100, {}), c);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find(absl::StrCat("step ", bad, ": step number outside [0, 2^61]")),
+              absl::string_view::npos)
+        << st;
   }
 }
 
