@@ -1,13 +1,52 @@
 // Cost of one forecaster update (Forecaster::Observe of a step, then Predict over
 // the default 5-minute horizon), on the shipped pipeline+checkpoint trace and
-// on a synthetic fast job (10 ms steps: 30000 steps in the horizon).
+// on a synthetic fast job (10 ms steps: 30000 steps in the horizon); and the
+// heap Evaluate holds at its peak beyond the log it scores, per step of a
+// long log (evaluate_peak_bytes_per_step: the log's records themselves are
+// about 1.6 KB a step).
+#include <malloc.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <new>
 #include <string>
 #include <vector>
 
 #include "omni/evaluator.h"
+
+namespace {
+
+// The bytes allocated by operator new and not yet freed, and their peak.
+std::atomic<int64_t> g_live_bytes{0};
+std::atomic<int64_t> g_peak_bytes{0};
+
+void CountAllocated(void* p) {
+  const auto n = static_cast<int64_t>(malloc_usable_size(p));
+  const int64_t live = g_live_bytes.fetch_add(n, std::memory_order_relaxed) + n;
+  int64_t peak = g_peak_bytes.load(std::memory_order_relaxed);
+  while (live > peak && !g_peak_bytes.compare_exchange_weak(peak, live)) {
+  }
+}
+
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (void* p = std::malloc(n == 0 ? 1 : n)) {  // NOLINT(cppcoreguidelines-no-malloc)
+    CountAllocated(p);
+    return p;
+  }
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept {
+  if (p != nullptr) {
+    g_live_bytes.fetch_sub(static_cast<int64_t>(malloc_usable_size(p)), std::memory_order_relaxed);
+  }
+  std::free(p);  // NOLINT(cppcoreguidelines-no-malloc)
+}
+void operator delete(void* p, std::size_t /*n*/) noexcept { operator delete(p); }
 
 namespace {
 
@@ -95,6 +134,13 @@ int main(int argc, char** argv) {
   omni::EvaluateOptions eo;
   auto rep = omni::Evaluate(*log, eo);
   const double eval_ms = (NowUs() - t0) / 1e3;
+  // Evaluate's own heap on a long log (the 10 ms job, 20,000 steps).
+  const omni::StepLog long_log = Synthetic(20000);
+  const int64_t before = g_live_bytes.load();
+  g_peak_bytes.store(before);
+  const bool long_ok = omni::Evaluate(long_log, eo).ok();
+  const double eval_bytes_per_step = static_cast<double>(g_peak_bytes.load() - before) /
+                                     static_cast<double>(long_log.steps.size());
   std::printf("pipeline trace (%zu steps): add %.2f us, predict %.2f us, %.1f windows/forecast\n",
               log->steps.size(), pipe.add_us, pipe.predict_us, pipe.windows);
   std::printf("10 ms steps: add %.2f us, predict %.2f us, %.1f windows/forecast\n", quick.add_us,
@@ -102,13 +148,16 @@ int main(int argc, char** argv) {
   std::printf("10 ms steps, predict by horizon: 30 s %.2f us, 5 min %.2f us, 60 min %.2f us\n",
               quick_30s.predict_us, quick.predict_us, quick_60min.predict_us);
   std::printf("evaluate pipeline trace (every step): %.1f ms\n", eval_ms);
+  std::printf("evaluate %zu steps of 10 ms: peak heap %.0f bytes a step beyond the log's %zu\n",
+              long_log.steps.size(), eval_bytes_per_step, sizeof(omni::StepRecord));
   std::printf(
       "{\"benchmark\":\"forecast_cost\",\"forecast_update_us\":%.2f,\"stats_add_us\":%.2f,"
       "\"forecast_update_us_10ms_steps\":%.2f,\"predict_us_10ms_steps_30s\":%.2f,"
       "\"predict_us_10ms_steps_5min\":%.2f,\"predict_us_10ms_steps_60min\":%.2f,"
-      "\"windows_per_forecast\":%.1f,\"evaluate_trace_ms\":%.1f}\n",
+      "\"windows_per_forecast\":%.1f,\"evaluate_trace_ms\":%.1f,"
+      "\"evaluate_peak_bytes_per_step\":%.0f}\n",
       pipe.predict_us + pipe.add_us, pipe.add_us, quick.predict_us + quick.add_us,
       quick_30s.predict_us, quick.predict_us, quick_60min.predict_us, pipe.windows,
-      rep.ok() ? eval_ms : -1.0);
-  return rep.ok() ? 0 : 1;
+      rep.ok() ? eval_ms : -1.0, long_ok ? eval_bytes_per_step : -1.0);
+  return rep.ok() && long_ok ? 0 : 1;
 }
