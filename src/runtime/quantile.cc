@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace omni {
 
@@ -32,14 +33,21 @@ double QuantileInPlace(std::vector<double>& v, double level) {
   return QuantileSorted(v, level);
 }
 
-// By bisection of erf(z/√2) = c.
+// By bisection of erf(z/√2) = c: 60 evaluations of erf. Its callers ask
+// for the same few levels again and again (the live notices' lowest level,
+// once per window and step), so the last answer is kept, per thread.
 double TwoSidedZ(double c) {
+  thread_local double last_c = std::numeric_limits<double>::quiet_NaN();
+  thread_local double last_z = 0;
+  if (c == last_c) return last_z;
   double lo = 0, hi = 10;
   for (int i = 0; i < 60; ++i) {
     const double mid = (lo + hi) / 2;
     (std::erf(mid / std::sqrt(2.0)) < c ? lo : hi) = mid;
   }
-  return (lo + hi) / 2;
+  last_c = c;
+  last_z = (lo + hi) / 2;
+  return last_z;
 }
 
 double StudentT(double z, double nu) {
