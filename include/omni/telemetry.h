@@ -89,6 +89,11 @@ struct TelemetryCounters {
   int64_t misuse_errors = 0;    // hook calls that returned an error
   int64_t spans_truncated = 0;  // steps with more than kMaxSpansPerStep phases
   int64_t steps_rejected = 0;   // records the statistics refused (e.g. clock went backwards)
+  // Steps the forecaster skipped while the worker was more than half the
+  // ring behind (steps shorter than its model building, on a busy host):
+  // the statistics, step log and trace still have them, and the forecaster
+  // learns from the others as from a sampled log.
+  int64_t steps_not_forecast = 0;
   int64_t forecasts_published = 0;
   int64_t export_errors = 0;  // step log / trace / sink failures
   // Times the worker thread woke to look for completed steps (each poll;

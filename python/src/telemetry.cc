@@ -93,6 +93,7 @@ py::dict CountersDict(const omni::TelemetryCounters& c) {
   py::dict d;
   d["steps_recorded"] = c.steps_recorded;
   d["steps_dropped"] = c.steps_dropped;
+  d["steps_not_forecast"] = c.steps_not_forecast;
   d["misuse_errors"] = c.misuse_errors;
   d["spans_truncated"] = c.spans_truncated;
   d["steps_rejected"] = c.steps_rejected;

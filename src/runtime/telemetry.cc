@@ -316,6 +316,7 @@ class TelemetryImpl final : public Telemetry {
     c.worker_wakeups = wakeups_.load(std::memory_order_relaxed);
     absl::MutexLock l(&mu_);
     c.steps_rejected = rejected_;
+    c.steps_not_forecast = not_forecast_;
     c.forecasts_published = published_;
     c.export_errors = export_errors_;
     c.last_error = last_error_;
@@ -526,7 +527,14 @@ class TelemetryImpl final : public Telemetry {
         last_error_ = st;
       } else {
         NoteIdleKinds(rec);
-        if (options_.forecast_enabled) {
+        if (options_.forecast_enabled && h - t > (mask_ + 1) / 2) {
+          // More than half the ring behind: the forecaster, the costly part
+          // (a model of the step each time), skips the step, so that the
+          // worker catches up before the ring fills and drops steps from the
+          // statistics, step log and trace as well. It learns from the
+          // steps it sees, as from a sampled log.
+          ++not_forecast_;
+        } else if (options_.forecast_enabled) {
           forecaster_.Observe(rec, catalog_).IgnoreError();  // same checks as stats_.Add
         }
         if (!warmup) LearnWindows(rec);
@@ -826,6 +834,7 @@ class TelemetryImpl final : public Telemetry {
   int64_t published_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t export_errors_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t not_forecast_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
   absl::Status first_export_error_ ABSL_GUARDED_BY(mu_);
 
