@@ -540,10 +540,20 @@ absl::StatusOr<JobSaveStats> JobCheckpointManagerImpl::Save(int64_t step, const 
                         absl::StrCat("checkpoint step ", step, " in ", opt_.dir, " (replica rank ",
                                      group.rank, " of ", group.size, "): ", st.message()));
   };
+  // The save's directory gone while this replica was held up (frozen,
+  // descheduled): the others gave this save up and a later save removed it
+  // (RemoveStaleTmpDirs). Nothing of it can land: abandoned, as when a peer
+  // dies during it.
+  const auto removed = [&](const absl::Status& st) {
+    return absl::AbortedError(absl::StrCat(
+        tmp, " was removed: the other replicas gave this save up (", st.message(), ")"));
+  };
   if (auto st = fs_.Mkdir(dir_.get(), tmp_name, tmp); !st.ok() && !absl::IsAlreadyExists(st)) {
     return failed(st);
   }
   absl::StatusOr<Fd> tmp_fd = fs_.OpenDir(dir_.get(), tmp_name, tmp);
+  // (Made or found a moment ago: removed since, between the two calls.)
+  if (absl::IsNotFound(tmp_fd.status())) return failed(removed(tmp_fd.status()));
   if (!tmp_fd.ok()) return failed(tmp_fd.status());
   const std::string part = ckpt::PartFileName(group.rank);
   const std::string frag = ckpt::PartFragmentName(group.rank);
@@ -597,14 +607,7 @@ absl::StatusOr<JobSaveStats> JobCheckpointManagerImpl::Save(int64_t step, const 
     const absl::StatusOr<FileStat> held = fs_.Stat(tmp_fd->get(), "", tmp);
     return held.ok() && held->links == 0;
   };
-  if (!absl::IsAborted(st) && unlinked()) {
-    // The save's directory is gone: the others gave this save up and a later
-    // save removed it (RemoveStaleTmpDirs) while this replica was held up
-    // (frozen, descheduled). Nothing of it can land: abandoned, as when a
-    // peer dies during it.
-    st = absl::AbortedError(absl::StrCat(
-        tmp, " was removed: the other replicas gave this save up (", st.message(), ")"));
-  }
+  if (!absl::IsAborted(st) && unlinked()) st = removed(st);
   if (group.rank != 0 && !absl::IsAborted(st)) {  // rank 0 stops waiting for this part
     internal::WriteFileSyncedAt(fs_, tmp_fd->get(), kAborted, HexDigest(group.token),
                                 Join(tmp, kAborted))

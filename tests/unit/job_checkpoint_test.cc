@@ -296,6 +296,47 @@ TEST(JobCheckpoint, AReplicaWhoseSaveDirectoryWasRemovedMeanwhileAbandonsTheSave
   EXPECT_FALSE(fs::exists(dir / ".tmp-step-000000000002"));
 }
 
+// Removes the save's directory when it is opened, after the save made it:
+// a replica frozen between the two (the others' later save removed it).
+class RemoveBeforeOpenDir final : public testing::PassThroughFileSystem {
+ public:
+  explicit RemoveBeforeOpenDir(std::string save_dir) : save_dir_(std::move(save_dir)) {}
+  absl::StatusOr<internal::Fd> OpenDir(int dir, const std::string& name,
+                                       const std::string& path) override {
+    if (path == save_dir_) fs::remove_all(save_dir_);
+    return PassThroughFileSystem::OpenDir(dir, name, path);
+  }
+
+ private:
+  const std::string save_dir_;
+};
+
+TEST(JobCheckpoint, AReplicaWhoseSaveDirectoryWasRemovedRightAfterItMadeItAbandonsTheSave) {
+  // test_elastic's frozen replicas, under make test's load: r1 was frozen
+  // between making the directory of step 20's save and opening it, and
+  // exited 1 ("NOT_FOUND: ... open directory .tmp-step-000000000020")
+  // instead of going on without that save.
+  TempDir dir;
+  std::deque<Replica> reps;
+  for (int r = 0; r < 2; ++r) reps.emplace_back(r);
+  for (const auto& st : SaveTogether(dir.path(), 1, reps, 1)) ASSERT_TRUE(st.ok()) << st.status();
+  RemoveBeforeOpenDir hook(dir / ".tmp-step-000000000002");
+  auto m = internal::OpenJobCheckpointManagerOn(Options(dir.path(), "r1"), hook);
+  ASSERT_TRUE(m.ok()) << m.status();
+  JobSaveGroup g;
+  g.rank = 1;
+  g.size = 2;
+  g.token = 2;
+  absl::StatusOr<JobSaveStats> st = (*m)->Save(2, g, reps[1].replicated, reps[1].per_replica, {});
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(absl::IsAborted(st.status())) << st.status();
+  EXPECT_TRUE(absl::StrContains(st.status().message(), "was removed")) << st.status();
+  absl::StatusOr<std::vector<CheckpointInfo>> list = (*m)->List();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 1U);
+  EXPECT_EQ((*list)[0].step, 1) << "the checkpoint before stays the newest";
+}
+
 TEST(JobCheckpoint, AReplicaWhoseReplicatedStateDiffersInShapeIsRefusedNamingIt) {
   TempDir dir;
   std::deque<Replica> reps;
