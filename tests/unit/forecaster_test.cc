@@ -2070,7 +2070,8 @@ TEST(Forecaster, StepNumbersUpToTheLargestAllowedMakeNoOverflow) {
   past.step = kMaxStepNumber + 1;
   const absl::Status st = fc.Observe(past, PhaseCatalog());
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(st.message()).find("step number outside [0, 2^61]"), std::string::npos) << st;
+  EXPECT_NE(std::string(st.message()).find("step number outside [0, 2^61]"), std::string::npos)
+      << st;
 }
 
 TEST(Forecaster, ALogEndingAtTheLargestClockReadingIsForecastAsTheSameLogEarlier) {
