@@ -252,6 +252,27 @@ TEST(JobCheckpoint, AReplicaThatNeverWritesItsPartLeavesThePreviousCheckpointThe
   EXPECT_TRUE(VerifyJobCheckpoint(dir / "step-000000000002").ok());
 }
 
+// Replica r1's save of step 2 through `fs`, after both replicas saved step
+// 1 in `dir`: the save is abandoned (Aborted, naming the removal), and step
+// 1 stays the newest checkpoint.
+void ExpectR1sSaveOfStep2Abandoned(const std::string& dir, std::deque<Replica>& reps,
+                                   internal::FileSystem& fs) {
+  auto m = internal::OpenJobCheckpointManagerOn(Options(dir, "r1"), fs);
+  ASSERT_TRUE(m.ok()) << m.status();
+  JobSaveGroup g;
+  g.rank = 1;
+  g.size = 2;
+  g.token = 2;
+  absl::StatusOr<JobSaveStats> st = (*m)->Save(2, g, reps[1].replicated, reps[1].per_replica, {});
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(absl::IsAborted(st.status())) << st.status();
+  EXPECT_TRUE(absl::StrContains(st.status().message(), "was removed")) << st.status();
+  absl::StatusOr<std::vector<CheckpointInfo>> list = (*m)->List();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 1U);
+  EXPECT_EQ((*list)[0].step, 1) << "the checkpoint before stays the newest";
+}
+
 // Removes the save's directory when the part file is opened for writing:
 // what a replica frozen during a save finds when it thaws after the others
 // gave that save up and a later one removed its directory.
@@ -279,20 +300,7 @@ TEST(JobCheckpoint, AReplicaWhoseSaveDirectoryWasRemovedMeanwhileAbandonsTheSave
   for (int r = 0; r < 2; ++r) reps.emplace_back(r);
   for (const auto& st : SaveTogether(dir.path(), 1, reps, 1)) ASSERT_TRUE(st.ok()) << st.status();
   RemoveBeforePart hook(dir / ".tmp-step-000000000002", "part-00001.safetensors");
-  auto m = internal::OpenJobCheckpointManagerOn(Options(dir.path(), "r1"), hook);
-  ASSERT_TRUE(m.ok()) << m.status();
-  JobSaveGroup g;
-  g.rank = 1;
-  g.size = 2;
-  g.token = 2;
-  absl::StatusOr<JobSaveStats> st = (*m)->Save(2, g, reps[1].replicated, reps[1].per_replica, {});
-  ASSERT_FALSE(st.ok());
-  EXPECT_TRUE(absl::IsAborted(st.status())) << st.status();
-  EXPECT_TRUE(absl::StrContains(st.status().message(), "was removed")) << st.status();
-  absl::StatusOr<std::vector<CheckpointInfo>> list = (*m)->List();
-  ASSERT_TRUE(list.ok()) << list.status();
-  ASSERT_EQ(list->size(), 1U);
-  EXPECT_EQ((*list)[0].step, 1) << "the checkpoint before stays the newest";
+  ExpectR1sSaveOfStep2Abandoned(dir.path(), reps, hook);
   EXPECT_FALSE(fs::exists(dir / ".tmp-step-000000000002"));
 }
 
@@ -321,20 +329,7 @@ TEST(JobCheckpoint, AReplicaWhoseSaveDirectoryWasRemovedRightAfterItMadeItAbando
   for (int r = 0; r < 2; ++r) reps.emplace_back(r);
   for (const auto& st : SaveTogether(dir.path(), 1, reps, 1)) ASSERT_TRUE(st.ok()) << st.status();
   RemoveBeforeOpenDir hook(dir / ".tmp-step-000000000002");
-  auto m = internal::OpenJobCheckpointManagerOn(Options(dir.path(), "r1"), hook);
-  ASSERT_TRUE(m.ok()) << m.status();
-  JobSaveGroup g;
-  g.rank = 1;
-  g.size = 2;
-  g.token = 2;
-  absl::StatusOr<JobSaveStats> st = (*m)->Save(2, g, reps[1].replicated, reps[1].per_replica, {});
-  ASSERT_FALSE(st.ok());
-  EXPECT_TRUE(absl::IsAborted(st.status())) << st.status();
-  EXPECT_TRUE(absl::StrContains(st.status().message(), "was removed")) << st.status();
-  absl::StatusOr<std::vector<CheckpointInfo>> list = (*m)->List();
-  ASSERT_TRUE(list.ok()) << list.status();
-  ASSERT_EQ(list->size(), 1U);
-  EXPECT_EQ((*list)[0].step, 1) << "the checkpoint before stays the newest";
+  ExpectR1sSaveOfStep2Abandoned(dir.path(), reps, hook);
 }
 
 TEST(JobCheckpoint, AReplicaWhoseReplicatedStateDiffersInShapeIsRefusedNamingIt) {
