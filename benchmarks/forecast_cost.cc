@@ -3,7 +3,9 @@
 // on a synthetic fast job (10 ms steps: 30000 steps in the horizon); and the
 // heap Evaluate holds at its peak beyond the log it scores, per step of a
 // long log (evaluate_peak_bytes_per_step: the log's records themselves are
-// about 1.6 KB a step).
+// about 1.6 KB a step); and what the telemetry worker spends on the
+// forecaster for each step it drains (worker_step_us: Observe, then the next
+// step's bound, on both logs).
 #include <malloc.h>
 
 #include <algorithm>
@@ -60,6 +62,26 @@ struct Cost {
   double add_us = 0, predict_us = 0, windows = 0;
 };
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// What the telemetry worker spends on the forecaster for each step it
+// drains: Observe, then the next step's bound (its pacing), without the
+// forecasts it publishes at most every publish interval.
+double WorkerStepUs(const omni::StepLog& log, const omni::ForecastOptions& fo) {
+  auto fc = omni::Forecaster::Create(fo);
+  std::vector<double> us;
+  for (const omni::StepRecord& rec : log.steps) {
+    const double t0 = NowUs();
+    if (!fc->Observe(rec, log.header.phases).ok()) continue;
+    if (!fc->NextStepBounds(1).ok()) continue;
+    us.push_back(NowUs() - t0);
+  }
+  return Median(us);
+}
+
 Cost Measure(const omni::StepLog& log, const omni::ForecastOptions& fo) {
   auto fc = omni::Forecaster::Create(fo);
   std::vector<double> add, pred;
@@ -76,11 +98,7 @@ Cost Measure(const omni::StepLog& log, const omni::ForecastOptions& fo) {
     windows += static_cast<double>(f->windows.size());
     ++n;
   }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
-  return Cost{median(add), median(pred), n ? windows / n : 0};
+  return Cost{Median(add), Median(pred), n ? windows / n : 0};
 }
 
 omni::StepLog Synthetic(int steps) {
@@ -119,10 +137,12 @@ int main(int argc, char** argv) {
   fo.checkpoint = log->header.checkpoint;
   fo.pipeline = log->header.pipeline;
   const Cost pipe = Measure(*log, fo);
+  const double worker_us = WorkerStepUs(*log, fo);
   omni::StepLog fast = Synthetic(2000);
   omni::ForecastOptions fo2;
   fo2.eval = fast.header.eval;
   const Cost quick = Measure(fast, fo2);
+  const double worker_us_10ms = WorkerStepUs(fast, fo2);
   // The same job over other horizons: Predict jumps from event to event
   // once the normal steps give no window, so its cost should not grow with
   // the horizon (30 s: 3,000 steps; 60 min: 360,000).
@@ -143,8 +163,10 @@ int main(int argc, char** argv) {
                                      static_cast<double>(long_log.steps.size());
   std::printf("pipeline trace (%zu steps): add %.2f us, predict %.2f us, %.1f windows/forecast\n",
               log->steps.size(), pipe.add_us, pipe.predict_us, pipe.windows);
-  std::printf("10 ms steps: add %.2f us, predict %.2f us, %.1f windows/forecast\n", quick.add_us,
-              quick.predict_us, quick.windows);
+  std::printf("pipeline trace, the worker's forecaster per step (observe, next bound): %.2f us\n",
+              worker_us);
+  std::printf("10 ms steps: add %.2f us, predict %.2f us, %.1f windows/forecast, worker %.2f us\n",
+              quick.add_us, quick.predict_us, quick.windows, worker_us_10ms);
   std::printf("10 ms steps, predict by horizon: 30 s %.2f us, 5 min %.2f us, 60 min %.2f us\n",
               quick_30s.predict_us, quick.predict_us, quick_60min.predict_us);
   std::printf("evaluate pipeline trace (every step): %.1f ms\n", eval_ms);
@@ -155,9 +177,10 @@ int main(int argc, char** argv) {
       "\"forecast_update_us_10ms_steps\":%.2f,\"predict_us_10ms_steps_30s\":%.2f,"
       "\"predict_us_10ms_steps_5min\":%.2f,\"predict_us_10ms_steps_60min\":%.2f,"
       "\"windows_per_forecast\":%.1f,\"evaluate_trace_ms\":%.1f,"
-      "\"evaluate_peak_bytes_per_step\":%.0f}\n",
+      "\"evaluate_peak_bytes_per_step\":%.0f,\"worker_step_us\":%.2f,\"worker_step_us_10ms_steps\":"
+      "%.2f}\n",
       pipe.predict_us + pipe.add_us, pipe.add_us, quick.predict_us + quick.add_us,
       quick_30s.predict_us, quick.predict_us, quick_60min.predict_us, pipe.windows,
-      rep.ok() ? eval_ms : -1.0, long_ok ? eval_bytes_per_step : -1.0);
+      rep.ok() ? eval_ms : -1.0, long_ok ? eval_bytes_per_step : -1.0, worker_us, worker_us_10ms);
   return rep.ok() && long_ok ? 0 : 1;
 }
