@@ -969,7 +969,8 @@ void Forecaster::Impl::KeepRunReference(const StepObs& obs) {
   for (int j = 0; j < kRunRefSteps; ++j) {
     const int64_t s = run_ref_from_ + j * stride;
     double lo = 0, hi = 0, fit = 0;
-    if (MarginalBound(s, lo, hi, fit) && ModelFor(s).dur.n < kPredictiveBelow / alpha_) {
+    if (MarginalBound(s, lo, hi, fit) &&
+        ModelFor(s, ModelParts::kDuration).dur.n < kPredictiveBelow / alpha_) {
       run_ref_[static_cast<size_t>(j)] = {lo, fit};
     }
   }
@@ -1000,7 +1001,7 @@ bool Forecaster::Impl::LevelShift(const StepObs& obs) {
   // never does; an event step between them neither breaks nor extends the
   // run.
   if (obs.kind != StepKind::kNormal || KindAt(obs.step) != StepKind::kNormal) return false;
-  const StepModel& m = ModelFor(obs.step);
+  const StepModel& m = ModelFor(obs.step, ModelParts::kDuration);
   if (shift_run_ == 0 && m.ok && obs.step <= m.local_until && m.dur_local.n > 0) {
     shift_lo_ = m.dur_local.lo;
     shift_hi_ = m.dur_local.hi_fit;
@@ -1114,7 +1115,7 @@ void Forecaster::Impl::KeepPriorRegime(int64_t at, std::vector<int64_t> missed) 
     if (KindAt(s) == StepKind::kNormal && MarginalBound(s, lo, hi, fit)) {
       p.bound[static_cast<size_t>(s % cycle)] = {lo, fit};
     }
-    const StepModel& m = ModelFor(s);
+    const StepModel& m = ModelFor(s, ModelParts::kAll);
     if (!m.ok) continue;
     for (const StepModel::Slot& sl : m.slots) {
       if (!Recurring(sl.key)) continue;

@@ -100,6 +100,9 @@ struct StepModel {
   // walk over later steps needs a length) and the step has no duration
   // bound: an event's length is unknown until one was measured.
   bool kind_known = false;
+  // Whether every slot was built, or only what a duration bound needs
+  // (ModelParts::kDuration: the gap slot, and an unmeasured event's).
+  bool all_slots = false;
   SlotMask rule_bits;   // which learned events occur at the step (cache check)
   SlotMask spike_bits;  // which spike rules put a spike at the step (cache check)
 };
@@ -296,7 +299,13 @@ class Forecaster::Impl {
   // The marginal bound only: `hi` the published upper end (bound_cal_
   // scores it), `fit` the regime detector's (SampleSummary::hi_fit).
   bool MarginalBound(int64_t step, double& lo, double& hi, double& fit) const;
-  const StepModel& ModelFor(int64_t step) const;
+  // The model of `step`, cached until the history changes. kDuration skips
+  // the windows' slots but the gap's: the bounds (DurationBound, GapHi, the
+  // regime detector) need the duration alone, and the telemetry worker asks
+  // for one after every step (the windows' slots were most of a model's
+  // cost: forecast_cost's worker_step_us). The duration is the same in both.
+  enum class ModelParts { kDuration, kAll };
+  const StepModel& ModelFor(int64_t step, ModelParts parts) const;
   // Whether the regime has fewer than ⌈1/α⌉ − 1 normal steps (in `pool`)
   // and slot `key`'s lengths in them vary by more than kFewCv of their mean,
   // and its lengths in the step's residue class (`cls`, summarised) by more
@@ -309,7 +318,8 @@ class Forecaster::Impl {
   // the normal steps' recent level where their durations have memory).
   // `between`: a step between the logged ones (BetweenLogged), predicted
   // from all the normal steps alike, whatever their residues and spikes.
-  StepModel BuildModel(int64_t step, StepKind kind, bool combo, bool next = false,
+  // `parts`: as ModelFor's.
+  StepModel BuildModel(int64_t step, StepKind kind, bool combo, ModelParts parts, bool next = false,
                        bool between = false) const;
   // An event whose lengths follow a rhythm of its occurrences
   // (oc.length_period > 1): keeps, in the occurrences' parallel vectors,

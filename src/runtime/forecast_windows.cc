@@ -317,9 +317,10 @@ bool Forecaster::Impl::WidelyVaryingFew(const std::vector<const StepObs*>& pool,
   return all > kFewCv && std::sqrt(cls.var) / cls.mean > all / kFewCvCut;
 }
 
-StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, bool next,
-                                       bool between) const {
+StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, ModelParts parts,
+                                       bool next, bool between) const {
   StepModel m;
+  m.all_slots = parts == ModelParts::kAll;
   m.rule_bits = RuleBits(step);
   if (!between) m.spike_bits = SpikeBits(step);
   // The steps an event step is predicted from: the event steps kept beyond
@@ -508,7 +509,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
   std::vector<double> a, b, d, lead, lead_level;
   std::vector<int64_t> d_step;  // the step of each length in d
   for (int key = 0; key < kNumSlots; ++key) {
-    if (!candidates[key]) continue;
+    if (!candidates[key] || (!m.all_slots && key != kGapKey)) continue;
     const Occurrences& oc = occ_[key];
     a.clear();
     b.clear();
@@ -890,7 +891,7 @@ bool Forecaster::Impl::PoolWithNormalSteps(int64_t step, int key, double margin,
   return true;
 }
 
-const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
+const StepModel& Forecaster::Impl::ModelFor(int64_t step, ModelParts parts) const {
   const StepKind kind = KindAt(step);
   const bool combo = EventAt(IdleKind::kCheckpoint, step) && EventAt(IdleKind::kEval, step);
   // Steps with the same kind and the same residues modulo every period in
@@ -914,10 +915,11 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
   const auto key = static_cast<int64_t>(h);
   const SlotMask bits = RuleBits(step);
   auto it = cache_.find(key);
-  if (it != cache_.end() && it->second.rule_bits == bits && it->second.spike_bits == spikes) {
+  if (it != cache_.end() && it->second.rule_bits == bits && it->second.spike_bits == spikes &&
+      (it->second.all_slots || parts == ModelParts::kDuration)) {
     return it->second;
   }
-  StepModel m = BuildModel(step, kind, combo, next, between);
+  StepModel m = BuildModel(step, kind, combo, parts, next, between);
   bool seen = false;
   for (size_t i = 0; combo && !seen && i < hist_.size(); ++i) {
     seen = hist_[i].Find(SlotKey(IdleKind::kCheckpoint, 0)) != nullptr &&
@@ -929,8 +931,8 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step) const {
     // their sure parts; the others, and the eval's own, are claimed by their
     // guaranteed lengths only (the events' order and offsets are unknown,
     // their lengths are their own).
-    const StepModel ev = BuildModel(step, StepKind::kEval, false, next);
-    const StepModel normal = BuildModel(step, StepKind::kNormal, false);
+    const StepModel ev = BuildModel(step, StepKind::kEval, false, parts, next);
+    const StepModel normal = BuildModel(step, StepKind::kNormal, false, ModelParts::kDuration);
     m.kind_known = m.kind_known && ev.kind_known;  // no length for an eval never measured
     if (ev.ok && normal.ok) {
       m.dur.lo += ev.dur.lo - normal.dur.hi;
@@ -967,7 +969,7 @@ bool Forecaster::Impl::DurationBound(int64_t step, double& lo, double& hi, bool*
 
 bool Forecaster::Impl::UnwidenedBound(int64_t step, double& lo, double& hi, bool* local,
                                       double* widen) const {
-  const StepModel& m = ModelFor(step);
+  const StepModel& m = ModelFor(step, ModelParts::kDuration);
   if (!m.ok || !m.kind_known) return false;
   const bool use_local = step <= m.local_until;
   const SampleSummary& s = use_local ? m.dur_local : m.dur;
@@ -985,7 +987,7 @@ bool Forecaster::Impl::UnwidenedBound(int64_t step, double& lo, double& hi, bool
 }
 
 bool Forecaster::Impl::MarginalBound(int64_t step, double& lo, double& hi, double& fit) const {
-  const StepModel& m = ModelFor(step);
+  const StepModel& m = ModelFor(step, ModelParts::kDuration);
   if (!m.ok || !m.kind_known) return false;
   lo = std::max(m.dur.lo, 0.0);
   hi = m.dur.hi;
@@ -1012,7 +1014,7 @@ double Forecaster::Impl::GapHi(int64_t step) const {
   // Never below mean + z·σ: the windows' calibrator, which narrows the
   // quantiles of claims that held more often than needed, is no judge of an
   // upper bound.
-  if (const StepModel::Slot* gs = ModelFor(step).GapSlot()) {
+  if (const StepModel::Slot* gs = ModelFor(step, ModelParts::kDuration).GapSlot()) {
     return std::max({gs->d.hi, gs->d.mean + z_ * std::sqrt(gs->d.var), 0.0});
   }
   // No gap slot (gaps below min_window, or not in nearly every step of its
@@ -1192,7 +1194,7 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
   // below stopped at the first cycle of steps without windows, and the
   // logged steps' windows after it were lost (recall 0.86 → 0.69).
   for (int64_t s = last_step_ + 1; s < limit; ++s) {
-    const StepModel& m = ModelFor(s);
+    const StepModel& m = ModelFor(s, ModelParts::kAll);
     if (!m.ok || m.dur.mean <= 0) break;
     const bool between_logged = stride > 1 && (s - last_step_) % stride != 0;
     // A step whose model has a gap before it (kGapKey: a flush every 50
@@ -1320,7 +1322,8 @@ absl::StatusOr<Forecast> Forecaster::Impl::Predict(int64_t now_ns) {
       for (int64_t r2 = 0; r2 < cycle; ++r2) {
         if (inc_seen[static_cast<size_t>(r2)] != 0) continue;
         const int64_t at = s + 1 + (((r2 - s - 1) % cycle) + cycle) % cycle;
-        const StepModel nm = BuildModel(at, StepKind::kNormal, false, false, BetweenLogged(at));
+        const StepModel nm = BuildModel(at, StepKind::kNormal, false, ModelParts::kDuration, false,
+                                        BetweenLogged(at));
         const StepModel::Slot* ng = nm.GapSlot();
         inc_mid[static_cast<size_t>(r2)] = nm.dur.mean + (ng != nullptr ? ng->d.mean : gap_mean);
         inc_var[static_cast<size_t>(r2)] = nm.dur.var + (ng != nullptr ? ng->d.var : gap_var);

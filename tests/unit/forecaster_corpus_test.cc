@@ -470,5 +470,47 @@ TEST(ForecasterCorpus, HostSideTimeAfterAnUnloggedStepIsScoredWhereTheLogShowsIt
   EXPECT_GE(r->total.precision(), r->claimed_confidence);
 }
 
+TEST(ForecasterCorpus, AForecastAfterTheNextStepsBoundHasEveryWindowOfOneWithoutIt) {
+  // The telemetry worker asks for the next step's bound after every step
+  // and for a forecast only now and then; the bound builds the step's
+  // model without its windows. A forecast after it must still have them
+  // all: the pipeline trace's (a bubble per stage, a checkpoint), compared
+  // at every step with a forecaster that is never asked for the bound
+  // first.
+  auto log = ReadStepLog(std::string(OMNI_TEST_DATA_DIR) + "/pipeline_ckpt.jsonl");
+  ASSERT_TRUE(log.ok()) << log.status();
+  ForecastOptions fo;
+  fo.checkpoint = log->header.checkpoint;
+  fo.pipeline = log->header.pipeline;
+  auto bound_first = Forecaster::Create(fo);
+  auto forecast_only = Forecaster::Create(fo);
+  ASSERT_TRUE(bound_first.ok() && forecast_only.ok());
+  int forecasts = 0;
+  size_t windows = 0;
+  for (const StepRecord& rec : log->steps) {
+    ASSERT_TRUE(bound_first->Observe(rec, log->header.phases).ok());
+    ASSERT_TRUE(forecast_only->Observe(rec, log->header.phases).ok());
+    const auto bound = bound_first->NextStepBounds(1);
+    const auto a = bound_first->Predict(rec.end_ns);
+    const auto b = forecast_only->Predict(rec.end_ns);
+    ASSERT_EQ(a.ok(), b.ok()) << "step " << rec.step;
+    if (!a.ok()) continue;
+    ASSERT_TRUE(bound.ok()) << bound.status();
+    ASSERT_EQ(ForecastToJson(*a), ForecastToJson(*b)) << "step " << rec.step;
+    const auto later = forecast_only->NextStepBounds(1);
+    ASSERT_TRUE(later.ok()) << later.status();
+    ASSERT_EQ(bound->size(), later->size());
+    if (!bound->empty()) {
+      EXPECT_EQ(bound->front().lo_ns, later->front().lo_ns) << "step " << rec.step;
+      EXPECT_EQ(bound->front().hi_ns, later->front().hi_ns) << "step " << rec.step;
+      EXPECT_EQ(bound->front().gap_hi_ns, later->front().gap_hi_ns) << "step " << rec.step;
+    }
+    ++forecasts;
+    windows += a->windows.size();
+  }
+  EXPECT_GT(forecasts, 1000);
+  EXPECT_GT(windows, 50u * static_cast<size_t>(forecasts));  // about 84 a forecast
+}
+
 }  // namespace
 }  // namespace omni
