@@ -236,6 +236,14 @@ double Forecaster::Impl::NormalLevel() const {
   return v.empty() ? std::nan("") : QuantileInPlace(v, 0.5);
 }
 
+double Forecaster::Impl::ModelNormalLevel() const {
+  if (!model_level_valid_) {
+    model_level_ = NormalLevel();
+    model_level_valid_ = true;
+  }
+  return model_level_;
+}
+
 double Forecaster::Impl::GapMean() const {
   if (gaps_.empty()) return 0;
   return std::accumulate(gaps_.begin(), gaps_.end(), 0.0) / static_cast<double>(gaps_.size());
@@ -271,7 +279,15 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
   LearnSpikes(obs);
   ++regime_steps_;
   Transient(obs);
-  // Occurrences and learned events, per slot.
+  // Occurrences and learned events, per slot; the normal steps' level with
+  // this step, for every event slot it has (computed once).
+  double level = std::nan("");
+  bool level_known = false;
+  const auto level_now = [&] {
+    if (!level_known) level = NormalLevel();
+    level_known = true;
+    return level;
+  };
   for (int key = 0; key < kNumSlots; ++key) {
     Occurrences& o = occ_[key];
     const SlotObs* s = obs.Find(key);
@@ -292,7 +308,7 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     if (o.total++ == 0) o.first = rec.step;
     if (o.steps.size() > kMaxOccurrences) o.steps.erase(o.steps.begin());
     const bool event = SlotKind(key) == IdleKind::kEval || SlotKind(key) == IdleKind::kCheckpoint;
-    o.measured.push_back({static_cast<double>(s->b - s->a), event ? NormalLevel() : std::nan(""),
+    o.measured.push_back({static_cast<double>(s->b - s->a), event ? level_now() : std::nan(""),
                           static_cast<double>(s->a), rec.step});
     if (o.measured.size() > kMaxLengths) o.measured.pop_front();
     // A rule whose occurrence came where it said stays: every logged step

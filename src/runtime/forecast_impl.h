@@ -440,6 +440,11 @@ class Forecaster::Impl {
   double GapMean() const;
   // The median duration of the normal steps in the history; NaN when none.
   double NormalLevel() const;
+  // The same, as the models of this history see it: computed once, at the
+  // first model built after the models were forgotten, and forgotten with
+  // them (a forecast's models asked for it for each of their rare slots,
+  // each time sorting the history's durations).
+  double ModelNormalLevel() const;
   // `rule` when every step it puts slot `key` at, between the third-last
   // occurrence and the last, either is not in the log or has the slot (all
   // such steps must be within the regime's history); else no rule.
@@ -547,8 +552,11 @@ class Forecaster::Impl {
   // Relearn (CheckRegime's, inside Observe, before the history changes):
   // both end by forgetting the models built before.
   mutable std::unordered_map<int64_t, StepModel> cache_;
+  mutable double model_level_ = 0;  // ModelNormalLevel(), when model_level_valid_
+  mutable bool model_level_valid_ = false;
   void ForgetModels() {
     cache_.clear();
+    model_level_valid_ = false;
     log_stride_ = -1;
     basis_valid_ = false;
     class_gap_hi_.clear();

@@ -687,7 +687,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       sl.d.lo = std::max(sl.d.lo, all.lo);
       sl.d.low_tail = std::max(sl.d.low_tail, all.low_tail);
     }
-    if (!recurring && d.size() < 3 && !pool.empty() && NormalLevel() > 0) {
+    if (!recurring && d.size() < 3 && !pool.empty() && ModelNormalLevel() > 0) {
       // Fewer than three lengths in this regime (a change cut the history)
       // and some measured before it (older than every step the model is
       // built from): the few show little of the spread, and the event's
@@ -698,7 +698,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
       // ms from that one, and it took 10.5.
       int64_t oldest = std::numeric_limits<int64_t>::max();
       for (const StepObs* o : pool) oldest = std::min(oldest, o->step);
-      const double now_level = NormalLevel();
+      const double now_level = ModelNormalLevel();
       std::vector<double> before;
       for (const Occurrences::Measured& x : oc.measured) {
         if (x.step < oldest && x.level > 0) before.push_back(x.LengthAt(now_level));
@@ -781,7 +781,7 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
   bool carried = false;
   if (!measured && kind != StepKind::kNormal && !combo) {
     const IdleKind ik = kind == StepKind::kCheckpoint ? IdleKind::kCheckpoint : IdleKind::kEval;
-    const double now_level = NormalLevel();
+    const double now_level = ModelNormalLevel();
     std::vector<double> lengths, start_lo, start_hi;
     for (int ordinal = 0; ordinal < kMaxOrdinal && now_level > 0; ++ordinal) {
       const int key = SlotKey(ik, ordinal);
