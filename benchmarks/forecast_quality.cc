@@ -74,6 +74,14 @@ std::vector<Trace> Corpus() {
       {"pytorch_dataloader.jsonl", {K::kEval, K::kCheckpoint}, true},
       // Saves by wall time (recorded 2026-12-06): not predictable by step.
       {"wallclock_ckpt.jsonl", {K::kEval}, true},
+      // Recorded 2026-12-07, not tuned on. The same example by wall time
+      // beside a busy loop for 25 s of its ~40; the LM trainer evaluating
+      // every 30 steps; omni_train fetching a shard every 16 steps (whose
+      // heavy-tailed decode waits, in the same phase, are not predictable:
+      // only its declared evals have a recall goal).
+      {"dataloader_busy_host.jsonl", {K::kEval}, true},
+      {"lm_eval30.jsonl", {K::kEval, K::kCheckpoint}, true},
+      {"sharded_fetch.jsonl", {K::kEval}, true},
   };
 }
 
