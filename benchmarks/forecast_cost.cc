@@ -3,9 +3,11 @@
 // on a synthetic fast job (10 ms steps: 30000 steps in the horizon); and the
 // heap Evaluate holds at its peak beyond the log it scores, per step of a
 // long log (evaluate_peak_bytes_per_step: the log's records themselves are
-// about 1.6 KB a step); and what the telemetry worker spends on the
-// forecaster for each step it drains (worker_step_us: Observe, then the next
-// step's bound, on both logs).
+// about 1.6 KB a step); Evaluate's time on the pipeline trace and on a
+// recorded job with evals and checkpoints (lm_microbatch); and what the
+// telemetry worker spends on the forecaster for each step it drains
+// (worker_step_us: Observe, then the next step's bound, on the pipeline trace
+// and the fast job).
 #include <malloc.h>
 
 #include <algorithm>
@@ -154,6 +156,12 @@ int main(int argc, char** argv) {
   omni::EvaluateOptions eo;
   auto rep = omni::Evaluate(*log, eo);
   const double eval_ms = (NowUs() - t0) / 1e3;
+  // A recorded job with evals and checkpoints (the LM trainer: undeclared
+  // evals every 60 steps, saves every 200), whose events' models weigh more.
+  auto lm = omni::ReadStepLog(OMNI_SOURCE_DIR "/tests/data/lm_microbatch.jsonl");
+  const double t1 = NowUs();
+  const bool lm_ok = lm.ok() && omni::Evaluate(*lm, eo).ok();
+  const double eval_lm_ms = (NowUs() - t1) / 1e3;
   // Evaluate's own heap on a long log (the 10 ms job, 20,000 steps).
   const omni::StepLog long_log = Synthetic(20000);
   const int64_t before = g_live_bytes.load();
@@ -170,17 +178,19 @@ int main(int argc, char** argv) {
   std::printf("10 ms steps, predict by horizon: 30 s %.2f us, 5 min %.2f us, 60 min %.2f us\n",
               quick_30s.predict_us, quick.predict_us, quick_60min.predict_us);
   std::printf("evaluate pipeline trace (every step): %.1f ms\n", eval_ms);
+  std::printf("evaluate lm_microbatch (every step): %.1f ms\n", eval_lm_ms);
   std::printf("evaluate %zu steps of 10 ms: peak heap %.0f bytes a step beyond the log's %zu\n",
               long_log.steps.size(), eval_bytes_per_step, sizeof(omni::StepRecord));
   std::printf(
       "{\"benchmark\":\"forecast_cost\",\"forecast_update_us\":%.2f,\"stats_add_us\":%.2f,"
       "\"forecast_update_us_10ms_steps\":%.2f,\"predict_us_10ms_steps_30s\":%.2f,"
       "\"predict_us_10ms_steps_5min\":%.2f,\"predict_us_10ms_steps_60min\":%.2f,"
-      "\"windows_per_forecast\":%.1f,\"evaluate_trace_ms\":%.1f,"
+      "\"windows_per_forecast\":%.1f,\"evaluate_trace_ms\":%.1f,\"evaluate_lm_trace_ms\":%.1f,"
       "\"evaluate_peak_bytes_per_step\":%.0f,\"worker_step_us\":%.2f,\"worker_step_us_10ms_steps\":"
       "%.2f}\n",
       pipe.predict_us + pipe.add_us, pipe.add_us, quick.predict_us + quick.add_us,
       quick_30s.predict_us, quick.predict_us, quick_60min.predict_us, pipe.windows,
-      rep.ok() ? eval_ms : -1.0, long_ok ? eval_bytes_per_step : -1.0, worker_us, worker_us_10ms);
-  return rep.ok() && long_ok ? 0 : 1;
+      rep.ok() ? eval_ms : -1.0, lm_ok ? eval_lm_ms : -1.0, long_ok ? eval_bytes_per_step : -1.0,
+      worker_us, worker_us_10ms);
+  return rep.ok() && lm_ok && long_ok ? 0 : 1;
 }
