@@ -55,6 +55,7 @@ std::vector<Trace> Corpus() {
       {"slow_spells.jsonl", {K::kDataStall, K::kEval}},
       {"rare_events.jsonl", {K::kEval, K::kCheckpoint}},
       {"coin_waits.jsonl", {}},
+      {"coin_waits_parity.jsonl", {}},
       {"alternating_evals.jsonl", {K::kEval}},
       {"epoch_ramp.jsonl", {}},
       {"split_eval.jsonl", {K::kEval}},

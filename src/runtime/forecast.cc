@@ -1294,7 +1294,7 @@ void Forecaster::Impl::Relearn() {
       values.push_back(static_cast<double>(o.duration()));
       for (int i = 0; i < o.num_slots; ++i) seen[o.slots[i].key] = true;
     }
-    dur_period_[k] = ChoosePeriod(steps, values, opt_.max_period);
+    dur_period_[k] = ChoosePeriod(steps, values, opt_.max_period, 2.0, 3, kPeriodSearchPenalty);
     fold(dur_period_[k]);
     {
       std::vector<std::vector<double>> classes(static_cast<size_t>(dur_period_[k]));
@@ -1314,7 +1314,8 @@ void Forecaster::Impl::Relearn() {
         const SlotObs* s = o.Find(key);
         values.push_back(s != nullptr ? static_cast<double>(s->b - s->a) : 0.0);
       }
-      slot_period_[k][key] = ChoosePeriod(steps, values, opt_.max_period, 2.0, 4);
+      slot_period_[k][key] =
+          ChoosePeriod(steps, values, opt_.max_period, 2.0, 4, kPeriodSearchPenalty);
       fold(slot_period_[k][key]);
     }
   }

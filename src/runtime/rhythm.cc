@@ -11,7 +11,7 @@
 namespace omni {
 
 int ChoosePeriod(const std::vector<int64_t>& steps, const std::vector<double>& values,
-                 int max_period, double penalty, int min_per_class) {
+                 int max_period, double penalty, int min_per_class, double search_penalty) {
   const size_t n = values.size();
   if (n < 2 * static_cast<size_t>(min_per_class)) return 1;
   std::vector<double> sorted = values;
@@ -26,6 +26,7 @@ int ChoosePeriod(const std::vector<int64_t>& steps, const std::vector<double>& v
   std::vector<double> sum, sq;
   std::vector<int> cnt;
   const double ln_n = std::log(static_cast<double>(n));
+  const double search_cost = search_penalty * std::log(static_cast<double>(std::max(limit, 1)));
   int best = 1;
   double best_score = 0;
   for (int p = 1; p <= limit; ++p) {
@@ -46,7 +47,7 @@ int ChoosePeriod(const std::vector<int64_t>& steps, const std::vector<double>& v
       sse += std::max(sq[c] - sum[c] * sum[c] / cnt[c], 0.0);
     }
     const double score = static_cast<double>(n) * std::log(sse / static_cast<double>(n) + floor) +
-                         penalty * classes * ln_n;
+                         penalty * classes * ln_n + (p > 1 ? search_cost : 0.0);
     if (p == 1 || score < best_score) {
       best = p;
       best_score = score;

@@ -45,8 +45,8 @@ constexpr const char* kCorpus[] = {
     "dataloader_busy_host.jsonl", "lm_eval30.jsonl", "sharded_fetch.jsonl",
     // Regressions: behaviours a stress test with new logs found wrong.
     "rhythm_change.jsonl", "events_on_rhythm.jsonl", "slow_spells.jsonl", "rare_events.jsonl",
-    "coin_waits.jsonl", "alternating_evals.jsonl", "epoch_ramp.jsonl", "split_eval.jsonl",
-    "eval_loop.jsonl", "host_gaps.jsonl", "lm_microbatch.jsonl"};
+    "coin_waits.jsonl", "coin_waits_parity.jsonl", "alternating_evals.jsonl", "epoch_ramp.jsonl",
+    "split_eval.jsonl", "eval_loop.jsonl", "host_gaps.jsonl", "lm_microbatch.jsonl"};
 
 TEST(ForecasterCorpus, EveryTraceIsAtLeastAsPreciseAsItsWindowsClaim) {
   for (const char* name : kCorpus) {
