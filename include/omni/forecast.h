@@ -150,8 +150,10 @@ struct ForecastOptions {
 
 // InvalidArgument naming the field: horizon outside (0,
 // kMaxForecastHorizonNs], negative or non-finite k, confidence outside
-// [0, 1), negative min_window, history_steps < 8, min_steps < 2, max_period
-// outside [1, 256], negative every/offset/expected, offset ≥ every,
+// [0, 1), a k that states no confidence in (0, 1) when confidence is 0
+// (k = 0, or k above about 8.37, where erf(k/√2) rounds to 1), negative
+// min_window, history_steps < 8, min_steps < 2, max_period outside
+// [1, 256], negative every/offset/expected, offset ≥ every,
 // pipeline stages < 1, micro_batches < 1, stage outside [0, stages),
 // non-finite or negative backward_over_forward.
 OMNI_EXPORT absl::Status ValidateForecastOptions(const ForecastOptions& options);

@@ -2641,6 +2641,21 @@ TEST(Forecaster, RejectsBadOptionsNamingTheField) {
   o = ForecastOptions{};
   o.confidence = 1.0;
   EXPECT_NE(Forecaster::Create(o).status().message().find("confidence"), absl::string_view::npos);
+  // erf(k/sqrt(2)) rounds to 1 from k ~ 8.375: no quantile is left to claim
+  // at (a forecaster made with k = 9 crashed at its first relearn).
+  for (const double k : {0.0, 8.4, 9.0, 40.0}) {
+    o = ForecastOptions{};
+    o.k = k;
+    EXPECT_NE(Forecaster::Create(o).status().message().find("k must state a confidence"),
+              absl::string_view::npos)
+        << "k = " << k;
+  }
+  o = ForecastOptions{};
+  o.k = 8.3;
+  EXPECT_TRUE(Forecaster::Create(o).ok());
+  o.k = 0;
+  o.confidence = 0.9;  // a confidence given outright does not read k
+  EXPECT_TRUE(Forecaster::Create(o).ok());
   o = ForecastOptions{};
   o.horizon_ns = 0;
   EXPECT_NE(Forecaster::Create(o).status().message().find("horizon"), absl::string_view::npos);
