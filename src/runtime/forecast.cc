@@ -80,9 +80,10 @@ absl::Status ValidateForecastOptions(const ForecastOptions& o) {
   // A k that states a confidence of 1 (erf(k/√2) rounds to 1 from k ≈ 8.375)
   // or of 0 (k = 0) leaves no quantile to claim at.
   if (o.confidence == 0 && (o.k == 0 || o.StatedConfidence() >= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "forecast k must state a confidence erf(k/sqrt(2)) in (0, 1), as k in (0, 8.3] does; got k = ",
-        o.k, ", a confidence of ", o.StatedConfidence()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("forecast k must state a confidence erf(k/sqrt(2)) in (0, 1), as k in (0, "
+                     "8.3] does; got k = ",
+                     o.k, ", a confidence of ", o.StatedConfidence()));
   }
   if (o.min_window_ns < 0) {
     return absl::InvalidArgumentError("forecast min_window must not be negative");
