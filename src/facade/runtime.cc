@@ -200,7 +200,9 @@ class RuntimeImpl final : public Runtime {
   bool finished_ = false;
   bool step_open_ = false;
   int64_t current_ = 0;         // the step being run
-  int64_t last_tel_step_ = -1;  // the telemetry's number of the last attempt
+  int64_t last_tel_step_ = -1;  // the telemetry's number of the last step
+  // A failed attempt's telemetry step is left open for the redo (EndStep).
+  bool tel_step_open_ = false;
   int64_t step_start_ns_ = 0;   // its start
   int64_t ended_ns_ = 0;        // when the last EndStep returned (0: none yet)
   int64_t gap_before_ns_ = 0;   // from then to the open step's start (host work between steps)
@@ -414,8 +416,14 @@ absl::Status RuntimeImpl::BeginStep() {
   step_start_ns_ = NowNs();
   gap_before_ns_ = ended_ns_ > 0 ? step_start_ns_ - ended_ns_ : 0;
   failure_ = absl::OkStatus();
-  // The telemetry numbers steps strictly increasing: a redone step (after a
-  // failed collective) is another attempt, numbered after the last one.
+  if (tel_step_open_) {
+    // A redo goes on in the failed attempt's telemetry step (EndStep).
+    tel_step_open_ = false;
+    return absl::OkStatus();
+  }
+  // The telemetry numbers steps strictly increasing: a step that starts
+  // again below the last one (state restored from an older checkpoint) is
+  // numbered after it.
   const int64_t tel_step = std::max(current_, last_tel_step_ + 1);
   last_tel_step_ = tel_step;
   // A telemetry misuse is counted there and never stops training.
@@ -585,6 +593,15 @@ absl::StatusOr<Decision> RuntimeImpl::EndStep() {
     out.size = size_;
     out.reason = failure_.ToString();
     failure_ = absl::OkStatus();
+    // The failed attempt and its redo are one step in the telemetry: its
+    // steps stay the training steps, whose numbers the declared events, the
+    // data's rhythm and PreemptionCosts' bounds go by. (Numbered after the
+    // failed attempt, the redo and every step after it were one ahead: the
+    // forecaster put each eval every 25 steps in the step before it, for
+    // the rest of a recorded elastic run.)
+    std::move(end_step).Cancel();
+    ended_ns_ = NowNs();
+    tel_step_open_ = true;
     return out;
   }
 
@@ -821,6 +838,10 @@ absl::Status RuntimeImpl::Finish() {
   if (group_ && !stopped_) {
     // Replicas still waiting to be admitted learn that there is nothing left.
     first.Update(group_->membership().Finish());
+  }
+  if (tel_step_open_) {
+    tel_->EndStep().IgnoreError();  // a failed attempt not redone
+    tel_step_open_ = false;
   }
   first.Update(tel_->Close());
   return first;

@@ -870,6 +870,51 @@ TEST(RuntimeElastic, AFailedCollectiveIsRedoneByTheSurvivorsWithoutCommitting) {
   EXPECT_GE(clock.NowNanos() - t0, 3 * 20'000'000);
 }
 
+TEST(RuntimeElastic, ARedoneStepIsOneStepOfTheTelemetryNumberedAsTheTrainingStep) {
+  // The declared events, the data's rhythm and the preemption costs go by
+  // the training step: the failed attempt and its redo are one step of the
+  // step log, and every step after it keeps its number.
+  TempDir dir;
+  FakeClock clock;
+  AutoAdvance advance(clock);  // the group waits on it
+  Log log;
+  constexpr int64_t kTotal = 8;
+  std::vector<Outcome> out(2);
+  std::vector<std::thread> threads;
+  threads.reserve(2);
+  for (int i = 0; i < 2; ++i) {
+    RuntimeOptions o = Replica(dir, &clock, &log, i, 1, 3, false);
+    o.telemetry.step_log_path = dir / ("steps-" + std::to_string(i) + ".jsonl");
+    threads.emplace_back(Train, o, kTotal, &clock, -1, &out[i]);
+  }
+  {
+    Model m;
+    auto rt = Runtime::Create(Replica(dir, &clock, &log, 2, 1, 3, false));
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    ASSERT_TRUE((*rt)->Register("model", &m.state).ok());
+    ASSERT_TRUE((*rt)->Start().ok());
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_TRUE((*rt)->BeginStep().ok());
+      float g = static_cast<float>((*rt)->step());
+      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok());
+      m.Train(g);
+      ASSERT_TRUE((*rt)->EndStep().ok());
+    }
+  }  // destroyed mid-way into its third step: the survivors' collective fails
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_FALSE(out[i].decisions.empty()) << i;
+    ASSERT_EQ(out[i].decisions[0].kind, Decision::kRedoStep) << i;
+    absl::StatusOr<StepLog> steps = ReadStepLog(dir / ("steps-" + std::to_string(i) + ".jsonl"));
+    ASSERT_TRUE(steps.ok()) << steps.status();
+    std::vector<int64_t> numbers;
+    for (const StepRecord& r : steps->steps) numbers.push_back(r.step);
+    std::vector<int64_t> want(kTotal);
+    for (int64_t s = 0; s < kTotal; ++s) want[static_cast<size_t>(s)] = s;
+    EXPECT_EQ(numbers, want) << "replica " << i;
+  }
+}
+
 #endif  // OMNI_HAVE_GLOO
 
 }  // namespace
