@@ -83,6 +83,10 @@ std::vector<Trace> Corpus() {
       {"dataloader_busy_host.jsonl", {K::kEval}, true},
       {"lm_eval30.jsonl", {K::kEval, K::kCheckpoint}, true},
       {"sharded_fetch.jsonl", {K::kEval}, true},
+      // Two elastic replicas, one killed mid-step and one joining
+      // (tools/record_elastic_steplog.py), not tuned on: its job-level saves
+      // vary 14-149 ms.
+      {"elastic_replica_lost.jsonl", {K::kEval, K::kCheckpoint}, true},
   };
 }
 

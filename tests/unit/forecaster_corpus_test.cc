@@ -43,6 +43,7 @@ constexpr const char* kCorpus[] = {
     "drift.jsonl", "contention.jsonl", "bursty_stalls.jsonl", "time_ckpt.jsonl", "straggler.jsonl",
     "sampled5.jsonl", "gc_pauses.jsonl", "pytorch_dataloader.jsonl", "wallclock_ckpt.jsonl",
     "dataloader_busy_host.jsonl", "lm_eval30.jsonl", "sharded_fetch.jsonl",
+    "elastic_replica_lost.jsonl",
     // Regressions: behaviours a stress test with new logs found wrong.
     "rhythm_change.jsonl", "events_on_rhythm.jsonl", "slow_spells.jsonl", "rare_events.jsonl",
     "coin_waits.jsonl", "coin_waits_parity.jsonl", "alternating_evals.jsonl", "epoch_ramp.jsonl",
