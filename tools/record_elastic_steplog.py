@@ -15,7 +15,6 @@ declared eval every 25 steps and save every 100 throughout.
 """
 
 import argparse
-import os
 import pathlib
 import subprocess
 import sys
