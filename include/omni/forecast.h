@@ -132,11 +132,15 @@ struct ForecastOptions {
   double k = 2.0;
   int64_t min_window_ns = 1'000'000;  // 1 ms
   int max_windows = 4096;
-  int history_steps = 512;   // steps of the current regime kept for learning
-  int min_steps = 5;         // steps a regime needs before anything is published
-  int max_period = 64;       // longest residue-class period searched
-  PeriodicEvent checkpoint;  // steps that contain the checkpoint phase
-  PeriodicEvent eval;        // steps that contain the eval phase
+  int history_steps = 512;  // steps of the current regime kept for learning
+  int min_steps = 5;        // steps a regime needs before anything is published
+  int max_period = 64;      // longest residue-class period searched
+  // Steps that contain the checkpoint / eval phase. A declaration by steps
+  // whose event is missing from two logged declared steps in a row is set
+  // aside until a declared step has it again (the event's own steps are
+  // then learned, as an undeclared event's are).
+  PeriodicEvent checkpoint;
+  PeriodicEvent eval;
   PipelineSchedule pipeline;
   // Level window of the previous model; kept for option compatibility (the
   // regime detector replaces it). Must be positive.

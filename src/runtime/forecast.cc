@@ -159,6 +159,19 @@ Forecaster::Impl::Impl(const ForecastOptions& o)
   dur_period_.fill(1);
 }
 
+void Forecaster::Impl::TrackDeclared(IdleKind kind, const StepRecord& rec, bool slot_present) {
+  const PeriodicEvent& declared = kind == IdleKind::kCheckpoint ? opt_.checkpoint : opt_.eval;
+  if (declared.every_steps <= 0 || !declared.OccursAt(rec.step)) return;
+  // The event's phase, even without idle time of its own (busy work nested
+  // over all of it), is the event.
+  bool present = slot_present;
+  for (int i = 0; !present && i < static_cast<int>(rec.num_spans); ++i) {
+    present = catalog_.idle_kind(rec.spans[static_cast<size_t>(i)].phase) == kind;
+  }
+  int& misses = declared_misses_[kind == IdleKind::kCheckpoint ? 0 : 1];
+  misses = present ? 0 : std::min(misses + 1, kDeclaredMissesToVoid);
+}
+
 bool Forecaster::Impl::EventAt(IdleKind kind, int64_t step) const {
   if (DeclaredEvent(kind).OccursAt(step)) return true;
   const Occurrences& o = occ_[SlotKey(kind, 0)];
@@ -301,7 +314,10 @@ absl::Status Forecaster::Impl::Observe(const StepRecord& rec, const PhaseCatalog
     const SlotObs* s = obs.Find(key);
     const bool event_slot =
         key == SlotKey(IdleKind::kEval, 0) || key == SlotKey(IdleKind::kCheckpoint, 0);
-    if (event_slot) o.TrackRun(rec.step, s != nullptr, last_step_);
+    if (event_slot) {
+      o.TrackRun(rec.step, s != nullptr, last_step_);
+      TrackDeclared(SlotKind(key), rec, s != nullptr);
+    }
     if (s == nullptr) {
       if (o.rule_valid && o.rule.OccursAt(rec.step)) {
         o.rule_valid = false;
@@ -608,11 +624,9 @@ int64_t Forecaster::Impl::WallStep(const Occurrences& o, WallClockRule& r,
 void Forecaster::Impl::LearnLengthRhythm(int key, Occurrences& o) const {
   o.length_period = 1;
   SpacingRule spacing = o.rule_valid ? o.rule : SpacingRule{};
-  if (spacing.every == 0 && SlotKind(key) == IdleKind::kEval) {
-    spacing = {opt_.eval.every_steps, opt_.eval.offset};
-  }
-  if (spacing.every == 0 && SlotKind(key) == IdleKind::kCheckpoint) {
-    spacing = {opt_.checkpoint.every_steps, opt_.checkpoint.offset};
+  if (spacing.every == 0) {
+    const PeriodicEvent& declared = DeclaredEvent(SlotKind(key));
+    spacing = {declared.every_steps, declared.offset};
   }
   o.length_spacing = spacing;
   if (spacing.every <= 0 || o.measured.size() < 2 * kMinOccurrencesPerClass) return;

@@ -342,10 +342,21 @@ class Forecaster::Impl {
     bool ok = false;
   };
   WallClockScale WallClockScaleNow() const;
-  // The declared event of `kind` (checkpoint, else eval).
+  // The declared event of `kind` (checkpoint, else eval), none while the
+  // log contradicts its declaration by steps (TrackDeclared).
   const PeriodicEvent& DeclaredEvent(IdleKind kind) const {
-    return kind == IdleKind::kCheckpoint ? opt_.checkpoint : opt_.eval;
+    const bool ckpt = kind == IdleKind::kCheckpoint;
+    if (declared_misses_[ckpt ? 0 : 1] >= kDeclaredMissesToVoid) return no_event_;
+    return ckpt ? opt_.checkpoint : opt_.eval;
   }
+  // A declared event by steps whose kind is missing from this many logged
+  // declared steps in a row is voided until a declared step has it again: a
+  // declaration one step off (a loop that evaluates at step % N == 0 under
+  // eval_every = N, which means step % N == N − 1) put an eval-sized bound
+  // on every step before an eval, and a learned rule the eval itself.
+  static constexpr int kDeclaredMissesToVoid = 2;
+  // Counts a logged step `rec` at a step its kind's event is declared at.
+  void TrackDeclared(IdleKind kind, const StepRecord& rec, bool slot_present);
   // The wall-clock occurrences and rules of the slot of `kind` (eval or
   // checkpoint, ordinal 0) in `o` after `obs` (`s`: its slot there, nullptr
   // when it has none); called before last_step_ moves on. Where the rules
@@ -533,6 +544,8 @@ class Forecaster::Impl {
   // quantiles; ChooseLevelWindow), chosen at each Relearn.
   std::array<int, kNumStepKinds> local_window_{};
   std::array<Occurrences, kNumSlots> occ_;
+  std::array<int, 2> declared_misses_{};  // checkpoint, eval (TrackDeclared)
+  PeriodicEvent no_event_;
   std::vector<int> rule_keys_;  // slots with a valid learned rule
   std::array<Spikes, kNumSlots> spikes_;
   SlotMask spike_mask_;  // slots with a valid spike rule

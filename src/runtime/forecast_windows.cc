@@ -827,7 +827,8 @@ StepModel Forecaster::Impl::BuildModel(int64_t step, StepKind kind, bool combo, 
   // A declared event step not measured yet: the declared duration at the
   // end of a normal step, its guaranteed length 80% of it.
   if (!measured && kind != StepKind::kNormal && !carried) {
-    const PeriodicEvent& ev = kind == StepKind::kCheckpoint ? opt_.checkpoint : opt_.eval;
+    const PeriodicEvent& ev =
+        DeclaredEvent(kind == StepKind::kCheckpoint ? IdleKind::kCheckpoint : IdleKind::kEval);
     if (ev.expected_ns > 0) {
       const auto e = static_cast<double>(ev.expected_ns);
       StepModel::Slot sl;
@@ -1051,12 +1052,15 @@ absl::StatusOr<StepBound> Forecaster::Impl::SaveBound() const {
   StepBound b;
   b.step = -1;
   for (int64_t st = last_step_ + 1; st <= last_step_ + 100'000; ++st) {
-    if (opt_.checkpoint.OccursAt(st) || (o.rule_valid && o.rule.OccursAt(st)) ||
-        st == o.wall_step) {
+    if (DeclaredEvent(IdleKind::kCheckpoint).OccursAt(st) ||
+        (o.rule_valid && o.rule.OccursAt(st)) || st == o.wall_step) {
       b.step = st;
       break;
     }
-    if (opt_.checkpoint.every_steps == 0 && !o.rule_valid && st >= o.wall_step) break;
+    if (DeclaredEvent(IdleKind::kCheckpoint).every_steps == 0 && !o.rule_valid &&
+        st >= o.wall_step) {
+      break;
+    }
   }
   b.lo_ns = SatNs(std::floor(std::max(s.lo, 0.0)));
   b.hi_ns = SatNs(std::ceil(s.hi));
@@ -1113,8 +1117,9 @@ int64_t Forecaster::Impl::NextEvalOrCheckpoint(int64_t from) const {
   const auto consider = [&](const SpacingRule& rule) {
     if (rule.every > 0) best = std::min(best, rule.NextAt(from));
   };
-  consider({opt_.checkpoint.every_steps, opt_.checkpoint.offset});
-  consider({opt_.eval.every_steps, opt_.eval.offset});
+  for (const IdleKind k : {IdleKind::kCheckpoint, IdleKind::kEval}) {
+    consider({DeclaredEvent(k).every_steps, DeclaredEvent(k).offset});
+  }
   for (const IdleKind k : {IdleKind::kEval, IdleKind::kCheckpoint}) {
     const Occurrences& o = occ_[SlotKey(k, 0)];
     if (o.rule_valid) consider(o.rule);

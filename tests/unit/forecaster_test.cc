@@ -433,6 +433,44 @@ std::optional<IdleWindow> FirstWindowOf(Forecaster& fc, int64_t now_ms, IdleKind
   return w != nullptr ? std::optional<IdleWindow>(*w) : std::nullopt;
 }
 
+TEST(Forecaster, ADeclaredEventTheLogContradictsIsVoidedAndTheEventsOwnStepsAreLearned) {
+  // eval_every = 20 declares the eval at step % 20 == 19; this loop
+  // evaluates at step % 20 == 0. Before, the declared steps kept an
+  // eval-sized bound (every one a miss) and the evals' own steps were
+  // learned beside them: eval windows in both.
+  ForecastOptions o = Opts(30'000);
+  o.eval = PeriodicEvent{20, 19, 0};
+  Forecaster fc = Make(o);
+  Jitter j;
+  int64_t t = 0;
+  for (int i = 0; i < 199; ++i) {  // the next step, 199, is a declared one
+    const int64_t dw = j(20, 0.3), c = j(50, 0.05);
+    if (i % 20 == 0) {
+      const int64_t ev = j(300, 0.02);
+      Feed(fc, EvalStep(i, t, dw, c, ev));
+      t += dw + c + ev;
+    } else {
+      Feed(fc, Step(i, t, dw));
+      t += dw + 60;
+    }
+  }
+  auto b = fc.NextStepBounds(2);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->size(), 2U);
+  EXPECT_EQ((*b)[0].step, 199);
+  EXPECT_LT((*b)[0].hi_ns, 200 * kMs) << "a declared step the log never evaluated in";
+  EXPECT_GT((*b)[1].lo_ns, 250 * kMs) << "an eval's own step";
+  auto f = fc.Predict(t * kMs);
+  ASSERT_TRUE(f.ok()) << f.status();
+  int evals = 0;
+  for (const IdleWindow& w : f->windows) {
+    if (w.kind != IdleKind::kEval) continue;
+    ++evals;
+    EXPECT_EQ(w.step % 20, 0) << "an eval window in step " << w.step;
+  }
+  EXPECT_GT(evals, 0);
+}
+
 TEST(Forecaster, ACertainEvalFarAheadKeepsItsFullLength) {
   ForecastOptions o = Opts(30'000);
   o.eval = PeriodicEvent{50, 49, 0};
