@@ -260,7 +260,9 @@ class Telemetry(_ClosingContext):
       long after the last one began; not with ``*_every``), and
       ``checkpoint_wall_lag_steps`` / ``eval_wall_lag_steps`` (it comes that
       many steps later: 1 where elastic replicas agree on the boundary after
-      the next step);
+      the next step); an event by steps missing from two of its declared
+      steps in a row is no longer forecast there until a declared step has
+      it again (its own steps are learned instead);
     - pipeline schedule: ``pipeline_stages``, ``pipeline_micro_batches``,
       ``pipeline_stage``, ``pipeline_backward_over_forward``;
     - exports: ``step_log`` (JSON Lines path), ``trace`` (Chrome trace /

@@ -42,15 +42,26 @@ def test_forecast_after_stationary_steps_has_data_stall_windows_where_data_wait_
     assert tel.counters()["forecasts_published"] >= 1
 
 
+def test_a_declared_checkpoint_missing_twice_in_a_row_is_not_forecast(make_telemetry, clock):
+    tel = make_telemetry(
+        publish_interval_s=0.0, checkpoint_every=10, checkpoint_offset=5, checkpoint_expected_s=0.3
+    )
+    run_steps(tel, clock, 16, data_s=0.0, compute_s=0.020)  # steps 5 and 15 saved nothing
+    tel.flush()
+    assert not [w for w in tel.latest_forecast()["windows"] if w["kind"] == "checkpoint"]
+
+
 def test_forecast_declares_checkpoint_windows_from_options(make_telemetry, clock):
     tel = make_telemetry(
         publish_interval_s=0.0, checkpoint_every=10, checkpoint_offset=5, checkpoint_expected_s=0.3
     )
-    run_steps(tel, clock, 30, data_s=0.0, compute_s=0.020)
+    # Steps 0-9: the declared step 5 had no checkpoint, once (twice in a row
+    # sets the declaration aside: the next test).
+    run_steps(tel, clock, 10, data_s=0.0, compute_s=0.020)
     tel.flush()
     f = tel.latest_forecast()
     ckpt = [w for w in f["windows"] if w["kind"] == "checkpoint"]
-    assert ckpt and ckpt[0]["step"] == 35
+    assert ckpt and ckpt[0]["step"] == 15
     # Not measured yet: 80 % of the declared 300 ms from the window's open,
     # nothing by the clock (where its idle time begins is not known yet).
     assert ckpt[0]["guaranteed_ms"] == 240.0
