@@ -916,8 +916,8 @@ const StepModel& Forecaster::Impl::ModelFor(int64_t step, ModelParts parts) cons
   // The learned spacing rules that put a window at the step: part of the
   // key, so that steps whose rules differ (a stall every 10th step, found by
   // its spacing, beside residues of other periods) do not evict each other's
-  // models (the colocation demo's critical job rebuilt 365 models per
-  // forecast for 10 kinds of step).
+  // models (the colocation demo's critical replica rebuilt 44,211 of the
+  // 44,461 models its 121 forecasts built).
   const SlotMask bits = RuleBits(step);
   h = h * 1'000'003 + bits.Hash();
   const auto key = static_cast<int64_t>(h);
