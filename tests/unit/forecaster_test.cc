@@ -471,6 +471,38 @@ TEST(Forecaster, ADeclaredEventTheLogContradictsIsVoidedAndTheEventsOwnStepsAreL
   EXPECT_GT(evals, 0);
 }
 
+TEST(Forecaster, ADeclaredEventSetAsideIsTakenBackWhenADeclaredStepHasItAgain) {
+  // Evals declared every 20 (at 19, 39, ...) that start only at step 99
+  // (after a warm-up the loop does not declare): 80 steps in, the
+  // declaration is set aside; the eval at step 99 takes it back, and the
+  // next declared step (119) is bounded as an eval from then on.
+  ForecastOptions o = Opts(30'000);
+  o.eval = PeriodicEvent{20, 19, 0};
+  Forecaster fc = Make(o);
+  Jitter j;
+  int64_t t = 0;
+  const auto feed = [&](int i) {
+    const int64_t dw = j(20, 0.3), c = j(50, 0.05);
+    if (i % 20 == 19 && i >= 99) {
+      const int64_t ev = j(300, 0.02);
+      Feed(fc, EvalStep(i, t, dw, c, ev));
+      t += dw + c + ev;
+    } else {
+      Feed(fc, Step(i, t, dw));
+      t += dw + 60;
+    }
+  };
+  for (int i = 0; i < 99; ++i) feed(i);
+  auto before = fc.NextStepBounds(1);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_LT((*before)[0].hi_ns, 200 * kMs) << "step 99 while the declaration is set aside";
+  for (int i = 99; i < 119; ++i) feed(i);
+  auto after = fc.NextStepBounds(1);
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_EQ((*after)[0].step, 119);
+  EXPECT_GT((*after)[0].hi_ns, 300 * kMs) << "step 119, declared and seen again at 99";
+}
+
 TEST(Forecaster, ACertainEvalFarAheadKeepsItsFullLength) {
   ForecastOptions o = Opts(30'000);
   o.eval = PeriodicEvent{50, 49, 0};
