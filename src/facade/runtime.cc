@@ -203,11 +203,11 @@ class RuntimeImpl final : public Runtime {
   int64_t last_tel_step_ = -1;  // the telemetry's number of the last step
   // A failed attempt's telemetry step is left open for the redo (EndStep).
   bool tel_step_open_ = false;
-  int64_t step_start_ns_ = 0;   // its start
-  int64_t ended_ns_ = 0;        // when the last EndStep returned (0: none yet)
-  int64_t gap_before_ns_ = 0;   // from then to the open step's start (host work between steps)
-  absl::Status failure_;        // the first failed collective of the step
-  bool recovered_ = false;      // the next commit is the first after a recovery
+  int64_t step_start_ns_ = 0;  // its start
+  int64_t ended_ns_ = 0;       // when the last EndStep returned (0: none yet)
+  int64_t gap_before_ns_ = 0;  // from then to the open step's start (host work between steps)
+  absl::Status failure_;       // the first failed collective of the step
+  bool recovered_ = false;     // the next commit is the first after a recovery
   int rank_ = 0;
   int size_ = 1;
   bool leaving_ = false;        // leave_on_preempt: a leave is requested

@@ -433,6 +433,20 @@ std::optional<IdleWindow> FirstWindowOf(Forecaster& fc, int64_t now_ms, IdleKind
   return w != nullptr ? std::optional<IdleWindow>(*w) : std::nullopt;
 }
 
+// Feeds step `i` at `t` (ms, advanced past it): an eval step of ~300 ms of
+// eval after its training work when `eval`, else a normal step.
+void FeedEvalIf(Forecaster& fc, Jitter& j, int64_t& t, int i, bool eval) {
+  const int64_t dw = j(20, 0.3), c = j(50, 0.05);
+  if (eval) {
+    const int64_t ev = j(300, 0.02);
+    Feed(fc, EvalStep(i, t, dw, c, ev));
+    t += dw + c + ev;
+  } else {
+    Feed(fc, Step(i, t, dw));
+    t += dw + 60;
+  }
+}
+
 TEST(Forecaster, ADeclaredEventTheLogContradictsIsVoidedAndTheEventsOwnStepsAreLearned) {
   // eval_every = 20 declares the eval at step % 20 == 19; this loop
   // evaluates at step % 20 == 0. Before, the declared steps kept an
@@ -444,15 +458,7 @@ TEST(Forecaster, ADeclaredEventTheLogContradictsIsVoidedAndTheEventsOwnStepsAreL
   Jitter j;
   int64_t t = 0;
   for (int i = 0; i < 199; ++i) {  // the next step, 199, is a declared one
-    const int64_t dw = j(20, 0.3), c = j(50, 0.05);
-    if (i % 20 == 0) {
-      const int64_t ev = j(300, 0.02);
-      Feed(fc, EvalStep(i, t, dw, c, ev));
-      t += dw + c + ev;
-    } else {
-      Feed(fc, Step(i, t, dw));
-      t += dw + 60;
-    }
+    FeedEvalIf(fc, j, t, i, i % 20 == 0);
   }
   auto b = fc.NextStepBounds(2);
   ASSERT_TRUE(b.ok()) << b.status();
@@ -481,17 +487,7 @@ TEST(Forecaster, ADeclaredEventSetAsideIsTakenBackWhenADeclaredStepHasItAgain) {
   Forecaster fc = Make(o);
   Jitter j;
   int64_t t = 0;
-  const auto feed = [&](int i) {
-    const int64_t dw = j(20, 0.3), c = j(50, 0.05);
-    if (i % 20 == 19 && i >= 99) {
-      const int64_t ev = j(300, 0.02);
-      Feed(fc, EvalStep(i, t, dw, c, ev));
-      t += dw + c + ev;
-    } else {
-      Feed(fc, Step(i, t, dw));
-      t += dw + 60;
-    }
-  };
+  const auto feed = [&](int i) { FeedEvalIf(fc, j, t, i, i % 20 == 19 && i >= 99); };
   for (int i = 0; i < 99; ++i) feed(i);
   auto before = fc.NextStepBounds(1);
   ASSERT_TRUE(before.ok()) << before.status();

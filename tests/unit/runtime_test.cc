@@ -827,6 +827,23 @@ TEST(RuntimeElastic, ARefusedLeaveStopsTheWholeJobAtOneBoundary) {
   EXPECT_LT(out[0].final_step, 10);
 }
 
+// A replica that trains two steps and is destroyed: its heartbeats stop and
+// its connections close.
+void RunTwoStepsAndVanish(RuntimeOptions o) {
+  Model m;
+  auto rt = Runtime::Create(std::move(o));
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  ASSERT_TRUE((*rt)->Register("model", &m.state).ok());
+  ASSERT_TRUE((*rt)->Start().ok());
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_TRUE((*rt)->BeginStep().ok());
+    float g = static_cast<float>((*rt)->step());
+    ASSERT_TRUE((*rt)->AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok());
+    m.Train(g);
+    ASSERT_TRUE((*rt)->EndStep().ok());
+  }
+}
+
 TEST(RuntimeElastic, AFailedCollectiveIsRedoneByTheSurvivorsWithoutCommitting) {
   TempDir dir;
   FakeClock clock;
@@ -842,20 +859,7 @@ TEST(RuntimeElastic, AFailedCollectiveIsRedoneByTheSurvivorsWithoutCommitting) {
                          &out[i]);
   }
   // A third replica that disappears after two steps, mid-way into the third.
-  {
-    Model m;
-    auto rt = Runtime::Create(Replica(dir, &clock, &log, 2, 1, 3, false));
-    ASSERT_TRUE(rt.ok()) << rt.status();
-    ASSERT_TRUE((*rt)->Register("model", &m.state).ok());
-    ASSERT_TRUE((*rt)->Start().ok());
-    for (int s = 0; s < 2; ++s) {
-      ASSERT_TRUE((*rt)->BeginStep().ok());
-      float g = static_cast<float>((*rt)->step());
-      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok());
-      m.Train(g);
-      ASSERT_TRUE((*rt)->EndStep().ok());
-    }
-  }  // destroyed: its heartbeats stop and its connections close
+  RunTwoStepsAndVanish(Replica(dir, &clock, &log, 2, 1, 3, false));
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(out[i].final_step, kTotal);
@@ -887,20 +891,8 @@ TEST(RuntimeElastic, ARedoneStepIsOneStepOfTheTelemetryNumberedAsTheTrainingStep
     o.telemetry.step_log_path = dir / ("steps-" + std::to_string(i) + ".jsonl");
     threads.emplace_back(Train, o, kTotal, &clock, -1, &out[i]);
   }
-  {
-    Model m;
-    auto rt = Runtime::Create(Replica(dir, &clock, &log, 2, 1, 3, false));
-    ASSERT_TRUE(rt.ok()) << rt.status();
-    ASSERT_TRUE((*rt)->Register("model", &m.state).ok());
-    ASSERT_TRUE((*rt)->Start().ok());
-    for (int s = 0; s < 2; ++s) {
-      ASSERT_TRUE((*rt)->BeginStep().ok());
-      float g = static_cast<float>((*rt)->step());
-      ASSERT_TRUE((*rt)->AllReduce(&g, 1, DType::kF32, ReduceOp::kSum).ok());
-      m.Train(g);
-      ASSERT_TRUE((*rt)->EndStep().ok());
-    }
-  }  // destroyed mid-way into its third step: the survivors' collective fails
+  // Destroyed mid-way into its third step: the survivors' collective fails.
+  RunTwoStepsAndVanish(Replica(dir, &clock, &log, 2, 1, 3, false));
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < 2; ++i) {
     ASSERT_FALSE(out[i].decisions.empty()) << i;
