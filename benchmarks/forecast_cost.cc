@@ -1,6 +1,7 @@
 // Cost of one forecaster update (Forecaster::Observe of a step, then Predict over
 // the default 5-minute horizon), on the shipped pipeline+checkpoint trace and
-// on a synthetic fast job (10 ms steps: 30000 steps in the horizon); and the
+// on a synthetic fast job (10 ms steps: 30000 steps in the horizon, a
+// declared 2 s eval every 500); and the
 // heap Evaluate holds at its peak beyond the log it scores, per step of a
 // long log (evaluate_peak_bytes_per_step: the log's records themselves are
 // about 1.6 KB a step); Evaluate's time on the pipeline trace and on a
@@ -119,6 +120,12 @@ omni::StepLog Synthetic(int steps) {
     span(omni::phase::kCompute, t + dw, t + dw + 7'000'000);
     span(omni::phase::kOptimizer, t + dw + 7'000'000, t + dw + 8'000'000);
     r.end_ns = t + dw + 8'000'000;
+    if (log.header.eval.OccursAt(s)) {
+      // The declared eval does come (a declaration the steps contradict
+      // twice in a row is set aside, and with it the event in the horizon).
+      span(omni::phase::kEval, r.end_ns, r.end_ns + log.header.eval.expected_ns);
+      r.end_ns += log.header.eval.expected_ns;
+    }
     t = r.end_ns;
     log.steps.push_back(r);
   }
