@@ -56,7 +56,7 @@ def test_forecast_declares_checkpoint_windows_from_options(make_telemetry, clock
         publish_interval_s=0.0, checkpoint_every=10, checkpoint_offset=5, checkpoint_expected_s=0.3
     )
     # Steps 0-9: the declared step 5 had no checkpoint, once (twice in a row
-    # sets the declaration aside: the next test).
+    # sets the declaration aside: the test above).
     run_steps(tel, clock, 10, data_s=0.0, compute_s=0.020)
     tel.flush()
     f = tel.latest_forecast()
