@@ -433,40 +433,47 @@ std::optional<IdleWindow> FirstWindowOf(Forecaster& fc, int64_t now_ms, IdleKind
   return w != nullptr ? std::optional<IdleWindow>(*w) : std::nullopt;
 }
 
-// Feeds step `i` at `t` (ms, advanced past it): an eval step of ~300 ms of
-// eval after its training work when `eval`, else a normal step.
-void FeedEvalIf(Forecaster& fc, Jitter& j, int64_t& t, int i, bool eval) {
-  const int64_t dw = j(20, 0.3), c = j(50, 0.05);
-  if (eval) {
-    const int64_t ev = j(300, 0.02);
-    Feed(fc, EvalStep(i, t, dw, c, ev));
-    t += dw + c + ev;
-  } else {
-    Feed(fc, Step(i, t, dw));
-    t += dw + 60;
+// A forecaster with evals declared every 20 steps (at 19, 39, ...: what
+// eval_every = 20 declares), fed step by step.
+struct DeclaredEvalFeed {
+  Forecaster fc = Make([] {
+    ForecastOptions o = Opts(30'000);
+    o.eval = PeriodicEvent{20, 19, 0};
+    return o;
+  }());
+  Jitter j;
+  int64_t t = 0;  // the end of the last step fed (ms)
+
+  // Step `i`: an eval step of ~300 ms of eval after its training work when
+  // `eval`, else a normal step.
+  void Next(int i, bool eval) {
+    const int64_t dw = j(20, 0.3), c = j(50, 0.05);
+    if (eval) {
+      const int64_t ev = j(300, 0.02);
+      Feed(fc, EvalStep(i, t, dw, c, ev));
+      t += dw + c + ev;
+    } else {
+      Feed(fc, Step(i, t, dw));
+      t += dw + 60;
+    }
   }
-}
+};
 
 TEST(Forecaster, ADeclaredEventTheLogContradictsIsVoidedAndTheEventsOwnStepsAreLearned) {
   // eval_every = 20 declares the eval at step % 20 == 19; this loop
   // evaluates at step % 20 == 0. Before, the declared steps kept an
   // eval-sized bound (every one a miss) and the evals' own steps were
   // learned beside them: eval windows in both.
-  ForecastOptions o = Opts(30'000);
-  o.eval = PeriodicEvent{20, 19, 0};
-  Forecaster fc = Make(o);
-  Jitter j;
-  int64_t t = 0;
-  for (int i = 0; i < 199; ++i) {  // the next step, 199, is a declared one
-    FeedEvalIf(fc, j, t, i, i % 20 == 0);
-  }
+  DeclaredEvalFeed feed;
+  Forecaster& fc = feed.fc;
+  for (int i = 0; i < 199; ++i) feed.Next(i, i % 20 == 0);  // the next, 199, is declared
   auto b = fc.NextStepBounds(2);
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_EQ(b->size(), 2U);
   EXPECT_EQ((*b)[0].step, 199);
   EXPECT_LT((*b)[0].hi_ns, 200 * kMs) << "a declared step the log never evaluated in";
   EXPECT_GT((*b)[1].lo_ns, 250 * kMs) << "an eval's own step";
-  auto f = fc.Predict(t * kMs);
+  auto f = fc.Predict(feed.t * kMs);
   ASSERT_TRUE(f.ok()) << f.status();
   int evals = 0;
   for (const IdleWindow& w : f->windows) {
@@ -482,12 +489,9 @@ TEST(Forecaster, ADeclaredEventSetAsideIsTakenBackWhenADeclaredStepHasItAgain) {
   // (after a warm-up the loop does not declare): 80 steps in, the
   // declaration is set aside; the eval at step 99 takes it back, and the
   // next declared step (119) is bounded as an eval from then on.
-  ForecastOptions o = Opts(30'000);
-  o.eval = PeriodicEvent{20, 19, 0};
-  Forecaster fc = Make(o);
-  Jitter j;
-  int64_t t = 0;
-  const auto feed = [&](int i) { FeedEvalIf(fc, j, t, i, i % 20 == 19 && i >= 99); };
+  DeclaredEvalFeed d;
+  Forecaster& fc = d.fc;
+  const auto feed = [&](int i) { d.Next(i, i % 20 == 19 && i >= 99); };
   for (int i = 0; i < 99; ++i) feed(i);
   auto before = fc.NextStepBounds(1);
   ASSERT_TRUE(before.ok()) << before.status();

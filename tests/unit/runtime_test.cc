@@ -844,6 +844,25 @@ void RunTwoStepsAndVanish(RuntimeOptions o) {
   }
 }
 
+// Two replicas train `total` steps (with step logs named by `step_log`, if
+// given) while a third vanishes mid-way into its third step: their
+// collective fails and they redo that step.
+std::vector<Outcome> TrainTwoPastALostThird(const TempDir& dir, FakeClock& clock, Log& log,
+                                            int64_t total,
+                                            const std::function<std::string(int)>& step_log) {
+  std::vector<Outcome> out(2);
+  std::vector<std::thread> threads;
+  threads.reserve(2);
+  for (int i = 0; i < 2; ++i) {
+    RuntimeOptions o = Replica(dir, &clock, &log, i, 1, 3, false);
+    if (step_log) o.telemetry.step_log_path = step_log(i);
+    threads.emplace_back(Train, o, total, &clock, -1, &out[i]);
+  }
+  RunTwoStepsAndVanish(Replica(dir, &clock, &log, 2, 1, 3, false));
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
 TEST(RuntimeElastic, AFailedCollectiveIsRedoneByTheSurvivorsWithoutCommitting) {
   TempDir dir;
   FakeClock clock;
@@ -851,16 +870,7 @@ TEST(RuntimeElastic, AFailedCollectiveIsRedoneByTheSurvivorsWithoutCommitting) {
   const int64_t t0 = clock.NowNanos();
   Log log;
   constexpr int64_t kTotal = 8;
-  std::vector<Outcome> out(2);
-  std::vector<std::thread> threads;
-  threads.reserve(2);
-  for (int i = 0; i < 2; ++i) {
-    threads.emplace_back(Train, Replica(dir, &clock, &log, i, 1, 3, false), kTotal, &clock, -1,
-                         &out[i]);
-  }
-  // A third replica that disappears after two steps, mid-way into the third.
-  RunTwoStepsAndVanish(Replica(dir, &clock, &log, 2, 1, 3, false));
-  for (std::thread& t : threads) t.join();
+  const std::vector<Outcome> out = TrainTwoPastALostThird(dir, clock, log, kTotal, {});
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(out[i].final_step, kTotal);
     ASSERT_FALSE(out[i].decisions.empty()) << i;
@@ -883,21 +893,12 @@ TEST(RuntimeElastic, ARedoneStepIsOneStepOfTheTelemetryNumberedAsTheTrainingStep
   AutoAdvance advance(clock);  // the group waits on it
   Log log;
   constexpr int64_t kTotal = 8;
-  std::vector<Outcome> out(2);
-  std::vector<std::thread> threads;
-  threads.reserve(2);
-  for (int i = 0; i < 2; ++i) {
-    RuntimeOptions o = Replica(dir, &clock, &log, i, 1, 3, false);
-    o.telemetry.step_log_path = dir / ("steps-" + std::to_string(i) + ".jsonl");
-    threads.emplace_back(Train, o, kTotal, &clock, -1, &out[i]);
-  }
-  // Destroyed mid-way into its third step: the survivors' collective fails.
-  RunTwoStepsAndVanish(Replica(dir, &clock, &log, 2, 1, 3, false));
-  for (std::thread& t : threads) t.join();
+  const auto step_log = [&](int i) { return dir / ("steps-" + std::to_string(i) + ".jsonl"); };
+  const std::vector<Outcome> out = TrainTwoPastALostThird(dir, clock, log, kTotal, step_log);
   for (int i = 0; i < 2; ++i) {
     ASSERT_FALSE(out[i].decisions.empty()) << i;
     ASSERT_EQ(out[i].decisions[0].kind, Decision::kRedoStep) << i;
-    absl::StatusOr<StepLog> steps = ReadStepLog(dir / ("steps-" + std::to_string(i) + ".jsonl"));
+    absl::StatusOr<StepLog> steps = ReadStepLog(step_log(i));
     ASSERT_TRUE(steps.ok()) << steps.status();
     std::vector<int64_t> numbers;
     for (const StepRecord& r : steps->steps) numbers.push_back(r.step);
