@@ -299,6 +299,12 @@ class Forecaster::Impl {
   // The marginal bound only: `hi` the published upper end (bound_cal_
   // scores it), `fit` the regime detector's (SampleSummary::hi_fit).
   bool MarginalBound(int64_t step, double& lo, double& hi, double& fit) const;
+  // Whether `d`, outside the bound [lo, hi] of `step` (its local-level one
+  // when `local`, else its marginal one), lies beyond it by more than
+  // kFarSpreads of the spread of the sample the bound was drawn from: a
+  // miss the calibrator's margin would not have caught (MarginCalibrator's
+  // far misses: a GC pause). False when inside it.
+  bool FarMiss(int64_t step, double d, double lo, double hi, bool local) const;
   // The model of `step`, cached until the history changes. kDuration skips
   // the windows' slots but the gap's: the bounds (DurationBound, GapHi, the
   // regime detector) need the duration alone, and the telemetry worker asks

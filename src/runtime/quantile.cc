@@ -124,7 +124,22 @@ void MarginCalibrator::UpdateLoss(double loss, double size) {
   const double weight =
       claims_ > kWeightAfterClaims ? std::min(size / mean_size_, kMaxLossWeight) : 1.0;
   margin_ =
-      std::max(margin_ + gain_ * weight * (std::clamp(loss, 0.0, 1.0) - target_), -kMaxNarrowing);
+      std::max(margin_ + gain_ * weight * (std::clamp(loss, 0.0, 1.0) - target()), -kMaxNarrowing);
+}
+
+void MarginCalibrator::Update(bool miss, bool far) {
+  // Counted before the update: a far miss is judged against the target it
+  // shows to be out of reach.
+  if (miss && far) ++far_;
+  UpdateLoss(miss ? 1.0 : 0.0);
+}
+
+double MarginCalibrator::target() const {
+  if (stated_ <= target_ || far_ == 0) return target_;
+  // A lower bound of their rate: a few chance ones relax nothing.
+  const auto far = static_cast<double>(far_);
+  const double far_rate = (far - std::sqrt(far)) / (static_cast<double>(claims_) + kFarPriorClaims);
+  return target_ + (1 - target_ / stated_) * std::min(far_rate, kFarRelaxUpTo * stated_);
 }
 
 }  // namespace omni

