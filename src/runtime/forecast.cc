@@ -157,9 +157,10 @@ Forecaster::Impl::Impl(const ForecastOptions& o)
   bound_cal_.fill(MarginCalibrator(kBoundTargetShare * alpha_, 0.2, alpha_));
   local_cal_.fill(MarginCalibrator(kBoundTargetShare * alpha_, 0.2, alpha_));
   // The steps after a miss aim at the stated rate itself: where misses do
-  // not cluster they miss as rarely as the others (at 0.6α), so the margin
-  // stays at or below 0 (no widening) but for the covered steps it takes to
-  // undo a chance miss after a miss.
+  // not cluster they miss as rarely as the others (at 0.6α, or up to 0.9α
+  // where far misses relax the others' target), so the margin stays at or
+  // below 0 (no widening) but for the covered steps it takes to undo a
+  // chance miss after a miss.
   burst_cal_.fill(MarginCalibrator(alpha_, kBurstGain));
   for (auto& p : slot_period_) p.fill(1);
   dur_period_.fill(1);

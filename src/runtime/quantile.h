@@ -230,7 +230,6 @@ class OMNI_EXPORT NoticeClaimLevel {
 // forecast_windows.cc for how a negative margin narrows).
 inline constexpr double kMaxNarrowing = 1.5;
 
-//
 // Far misses. A family may aim below the rate it states (target < `stated`:
 // a margin of safety). Some misses no reachable margin catches: a step
 // that a pause of 100-300 ms lengthened is 10-30 spreads beyond a bound of
@@ -265,7 +264,6 @@ class MarginCalibrator {
   double margin() const { return margin_; }
   long claims() const { return claims_; }
   long misses() const { return misses_; }
-  long far_misses() const { return far_; }
   // The miss rate the family aims at now (above).
   double target() const;
 
