@@ -133,13 +133,12 @@ void Forecaster::Impl::Summarize(std::vector<double>& v, SampleSummary& s, doubl
   // on it).
   const double narrow = std::clamp(-margin, 0.0, kMaxNarrowing) / kMaxNarrowing * kMaxPull;
   double plo = alpha_ * lo_share, phi = 1 - alpha_ * (1 - lo_share);
-  if (kind == Spread::kWhole && lo_share > kCliffLoShare && lo_share < 0.5) {
-    // A step's duration (its interval gives most of α to the upper end
-    // already; a save's length and a gap keep their even split) with a
-    // mode of long steps whose share lies between the upper end's share of
-    // α and 1 − kCliffLoShare of it (GC pauses in 3.6-4.1 % of the
-    // history): the upper quantile lies among them, at kCliffLoShare below
-    // them. That split of α is taken where it makes the interval the
+  if (kind == Spread::kWhole && lo_share == kDurationLoShare) {
+    // A step's duration (a save's length and a gap keep their even split)
+    // with a mode of long steps whose share lies between the upper end's
+    // share of α and 1 − kCliffLoShare of it (GC pauses in 3.6-4.1 % of
+    // the history): the upper quantile lies among them, at kCliffLoShare
+    // below them. That split of α is taken where it makes the interval the
     // shorter by far (steps of 150 ms were bounded at 270-320 ms for
     // hundreds of steps at a time, whenever the pauses in the history came
     // above 3.6 %). Not beyond: where they come in more than that share,
