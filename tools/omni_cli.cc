@@ -4,7 +4,8 @@
 //   omni stats LOG [--json]        step and phase statistics of a step log
 //   omni forecast LOG [--at-step N] [--k K] [--horizon-s S] [--json]
 //                                  the forecast the runtime would have published
-//   omni eval LOG [--stride N] [--k K] [--horizon-s S] [--notices-table-only] [--json]
+//   omni eval LOG [--stride N] [--k K] [--horizon-s S] [--notices-table-only]
+//            [--previous LOG2] [--json]
 //                                  precision / recall of forecasts replayed on LOG
 //   omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N]
 //                                  SVG timeline: real idle time against forecast windows
@@ -53,12 +54,14 @@ constexpr const char* kUsage =
     "       omni stats LOG [--window N] [--json]\n"
     "       omni forecast LOG [--at-step N] [--k K] [--horizon-s S] [--window N] [--json]\n"
     "       omni eval LOG [--stride N] [--k K] [--horizon-s S] [--window N] [--horizon]\n"
-    "                [--notices-table-only] [--json]\n"
+    "                [--notices-table-only] [--previous LOG2] [--json]\n"
     "         (--horizon scores each forecast over its whole horizon instead of\n"
     "          while it is the current one; --window N: the forecaster learns from\n"
     "          the last N steps of the current regime, default 512, at least 8;\n"
     "          --notices-table-only: the live notices without the forecast's\n"
-    "          windows they are matched to)\n"
+    "          windows they are matched to; --previous LOG2: LOG is a resumed\n"
+    "          run's and LOG2 the run's before it, whose last 1024 steps before\n"
+    "          LOG's first are learned first, unscored, as the live telemetry does)\n"
     "       omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N] [--k K] [--width PX]\n"
     "       omni ckpt ls DIR\n"
     "       omni ckpt verify DIR|STEPDIR   (exit 1 naming the first bad file / key)\n"
@@ -280,10 +283,12 @@ int main(int argc, char** argv) {
 
   Parsed p;
   std::string err;
-  if (!Parse(argc, argv, {"--window", "--at-step", "--k", "--horizon-s", "--stride"}, p, err)) {
+  if (!Parse(argc, argv, {"--window", "--at-step", "--k", "--horizon-s", "--stride", "--previous"},
+             p, err)) {
     return Usage(err);
   }
   if (p.positional.size() != 1) return Usage(cmd + " takes exactly one step log");
+  if (p.flags.count("--previous") != 0 && cmd != "eval") return Usage("--previous is for eval");
   int64_t window = 200, at_step = -1, stride = 1;
   double k = 2.0, horizon_s = 300;
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
@@ -322,6 +327,12 @@ int main(int argc, char** argv) {
     eo.stride_steps = static_cast<int>(stride);
     eo.scoring = p.horizon ? omni::Scoring::kHorizon : omni::Scoring::kLive;
     eo.notices.match_forecast = !p.notices_table_only;
+    absl::StatusOr<omni::StepLog> previous;
+    if (auto it = p.flags.find("--previous"); it != p.flags.end()) {
+      previous = omni::ReadStepLogTail(it->second, eo.previous_steps);
+      if (!previous.ok()) return Fail(previous.status());
+      eo.previous = &*previous;
+    }
     auto rep = omni::Evaluate(*log, eo);
     if (!rep.ok()) return Fail(rep.status());
     std::printf("%s\n", p.json ? rep->ToJson().c_str() : rep->ToTable().c_str());

@@ -65,6 +65,13 @@ struct EvaluateOptions {
   // guest reading the live notices, or the notices and the forecasts, was
   // told, for a model of such a guest (benchmarks/cluster_sim_model.cc).
   bool keep_notice_claims = false;
+  // A resumed run's log is scored as the live telemetry forecast it
+  // (TelemetryOptions::learn_previous_steps): the forecaster and the
+  // notices' tables first learn the last `previous_steps` steps of the
+  // previous run's log numbered before this log's first, which are not
+  // scored. Null: the log is scored on its own. Must outlive the call.
+  const StepLog* previous = nullptr;
+  int previous_steps = 1024;
 };
 
 // The time a published window lets a guest use, as Evaluate scores it: its
@@ -163,11 +170,12 @@ struct OMNI_EXPORT EvaluationReport {
   std::string ToTable() const;
 };
 
-// InvalidArgument for bad options (stride_steps, the notices' confidence
+// InvalidArgument for bad options (stride_steps, previous_steps < 0, the notices' confidence
 // outside (0, 1), a non-positive min_samples, window or poll_ns), an empty
 // log, or a step that starts before the previous one started (the clock went
 // back); FailedPrecondition when no forecast could be made (too few steps in
-// any regime).
+// any regime), or naming a phase of `previous` this log lacks or has as
+// another idle kind.
 OMNI_EXPORT absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log,
                                                       const EvaluateOptions& options);
 

@@ -55,6 +55,16 @@ inline constexpr size_t kMaxStepLogLineBytes = size_t{1} << 20;
 // counted in unfinished_tail_bytes, not an error.
 OMNI_EXPORT absl::StatusOr<StepLog> ReadStepLog(const std::string& path);
 
+// Reads the header, the phase lines before the first step and the last
+// `max_steps` lines of a log, without reading what lies between: a resumed
+// job learns from the end of its previous run's log, which may be gigabytes
+// (TelemetryOptions::learn_from_previous_log). The lines read are checked as
+// ReadStepLog checks them; errors as ReadStepLog's, with the line's byte
+// offset instead of its number in the tail, and InvalidArgument for
+// max_steps < 1 or a phase registered between the head and the tail (its
+// "phase" line is not read, so a step naming it is refused).
+OMNI_EXPORT absl::StatusOr<StepLog> ReadStepLogTail(const std::string& path, int max_steps);
+
 class OMNI_EXPORT StepLogWriter {
   struct Private {};
 
@@ -66,6 +76,9 @@ class OMNI_EXPORT StepLogWriter {
                                                              const StepLogHeader& header,
                                                              bool keep_previous = false);
   StepLogWriter(Private, std::FILE* file, std::string path, int phases_announced);  // use Open
+  // Where Open moved the earlier run's log ("<path>.N"); empty when it moved
+  // none.
+  const std::string& previous_path() const { return previous_path_; }
   ~StepLogWriter();
   StepLogWriter(const StepLogWriter&) = delete;
   StepLogWriter& operator=(const StepLogWriter&) = delete;
@@ -81,6 +94,7 @@ class OMNI_EXPORT StepLogWriter {
   std::FILE* file_;
   std::string path_;
   int phases_announced_;
+  std::string previous_path_;
   std::string line_;  // reused buffer
 };
 

@@ -57,6 +57,19 @@ struct TelemetryOptions {
   // An existing step log or trace (a resumed job's earlier run) is moved to
   // the first free "<path>.N" instead of being truncated.
   bool keep_previous_outputs = false;
+  // With keep_previous_outputs and a step log, when an earlier run's log was
+  // moved aside: the forecaster (and the live notices' table of window
+  // lengths) learns that run's last `learn_previous_steps` steps numbered
+  // before this run's first, as if the job had not stopped, so that a
+  // resumed job forecasts its rhythm from its first step rather than after
+  // hundreds. Its clock is moved so that its last step ends one usual gap
+  // before this run's first begins. The log's tail is read on the worker
+  // thread (ReadStepLogTail), and learned when the first step is drained;
+  // the statistics, step log and trace hold this run's steps only. A log
+  // that cannot be read, or whose phases this run registers otherwise
+  // (TelemetryCounters::previous_log_status says which), is not learned
+  // from; the run goes on. 0 = start from nothing.
+  int learn_previous_steps = 1024;
   std::string source = "omni";
   int ring_capacity = 256;  // completed steps buffered for the worker (power of two)
   // How often the worker looks for completed steps while one may be due.
@@ -96,6 +109,11 @@ struct TelemetryCounters {
   int64_t steps_not_forecast = 0;
   int64_t forecasts_published = 0;
   int64_t export_errors = 0;  // step log / trace / sink failures
+  // The previous run's steps the forecaster learned
+  // (TelemetryOptions::learn_previous_steps), and why none were, when it
+  // was to learn some (OK otherwise).
+  int64_t previous_steps_learned = 0;
+  absl::Status previous_log_status;
   // Times the worker thread woke to look for completed steps (each poll;
   // see TelemetryOptions::worker_poll): what it costs the other threads.
   int64_t worker_wakeups = 0;

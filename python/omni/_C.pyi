@@ -80,6 +80,7 @@ class Telemetry:
         step_log: Optional[_Path] = ...,
         trace: Optional[_Path] = ...,
         keep_previous_outputs: bool = ...,
+        learn_previous_steps: int = ...,
         window_channel: str = ...,
         source: str = ...,
         ring_capacity: int = ...,

@@ -46,6 +46,7 @@ void VisitTelemetryOptions(omni::TelemetryOptions& o, Visitor& v) {
   v.Path("step_log", &o.step_log_path);
   v.Path("trace", &o.trace_path);
   v.Bool("keep_previous_outputs", &o.keep_previous_outputs);
+  v.Int("learn_previous_steps", &o.learn_previous_steps);
   v.Str("window_channel", &o.window_channel_name);
   v.Str("source", &o.source);
   v.Int("ring_capacity", &o.ring_capacity);

@@ -100,6 +100,9 @@ py::dict CountersDict(const omni::TelemetryCounters& c) {
   d["forecasts_published"] = c.forecasts_published;
   d["worker_wakeups"] = c.worker_wakeups;
   d["export_errors"] = c.export_errors;
+  d["previous_steps_learned"] = c.previous_steps_learned;
+  d["previous_log_status"] =
+      c.previous_log_status.ok() ? std::string() : c.previous_log_status.ToString();
   d["last_error"] = c.last_error.ok() ? std::string() : c.last_error.ToString();
   return d;
 }

@@ -63,6 +63,25 @@ def test_a_resumed_telemetry_keeps_the_previous_attempts_files(tmp_path, clock):
     assert not os.path.exists(f"{log}.3")
 
 
+def test_a_resumed_telemetry_forecasts_from_the_previous_attempts_steps(tmp_path, clock):
+    log = tmp_path / "steps.jsonl"
+    tel = omni.Telemetry(clock=clock, step_log=log, **NO_WARMUP)
+    run_steps(tel, clock, 40)
+    tel.close()
+    # Resumed from a checkpoint of step 29: steps 0-29 of the first attempt
+    # are learned (the default), or none.
+    for learn, learned in ((None, 30), (0, 0)):
+        options = {} if learn is None else {"learn_previous_steps": learn}
+        tel = omni.Telemetry(clock=clock, step_log=log, **options, **NO_WARMUP)
+        run_steps(tel, clock, 1, first=30)
+        tel.flush()
+        counters = tel.counters()
+        assert counters["previous_steps_learned"] == learned
+        assert counters["previous_log_status"] == ""
+        assert (tel.latest_forecast() is not None) == (learned > 0)
+        tel.close()
+
+
 def test_a_trace_cut_mid_event_is_read_up_to_the_last_whole_event(tmp_path, clock):
     trace = tmp_path / "trace.json"
     tel = omni.Telemetry(clock=clock, trace=trace, **NO_WARMUP)

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "notice_replay.h"
 #include "omni/window_channel.h"
+#include "previous_run.h"
 #include "step_slots.h"
 
 namespace omni {
@@ -304,10 +305,14 @@ double EvaluationReport::BoundScore::coverage() const {
                    : std::numeric_limits<double>::quiet_NaN();
 }
 
-absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOptions& options) {
+absl::StatusOr<EvaluationReport> Evaluate(const StepLog& input, const EvaluateOptions& options) {
   if (options.stride_steps <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("stride_steps must be positive, got ", options.stride_steps));
+  }
+  if (options.previous_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("previous_steps must not be negative, got ", options.previous_steps));
   }
   const NoticeReplayOptions& n = options.notices;
   if (!(n.confidence > 0 && n.confidence < 1)) {
@@ -323,7 +328,21 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
     return absl::InvalidArgumentError(
         absl::StrCat("notices.poll_ns must be at most 2^62, got ", n.poll_ns));
   }
-  if (log.steps.empty()) return absl::InvalidArgumentError("step log has no steps");
+  if (input.steps.empty()) return absl::InvalidArgumentError("step log has no steps");
+  // A resumed run: the previous run's steps learned first (the live
+  // telemetry's LearnPrevious), and not scored.
+  StepLog combined;
+  size_t first_scored = 0;
+  if (options.previous != nullptr) {
+    absl::StatusOr<std::vector<StepRecord>> learned = internal::PreviousRunSteps(
+        *options.previous, input.steps.front(), input.header.phases, options.previous_steps);
+    if (!learned.ok()) return learned.status();
+    first_scored = learned->size();
+    combined.header = input.header;
+    combined.steps = *std::move(learned);
+    combined.steps.insert(combined.steps.end(), input.steps.begin(), input.steps.end());
+  }
+  const StepLog& log = options.previous != nullptr ? combined : input;
   // A log built in code, not read by ReadStepLog: the step numbers and
   // clock readings below are reckoned with before the forecaster sees them.
   for (const StepRecord& rec : log.steps) {
@@ -395,7 +414,7 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
     const StepRecord& rec = log.steps[i];
     // The bound for this step, from the past only.
     const int64_t ahead = rec.step - forecaster->last_step();
-    if (forecaster->last_step() >= 0 && ahead >= 1 && ahead <= 4096) {
+    if (i >= first_scored && forecaster->last_step() >= 0 && ahead >= 1 && ahead <= 4096) {
       auto b = forecaster->NextStepBounds(static_cast<int>(ahead));
       if (b.ok() && !b->empty() && b->back().step == rec.step) {
         all_bounds.Add(b->back(), rec.duration_ns());
@@ -403,6 +422,7 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
       }
     }
     if (auto st = forecaster->Observe(rec, log.header.phases); !st.ok()) return st;
+    if (i < first_scored) continue;  // learned only, as LearnPrevious does
     const int64_t now = rec.end_ns;
     int64_t end = std::min(now + fo.horizon_ns, log_end);
     if (options.scoring == Scoring::kLive && i + stride < log.steps.size()) {
@@ -495,7 +515,7 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOpti
   report.notice_options = options.notices;
   std::vector<NoticeClaim> notice_claims;
   report.notices =
-      ReplayNotices(log, options.notices, fo.min_window_ns,
+      ReplayNotices(log, first_scored, options.notices, fo.min_window_ns,
                     options.notices.match_forecast ? &outlook_claims : nullptr, &notice_claims);
   ScoreCombined(forecast_claims, notice_claims, truth, known, scored_from,
                 options.keep_notice_claims, report);

@@ -62,8 +62,8 @@ void ScoreWindow(const DurationQuantiles& q, int64_t guaranteed, int64_t origin,
 
 }  // namespace
 
-EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeReplayOptions& o,
-                                            int64_t min_window_ns,
+EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, size_t first_scored,
+                                            const NoticeReplayOptions& o, int64_t min_window_ns,
                                             const std::vector<std::vector<ForecastClaim>>* forecast,
                                             std::vector<NoticeClaim>* claims) {
   EvaluationReport::NoticeScore out;
@@ -107,6 +107,7 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeRepl
       if (kind == IdleKind::kNone) continue;
       const int64_t d = w.end_ns - w.start_ns;
       EvaluationReport::Score& s = out.by_kind[static_cast<int>(kind)];
+      if (i < first_scored) continue;  // learned below, not scored
       s.real_ns += d;
       // No notice for a gap while none of the last ones was long.
       const bool announced = w.phase != kBetweenStepsPhase || long_gaps.mean() > 0;

@@ -27,8 +27,10 @@ namespace omni {
 // made after the step before, none when it could not be made); a window
 // matched to one is claimed as the channel reader claims it
 // (WithForecastClaim).
-EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, const NoticeReplayOptions& o,
-                                            int64_t min_window_ns,
+// The steps before `first_scored` are learned from only (a previous run's,
+// EvaluateOptions::previous).
+EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, size_t first_scored,
+                                            const NoticeReplayOptions& o, int64_t min_window_ns,
                                             const std::vector<std::vector<ForecastClaim>>* forecast,
                                             std::vector<NoticeClaim>* claims);
 

@@ -19,15 +19,15 @@ bool Exists(const std::string& path) {
 
 }  // namespace
 
-absl::Status MoveAside(const std::string& path) {
-  if (!Exists(path)) return absl::OkStatus();
+absl::StatusOr<std::string> MoveAside(const std::string& path) {
+  if (!Exists(path)) return std::string();
   for (int n = 1; n < 1'000'000; ++n) {
     const std::string to = absl::StrCat(path, ".", n);
     if (Exists(to)) continue;
     if (std::rename(path.c_str(), to.c_str()) != 0) {
       return ErrnoStatus(errno, absl::StrCat("cannot move the previous run's ", path, " to ", to));
     }
-    return absl::OkStatus();
+    return to;
   }
   return absl::ResourceExhaustedError(
       absl::StrCat("cannot move the previous run's ", path, " aside: every name is taken"));

@@ -4,13 +4,14 @@
 
 #include <string>
 
-#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace omni::internal {
 
 // When `path` exists, renames it to the first free "<path>.N" (N = 1, 2, ...),
 // so the outputs of successive runs are kept in the order they were written.
-// OK when there is nothing to move; errors name both paths.
-absl::Status MoveAside(const std::string& path);
+// Returns the name it moved `path` to, or "" when there was nothing to move;
+// errors name both paths.
+absl::StatusOr<std::string> MoveAside(const std::string& path);
 
 }  // namespace omni::internal

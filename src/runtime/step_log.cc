@@ -1,11 +1,14 @@
 #include "omni/step_log.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -43,12 +46,16 @@ StepLogWriter::~StepLogWriter() { Close().IgnoreError(); }
 absl::StatusOr<std::unique_ptr<StepLogWriter>> StepLogWriter::Open(const std::string& path,
                                                                    const StepLogHeader& header,
                                                                    bool keep_previous) {
+  std::string previous;
   if (keep_previous) {
-    if (auto st = internal::MoveAside(path); !st.ok()) return st;
+    absl::StatusOr<std::string> moved = internal::MoveAside(path);
+    if (!moved.ok()) return moved.status();
+    previous = *std::move(moved);
   }
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return ErrnoStatus(errno, absl::StrCat("cannot open step log ", path));
   auto w = std::make_unique<StepLogWriter>(Private{}, f, path, header.phases.size());
+  w->previous_path_ = std::move(previous);
   json h;
   h["type"] = "header";
   h["schema"] = "omni.steplog";
@@ -333,15 +340,165 @@ absl::Status ParseLine(const json& j, const std::string& where, bool& have_heade
   return absl::OkStatus();
 }
 
-}  // namespace
+// One line's text (without its newline) into `log`; an empty line is skipped.
+absl::Status ParseText(std::string_view line, const std::string& where, bool& have_header,
+                       StepLog& log) {
+  if (line.empty()) return absl::OkStatus();
+  const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
+  }
+  try {
+    return ParseLine(j, where, have_header, log);
+  } catch (const json::exception& e) {  // a field of another type than the schema's
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": a field has the wrong type (", e.what(), ")"));
+  }
+}
 
-absl::StatusOr<StepLog> ReadStepLog(const std::string& path) {
+// Whether a line's text is a step's (its "type" read as ParseLine reads it).
+bool IsStepLine(std::string_view line) {
+  const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("type") && j["type"] == "step";
+}
+
+absl::StatusOr<internal::Fd> OpenLog(const std::string& path) {
   // A regular file only: a FIFO would block the open, a device never end.
   absl::StatusOr<internal::Fd> fd = internal::RealFileSystem().OpenRead(AT_FDCWD, path, path);
   if (!fd.ok()) {
     return absl::Status(fd.status().code(),
                         absl::StrCat("cannot open step log ", path, ": ", fd.status().message()));
   }
+  return fd;
+}
+
+// Reads `len` bytes at `offset` (fewer only at the end of the file).
+absl::Status ReadAt(int fd, int64_t offset, size_t len, std::string& out, const std::string& path) {
+  out.resize(len);
+  size_t got = 0;
+  while (got < len) {
+    const ssize_t n = ::pread(fd, out.data() + got, len - got, static_cast<off_t>(offset + got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, absl::StrCat("cannot read step log ", path));
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  out.resize(got);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<StepLog> ReadStepLogTail(const std::string& path, int max_steps) {
+  if (max_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_steps must be at least 1, not ", max_steps));
+  }
+  absl::StatusOr<internal::Fd> fd = OpenLog(path);
+  if (!fd.ok()) return fd.status();
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("cannot stat step log ", path));
+  }
+  const auto size = static_cast<int64_t>(st.st_size);
+  StepLog log;
+  bool have_header = false;
+  // The head: the header and the phase lines before the first step.
+  constexpr size_t kChunk = size_t{1} << 16;
+  int64_t head_end = 0;  // where the first step's line begins
+  std::string chunk;
+  std::string line;
+  int lineno = 0;
+  for (bool done = false; !done && head_end < size;) {
+    const int64_t at = head_end + static_cast<int64_t>(line.size());
+    if (absl::Status s = ReadAt(fd->get(), at, kChunk, chunk, path); !s.ok()) return s;
+    if (chunk.empty()) break;
+    size_t pos = 0;
+    while (!done && pos < chunk.size()) {
+      const size_t nl = chunk.find('\n', pos);
+      line.append(chunk, pos, nl == std::string::npos ? std::string::npos : nl - pos);
+      if (line.size() > kMaxStepLogLineBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno + 1,
+                                                       ": line longer than the limit of ",
+                                                       kMaxStepLogLineBytes, " bytes; not parsed"));
+      }
+      if (nl == std::string::npos) break;  // the line goes on in the next chunk
+      pos = nl + 1;
+      ++lineno;
+      if (IsStepLine(line)) {
+        done = true;
+        break;
+      }
+      if (absl::Status s = ParseText(line, absl::StrCat(path, ":", lineno), have_header, log);
+          !s.ok()) {
+        return s;
+      }
+      head_end += static_cast<int64_t>(line.size()) + 1;
+      line.clear();
+    }
+  }
+  // The tail: whole lines back from the end until max_steps + 1 newlines
+  // (the first line read may be cut) or the head is reached.
+  int64_t from = size;
+  std::string tail;
+  while (from > head_end) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(kChunk), from - head_end);
+    from -= n;
+    if (absl::Status s = ReadAt(fd->get(), from, static_cast<size_t>(n), chunk, path); !s.ok()) {
+      return s;
+    }
+    tail.insert(0, chunk);
+    if (std::count(tail.begin(), tail.end(), '\n') > max_steps) break;
+  }
+  size_t pos = 0;
+  if (from > head_end) {
+    // The first line read is cut (or whole by chance): the tail begins after it.
+    pos = tail.find('\n') + 1;
+  }
+  int64_t offset = from + static_cast<int64_t>(pos);
+  std::vector<std::string_view> lines;
+  while (pos < tail.size()) {
+    const size_t nl = tail.find('\n', pos);
+    const size_t end = nl == std::string::npos ? tail.size() : nl;
+    lines.emplace_back(tail.data() + pos, end - pos);
+    if (nl == std::string::npos) break;
+    pos = nl + 1;
+  }
+  // A last line without its newline that is not JSON is a live writer's
+  // unfinished line, as ReadStepLog has it.
+  if (!tail.empty() && tail.back() != '\n' && !lines.empty() &&
+      json::parse(lines.back(), nullptr, /*allow_exceptions=*/false).is_discarded()) {
+    log.unfinished_tail_bytes = lines.back().size();
+    lines.pop_back();
+  }
+  if (static_cast<int64_t>(lines.size()) > max_steps) {
+    for (size_t i = 0; i + max_steps < lines.size(); ++i) {
+      offset += static_cast<int64_t>(lines[i].size()) + 1;
+    }
+    lines.erase(lines.begin(), lines.end() - max_steps);
+  }
+  for (const std::string_view l : lines) {
+    if (l.size() > kMaxStepLogLineBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": line at byte ", offset,
+                                                     " longer than the limit of ",
+                                                     kMaxStepLogLineBytes, " bytes; not parsed"));
+    }
+    if (absl::Status s =
+            ParseText(l, absl::StrCat(path, ": line at byte ", offset), have_header, log);
+        !s.ok()) {
+      return s;
+    }
+    offset += static_cast<int64_t>(l.size()) + 1;
+  }
+  if (!have_header) return absl::InvalidArgumentError(absl::StrCat(path, ": empty step log"));
+  return log;
+}
+
+absl::StatusOr<StepLog> ReadStepLog(const std::string& path) {
+  absl::StatusOr<internal::Fd> fd = OpenLog(path);
+  if (!fd.ok()) return fd.status();
   StepLog log;
   std::string line;
   int lineno = 0;
@@ -355,17 +512,7 @@ absl::StatusOr<StepLog> ReadStepLog(const std::string& path) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": line longer than the limit of ",
                                                      kMaxStepLogLineBytes, " bytes; not parsed"));
     }
-    if (line.empty()) return absl::OkStatus();
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
-    }
-    try {
-      return ParseLine(j, where, have_header, log);
-    } catch (const json::exception& e) {  // a field of another type than the schema's
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": a field has the wrong type (", e.what(), ")"));
-    }
+    return ParseText(line, where, have_header, log);
   };
   while (true) {
     const ssize_t n = ::read(fd->get(), buf.data(), buf.size());

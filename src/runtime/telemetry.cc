@@ -3,6 +3,8 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "common/thread_name.h"
 #include "omni/step_log.h"
 #include "omni/window_channel.h"
+#include "runtime/previous_run.h"
 #include "runtime/quantile.h"
 #include "runtime/trace_writer.h"
 #include "runtime/worker_pacing.h"
@@ -72,6 +75,9 @@ class TelemetryImpl final : public Telemetry {
       auto w = StepLogWriter::Open(options_.step_log_path, header, options_.keep_previous_outputs);
       if (!w.ok()) return w.status();
       log_ = *std::move(w);
+      if (options_.forecast_enabled && options_.learn_previous_steps > 0) {
+        previous_path_ = log_->previous_path();
+      }
     }
     if (!options_.trace_path.empty()) {
       auto w = internal::TraceWriter::Open(options_.trace_path, options_.source,
@@ -81,6 +87,7 @@ class TelemetryImpl final : public Telemetry {
     }
     worker_ = std::thread([this] {
       internal::NameThisThread("omni-telemetry");
+      ReadPrevious();
       WorkerLoop();
     });
     return absl::OkStatus();
@@ -319,6 +326,8 @@ class TelemetryImpl final : public Telemetry {
     c.steps_not_forecast = not_forecast_;
     c.forecasts_published = published_;
     c.export_errors = export_errors_;
+    c.previous_steps_learned = previous_learned_;
+    c.previous_log_status = previous_status_;
     c.last_error = last_error_;
     return c;
   }
@@ -535,6 +544,7 @@ class TelemetryImpl final : public Telemetry {
           // steps it sees, as from a sampled log.
           ++not_forecast_;
         } else if (options_.forecast_enabled) {
+          if (previous_.has_value()) LearnPrevious(rec);
           forecaster_.Observe(rec, catalog_).IgnoreError();  // same checks as stats_.Add
         }
         if (!warmup) LearnWindows(rec);
@@ -552,6 +562,43 @@ class TelemetryImpl final : public Telemetry {
       pacing_.ExpectNext(next.ok() && !next->empty() ? next->front().lo_ns : 0);
     }
     return t;
+  }
+
+  // The tail of the previous run's step log, read before the first step is
+  // drained (the worker thread, before its loop).
+  void ReadPrevious() {
+    if (previous_path_.empty()) return;
+    absl::StatusOr<StepLog> tail = ReadStepLogTail(previous_path_, options_.learn_previous_steps);
+    absl::MutexLock l(&mu_);
+    if (!tail.ok()) {
+      previous_status_ = tail.status();
+      return;
+    }
+    previous_ = *std::move(tail);
+  }
+
+  // The previous run's steps before `first` (this run's first), learned as
+  // Drain learns a step, with the catalog as it is now: the phases are
+  // registered before the first step.
+  void LearnPrevious(const StepRecord& first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const StepLog previous = *std::move(previous_);
+    previous_.reset();
+    absl::StatusOr<std::vector<StepRecord>> steps =
+        internal::PreviousRunSteps(previous, first, catalog_, options_.learn_previous_steps);
+    if (!steps.ok()) {
+      previous_status_ = absl::Status(
+          steps.status().code(),
+          absl::StrCat("not learned from ", previous_path_, ": ", steps.status().message()));
+      return;
+    }
+    for (const StepRecord& rec : *steps) {
+      if (!forecaster_.Observe(rec, catalog_).ok()) continue;
+      ++previous_learned_;
+      NoteIdleKinds(rec);
+      LearnWindows(rec);
+      prev_step_ = rec.step;
+      prev_end_ns_ = rec.end_ns;
+    }
   }
 
   void MaybePublish(bool force) {
@@ -835,6 +882,12 @@ class TelemetryImpl final : public Telemetry {
   int64_t export_errors_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t not_forecast_ ABSL_GUARDED_BY(mu_) = 0;
+  // The previous run's log (LearnPrevious): where it was moved, its tail
+  // until the first step is drained, and what was learned of it.
+  std::string previous_path_;
+  std::optional<StepLog> previous_ ABSL_GUARDED_BY(mu_);
+  int64_t previous_learned_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status previous_status_ ABSL_GUARDED_BY(mu_);
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
   absl::Status first_export_error_ ABSL_GUARDED_BY(mu_);
 
@@ -868,6 +921,10 @@ absl::StatusOr<std::unique_ptr<Telemetry>> Telemetry::Create(const TelemetryOpti
   if (options.window_min_samples < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("window_min_samples must be at least 1, got ", options.window_min_samples));
+  }
+  if (options.learn_previous_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "learn_previous_steps must not be negative, got ", options.learn_previous_steps));
   }
   if (options.worker_poll <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("worker_poll must be positive");

@@ -15,7 +15,7 @@ absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string
                                                                const std::string& process_name,
                                                                bool keep_previous) {
   if (keep_previous) {
-    if (auto st = MoveAside(path); !st.ok()) return st;
+    if (auto moved = MoveAside(path); !moved.ok()) return moved.status();
   }
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return ErrnoStatus(errno, absl::StrCat("cannot open trace file ", path));

@@ -195,6 +195,50 @@ def test_a_scheduler_notice_file_stops_the_job(tmp_path, reference):
     assert final(finish(args[:-2], env()).stdout) == ref_final
 
 
+def test_a_resumed_runs_forecasts_are_scored_after_the_previous_runs_steps(tmp_path, reference):
+    """The resumed run keeps the earlier step log (steps.jsonl.1); `omni eval
+    --previous` scores it as the live forecaster ran: having learned the
+    earlier run's steps, every step of the resumed run has a bound."""
+    ref_final, _ = reference
+    log, steps = tmp_path / "loss.log", tmp_path / "steps.jsonl"
+    notice = tmp_path / "notice.json"
+    args = cmd("--ckpt-dir", tmp_path / "ckpt", "--loss-log", log, "--log", steps,
+               "--notice-file", notice)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for_steps(proc, log, 40)
+    tmp = tmp_path / "notice.tmp"
+    tmp.write_text(json.dumps({"yield_in_s": 0.6}))
+    tmp.rename(notice)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert final(finish(args[:-2], env()).stdout) == ref_final
+    earlier = tmp_path / "steps.jsonl.1"
+    resumed = [json.loads(line) for line in steps.read_text().splitlines()]
+    resumed = [r for r in resumed if r.get("type") == "step"]
+    assert resumed and resumed[-1]["step"] == STEPS - 1
+
+    def evaluate(*extra):
+        p = subprocess.run([str(OMNI), "eval", str(steps), "--json", *map(str, extra)],
+                           capture_output=True, text=True, timeout=60, check=False)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    cold, warm = evaluate(), evaluate("--previous", earlier)
+    assert warm["next_step_steps"] == len(resumed)
+    assert cold["next_step_steps"] < len(resumed)
+    assert warm["forecasts"] > cold["forecasts"]
+    # Another job's log (a phase this job does not have) is refused, naming it.
+    lines = earlier.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["phases"].append({"id": len(header["phases"]), "idle": "data_stall", "name": "fetch"})
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    p = subprocess.run([str(OMNI), "eval", str(steps), "--previous", str(other)],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 1, p.stderr
+    assert "the previous run's phase 'fetch' is not registered in this run" in p.stderr, p.stderr
+
+
 def free_port():
     import socket
     with socket.socket() as s:

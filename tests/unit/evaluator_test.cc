@@ -329,5 +329,48 @@ TEST(Evaluator, RejectsBadOptionsAndEmptyLogs) {
       << r.status();
 }
 
+// A resumed run is scored as the live telemetry forecast it: after the
+// previous run's steps, learned and not scored.
+TEST(Evaluator, AResumedRunIsScoredAfterLearningThePreviousRunsSteps) {
+  // A stall of 60 ms on every 5th step; the job was preempted after step
+  // 119 and resumed from its checkpoint of step 99, 30 s later.
+  StepLog before, after;
+  for (int i = 0; i < 160; ++i) {
+    const int64_t start = i * 100 + (i >= 100 ? 30'000 : 0);
+    const int64_t wait = i % 5 == 0 ? 60 : 1;
+    StepRecord rec =
+        MakeStep(i, start, 100, {{phase::kDataWait, 0, wait}, {phase::kCompute, wait, 100}});
+    if (i < 120) before.steps.push_back(rec);
+    if (i >= 100) after.steps.push_back(rec);
+  }
+  absl::StatusOr<EvaluationReport> cold = Evaluate(after, Opts());
+  EvaluateOptions o = Opts();
+  o.previous = &before;
+  absl::StatusOr<EvaluationReport> warm = Evaluate(after, o);
+  ASSERT_TRUE(cold.ok()) << cold.status();
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  // Every step of the resumed run has a bound, and only those are scored.
+  EXPECT_EQ(warm->next_step.steps, 60);
+  EXPECT_LT(cold->next_step.steps, 60);
+  EXPECT_EQ(warm->forecasts, 59);  // the last boundary has nothing after it
+  const auto& ds = [](const EvaluationReport& r) {
+    return r.by_kind[static_cast<int>(IdleKind::kDataStall)];
+  };
+  EXPECT_GT(ds(*warm).recall(), ds(*cold).recall() + 0.1);
+  EXPECT_GE(ds(*warm).precision(), 0.95);
+  // The real idle time scored is the resumed run's (from its first step's
+  // end, where the cold replay's scoring begins at its fifth).
+  EXPECT_LE(ds(*warm).real_ns, 60 * 12 * kMs);
+
+  // Another job's log (a phase this one does not have) is refused, naming it.
+  StepLog other = before;
+  ASSERT_TRUE(other.header.phases.Register("fetch", IdleKind::kDataStall).ok());
+  o.previous = &other;
+  absl::StatusOr<EvaluationReport> refused = Evaluate(after, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("'fetch'"), absl::string_view::npos);
+}
+
 }  // namespace
 }  // namespace omni

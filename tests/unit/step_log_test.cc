@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -309,6 +310,79 @@ TEST(StepLog, AFifoIsRefusedWithoutBlocking) {
   fs::remove(path);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
       << (WIFSIGNALED(status) ? "the reader blocked (killed by the alarm)" : "wrong error");
+}
+
+// A resumed job learns from the end of its previous run's log, which may be
+// gigabytes: the tail is read without what lies between it and the head.
+TEST(StepLogTail, ReadsTheHeaderTheEarlyPhasesAndTheLastStepsAsTheWholeReadHasThem) {
+  const std::string path = TempPath("steplog_tail.jsonl");
+  StepLogHeader h;
+  h.source = "tail";
+  h.eval = PeriodicEvent{40, 39, 0};
+  PhaseCatalog cat = h.phases;
+  auto w = StepLogWriter::Open(path, h);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const PhaseId fetch = *cat.Register("fetch", IdleKind::kDataStall);  // before the first step
+  // Steps of ~400 bytes: 3,000 of them span many of the reader's 64 KiB chunks.
+  for (int s = 0; s < 3000; ++s) {
+    ASSERT_TRUE((*w)->Append(MakeStep(s, 10 * s, 9,
+                                      {{fetch, 0, s % 3 == 0 ? 4 : 1}, {phase::kCompute, 4, 5}}),
+                             cat, false)
+                    .ok());
+  }
+  ASSERT_TRUE((*w)->Close().ok());
+  absl::StatusOr<StepLog> whole = ReadStepLog(path);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  for (const int n : {1, 7, 500, 2999, 3000, 5000}) {
+    SCOPED_TRACE(n);
+    absl::StatusOr<StepLog> tail = ReadStepLogTail(path, n);
+    ASSERT_TRUE(tail.ok()) << tail.status();
+    EXPECT_EQ(tail->header.source, "tail");
+    EXPECT_EQ(tail->header.eval.every_steps, 40);
+    ASSERT_TRUE(tail->header.phases.Find("fetch").ok());
+    const size_t want = std::min<size_t>(n, 3000);
+    ASSERT_EQ(tail->steps.size(), want);
+    for (size_t i = 0; i < want; ++i) {
+      const StepRecord& a = tail->steps[i];
+      const StepRecord& b = whole->steps[3000 - want + i];
+      ASSERT_EQ(a.step, b.step);
+      ASSERT_EQ(a.start_ns, b.start_ns);
+      ASSERT_EQ(a.num_spans, b.num_spans);
+      ASSERT_EQ(a.spans[0].end_ns, b.spans[0].end_ns);
+    }
+  }
+  EXPECT_FALSE(ReadStepLogTail(path, 0).ok());
+  fs::remove(path);
+}
+
+TEST(StepLogTail, LeavesOutAnUnfinishedLastLineAndRefusesAPhaseItDidNotRead) {
+  const std::string path = TempPath("steplog_tail_live.jsonl");
+  const auto step = [](int s, const char* phase) {
+    return "{\"type\":\"step\",\"step\":" + std::to_string(s) +
+           ",\"start_ns\":" + std::to_string(10 * s) + ",\"end_ns\":" + std::to_string(10 * s + 9) +
+           ",\"spans\":[{\"phase\":\"" + phase + "\",\"start_ns\":" + std::to_string(10 * s) +
+           ",\"end_ns\":" + std::to_string(10 * s + 5) + ",\"depth\":0}]}\n";
+  };
+  std::string body;
+  for (int s = 0; s < 10; ++s) body += step(s, "compute");
+  WriteHeaderThen(path, body + step(10, "compute").substr(0, 25));
+  absl::StatusOr<StepLog> tail = ReadStepLogTail(path, 3);
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  ASSERT_EQ(tail->steps.size(), 3u);
+  EXPECT_EQ(tail->steps.back().step, 9);
+  EXPECT_EQ(tail->unfinished_tail_bytes, 25u);
+  // A phase registered after the first step: its line is not in the tail.
+  WriteHeaderThen(path, body +
+                            "{\"type\":\"phase\",\"id\":" + std::to_string(PhaseCatalog().size()) +
+                            ",\"name\":\"late\",\"idle\":\"host_side\"}\n" + step(10, "late") +
+                            step(11, "late"));
+  tail = ReadStepLogTail(path, 2);
+  ASSERT_FALSE(tail.ok());
+  EXPECT_NE(tail.status().message().find("late"), absl::string_view::npos) << tail.status();
+  EXPECT_NE(tail.status().message().find(path + ": line at byte"), absl::string_view::npos)
+      << tail.status();
+  EXPECT_TRUE(ReadStepLogTail(path, 3).ok());  // the phase line is in a tail of 3 lines
+  fs::remove(path);
 }
 
 }  // namespace

@@ -3,16 +3,20 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "omni/clock.h"
 #include "omni/step_log.h"
 #include "omni/telemetry.h"
+#include "telemetry_options.h"
 #include "temp_dir.h"
 
 namespace omni {
@@ -87,6 +91,127 @@ TEST(TelemetryOutputs, ATraceCutBeforeCloseHoldsWholeEventsAndLacksOnlyTheBracke
   int steps = 0;
   for (const auto& e : events) steps += e.value("cat", "") == "step" ? 1 : 0;
   EXPECT_EQ(steps, 4);
+}
+
+// A job whose data loader stalls for 40 ms at the start of every 3rd step.
+void RunRhythm(Telemetry& t, FakeClock& clock, int64_t first, int steps, PhaseId wait) {
+  for (int64_t s = first; s < first + steps; ++s) {
+    ASSERT_TRUE(t.BeginStep(s).ok());
+    if (s % 3 == 0) {
+      ASSERT_TRUE(t.BeginPhase(wait).ok());
+      clock.Advance(std::chrono::milliseconds(40));
+      ASSERT_TRUE(t.EndPhase(wait).ok());
+    }
+    ASSERT_TRUE(t.BeginPhase(phase::kCompute).ok());
+    clock.Advance(std::chrono::milliseconds(50));
+    ASSERT_TRUE(t.EndPhase(phase::kCompute).ok());
+    ASSERT_TRUE(t.EndStep().ok());
+    clock.Advance(std::chrono::microseconds(100));
+  }
+}
+
+TelemetryOptions ForecastOptionsIn(const TempDir& dir) {
+  TelemetryOptions o = testing::FastTelemetryOptions();
+  o.step_log_path = dir / "steps.jsonl";
+  o.keep_previous_outputs = true;
+  return o;
+}
+
+// The data-stall windows of the latest forecast, by step.
+std::vector<int64_t> StallWindowSteps(const Telemetry& t) {
+  std::vector<int64_t> steps;
+  absl::StatusOr<Forecast> f = t.LatestForecast();
+  if (!f.ok()) return steps;
+  for (const IdleWindow& w : f->windows) {
+    if (w.kind == IdleKind::kDataStall) steps.push_back(w.step);
+  }
+  return steps;
+}
+
+// Resumed from a checkpoint of step 249 after a run that went on to step
+// 299: the new run's forecaster knows the rhythm from its first step.
+TEST(TelemetryOutputs, AResumedRunForecastsFromItsFirstStepWhatTheEarlierRunLearned) {
+  TempDir dir;
+  FakeClock clock;
+  {
+    auto t = Telemetry::Create(ForecastOptionsIn(dir), &clock);
+    ASSERT_TRUE(t.ok()) << t.status();
+    RunRhythm(**t, clock, 0, 300, phase::kDataWait);
+    ASSERT_TRUE((*t)->Close().ok());
+  }
+  clock.Advance(std::chrono::seconds(30));  // the job was down
+  for (const int learn : {1024, 0}) {
+    SCOPED_TRACE(learn);
+    TelemetryOptions o = ForecastOptionsIn(dir);
+    o.learn_previous_steps = learn;
+    auto t = Telemetry::Create(o, &clock);
+    ASSERT_TRUE(t.ok()) << t.status();
+    RunRhythm(**t, clock, 250, 1, phase::kDataWait);
+    ASSERT_TRUE((*t)->Flush().ok());
+    const TelemetryCounters c = (*t)->Counters();
+    EXPECT_TRUE(c.previous_log_status.ok()) << c.previous_log_status;
+    if (learn == 0) {
+      EXPECT_EQ(c.previous_steps_learned, 0);
+      EXPECT_FALSE((*t)->LatestForecast().ok());  // one step: too few to forecast
+      continue;
+    }
+    // Steps 0-249: the redone steps 250-299 of the earlier run are not.
+    EXPECT_EQ(c.previous_steps_learned, 250);
+    const std::vector<int64_t> stalls = StallWindowSteps(**t);
+    ASSERT_FALSE(stalls.empty());
+    for (const int64_t s : stalls) EXPECT_EQ(s % 3, 0) << s;
+    EXPECT_TRUE(std::find(stalls.begin(), stalls.end(), 252) != stalls.end());
+    absl::StatusOr<std::vector<StepBound>> next = (*t)->NextStepBounds(3);
+    ASSERT_TRUE(next.ok()) << next.status();
+    // Step 252 stalls, 251 does not: the bounds know which is which.
+    EXPECT_GT(next->at(1).lo_ns, next->at(0).hi_ns);
+    // This run's statistics and step log hold its own step only.
+    EXPECT_EQ(ReadStepLog(dir / "steps.jsonl")->steps.size(), 1U);
+    ASSERT_TRUE((*t)->Close().ok());
+  }
+}
+
+// The earlier run's phases are not this run's (another job, or one whose
+// phases changed): nothing of it is learned, the run says why and goes on.
+TEST(TelemetryOutputs, AnEarlierRunWithOtherPhasesOrAnUnreadableLogIsNotLearnedFrom) {
+  TempDir dir;
+  FakeClock clock;
+  {
+    auto t = Telemetry::Create(ForecastOptionsIn(dir), &clock);
+    ASSERT_TRUE(t.ok()) << t.status();
+    absl::StatusOr<PhaseId> fetch = (*t)->RegisterPhase("fetch", IdleKind::kDataStall);
+    ASSERT_TRUE(fetch.ok());
+    RunRhythm(**t, clock, 0, 60, *fetch);
+    ASSERT_TRUE((*t)->Close().ok());
+  }
+  {
+    auto t = Telemetry::Create(ForecastOptionsIn(dir), &clock);
+    ASSERT_TRUE(t.ok()) << t.status();
+    RunRhythm(**t, clock, 60, 2, phase::kDataWait);
+    ASSERT_TRUE((*t)->Flush().ok());
+    const TelemetryCounters c = (*t)->Counters();
+    EXPECT_EQ(c.previous_steps_learned, 0);
+    EXPECT_EQ(c.previous_log_status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(c.previous_log_status.message().find("'fetch'"), absl::string_view::npos)
+        << c.previous_log_status;
+    EXPECT_EQ(c.export_errors, 0);
+    ASSERT_TRUE((*t)->Close().ok());
+    EXPECT_EQ(ReadStepLog(dir / "steps.jsonl")->steps.size(), 2U);
+  }
+  {
+    std::ofstream(dir / "steps.jsonl") << "not a step log\n";
+    auto t = Telemetry::Create(ForecastOptionsIn(dir), &clock);
+    ASSERT_TRUE(t.ok()) << t.status();
+    RunRhythm(**t, clock, 62, 2, phase::kDataWait);
+    ASSERT_TRUE((*t)->Flush().ok());
+    const TelemetryCounters c = (*t)->Counters();
+    EXPECT_EQ(c.previous_steps_learned, 0);
+    EXPECT_EQ(c.previous_log_status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(c.previous_log_status.message().find("steps.jsonl.2"), absl::string_view::npos)
+        << c.previous_log_status;
+    ASSERT_TRUE((*t)->Close().ok());
+    EXPECT_EQ(Read(dir / "steps.jsonl.2"), "not a step log\n");  // left as it was
+  }
 }
 
 }  // namespace
