@@ -58,11 +58,14 @@ OMNI_EXPORT absl::StatusOr<StepLog> ReadStepLog(const std::string& path);
 // Reads the header, the phase lines before the first step and the last
 // `max_steps` lines of a log, without reading what lies between: a resumed
 // job learns from the end of its previous run's log, which may be gigabytes
-// (TelemetryOptions::learn_from_previous_log). The lines read are checked as
+// (TelemetryOptions::learn_previous_steps). At most 64 MiB of the end is
+// read (lines that long leave fewer steps). The lines read are checked as
 // ReadStepLog checks them; errors as ReadStepLog's, with the line's byte
 // offset instead of its number in the tail, and InvalidArgument for
-// max_steps < 1 or a phase registered between the head and the tail (its
-// "phase" line is not read, so a step naming it is refused).
+// max_steps < 1, a stretch without a newline longer than a line may be (a
+// log whose end a crash filled with zeros: refused as soon as it is read),
+// or a phase registered between the head and the tail (its "phase" line is
+// not read, so a step naming it is refused).
 OMNI_EXPORT absl::StatusOr<StepLog> ReadStepLogTail(const std::string& path, int max_steps);
 
 class OMNI_EXPORT StepLogWriter {

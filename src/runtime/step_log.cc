@@ -391,6 +391,9 @@ absl::Status ReadAt(int fd, int64_t offset, size_t len, std::string& out, const 
 
 }  // namespace
 
+// The most of a log's end ReadStepLogTail reads.
+constexpr size_t kMaxTailBytes = size_t{64} << 20;
+
 absl::StatusOr<StepLog> ReadStepLogTail(const std::string& path, int max_steps) {
   if (max_steps < 1) {
     return absl::InvalidArgumentError(
@@ -440,18 +443,35 @@ absl::StatusOr<StepLog> ReadStepLogTail(const std::string& path, int max_steps) 
     }
   }
   // The tail: whole lines back from the end until max_steps + 1 newlines
-  // (the first line read may be cut) or the head is reached.
+  // (the first line read may be cut), the head, or kMaxTailBytes (a log of
+  // lines that long gives fewer steps). A stretch without a newline longer
+  // than a line may be is refused as soon as it is read (a log whose end a
+  // crash left filled with zeros), not read on to the head.
   int64_t from = size;
-  std::string tail;
-  while (from > head_end) {
+  std::vector<std::string> chunks;  // from the end backwards
+  int64_t newlines = 0;
+  size_t total = 0, run = 0;  // run: the bytes before the first newline read
+  while (from > head_end && newlines <= max_steps && total < kMaxTailBytes) {
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(kChunk), from - head_end);
     from -= n;
     if (absl::Status s = ReadAt(fd->get(), from, static_cast<size_t>(n), chunk, path); !s.ok()) {
       return s;
     }
-    tail.insert(0, chunk);
-    if (std::count(tail.begin(), tail.end(), '\n') > max_steps) break;
+    newlines += std::count(chunk.begin(), chunk.end(), '\n');
+    const size_t nl = chunk.find('\n');
+    run = nl == std::string::npos ? run + chunk.size() : nl;
+    if (run > kMaxStepLogLineBytes + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": line at byte ", from,
+                                                     " longer than the limit of ",
+                                                     kMaxStepLogLineBytes, " bytes; not parsed"));
+    }
+    total += chunk.size();
+    chunks.push_back(std::move(chunk));
+    chunk.clear();
   }
+  std::string tail;
+  tail.reserve(total);
+  for (auto it = chunks.rbegin(); it != chunks.rend(); ++it) tail += *it;
   size_t pos = 0;
   if (from > head_end) {
     // The first line read is cut (or whole by chance): the tail begins after it.

@@ -385,5 +385,31 @@ TEST(StepLogTail, LeavesOutAnUnfinishedLastLineAndRefusesAPhaseItDidNotRead) {
   fs::remove(path);
 }
 
+// A crash can leave a file's end filled with zeros (the size was written,
+// the data was not): the tail reader refuses the stretch as soon as it has
+// read more of it than a line may hold, not after reading the whole file.
+TEST(StepLogTail, AnEndFilledWithZerosIsRefusedAfterReadingALinesWorth) {
+  const std::string path = TempPath("steplog_tail_zeros.jsonl");
+  std::string body;
+  for (int s = 0; s < 10; ++s) {
+    body += "{\"type\":\"step\",\"step\":" + std::to_string(s) +
+            ",\"start_ns\":" + std::to_string(10 * s) +
+            ",\"end_ns\":" + std::to_string(10 * s + 9) + ",\"spans\":[]}\n";
+  }
+  WriteHeaderThen(path, body + std::string(3 * kMaxStepLogLineBytes, '\0'));
+  absl::StatusOr<StepLog> tail = ReadStepLogTail(path, 5);
+  ASSERT_FALSE(tail.ok());
+  EXPECT_EQ(tail.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(tail.status().message().find("longer than the limit"), absl::string_view::npos)
+      << tail.status();
+  // Zeros up to a line's worth are an unfinished last line.
+  WriteHeaderThen(path, body + std::string(1000, '\0'));
+  tail = ReadStepLogTail(path, 5);
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  EXPECT_EQ(tail->steps.size(), 5u);
+  EXPECT_EQ(tail->unfinished_tail_bytes, 1000u);
+  fs::remove(path);
+}
+
 }  // namespace
 }  // namespace omni
