@@ -1,5 +1,6 @@
 #include "omni/telemetry.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -525,6 +526,7 @@ class TelemetryImpl final : public Telemetry {
     uint64_t t = tail_.load(std::memory_order_relaxed);
     const uint64_t h = head_.load(std::memory_order_acquire);
     if (t == h) return t;
+    if (previous_.has_value()) LearnPrevious(ring_[t & mask_]);
     absl::MutexLock l(&mu_);
     for (; t < h; ++t) {
       const StepRecord& rec = ring_[t & mask_];
@@ -544,7 +546,6 @@ class TelemetryImpl final : public Telemetry {
           // steps it sees, as from a sampled log.
           ++not_forecast_;
         } else if (options_.forecast_enabled) {
-          if (previous_.has_value()) LearnPrevious(rec);
           forecaster_.Observe(rec, catalog_).IgnoreError();  // same checks as stats_.Add
         }
         if (!warmup) LearnWindows(rec);
@@ -569,35 +570,48 @@ class TelemetryImpl final : public Telemetry {
   void ReadPrevious() {
     if (previous_path_.empty()) return;
     absl::StatusOr<StepLog> tail = ReadStepLogTail(previous_path_, options_.learn_previous_steps);
-    absl::MutexLock l(&mu_);
     if (!tail.ok()) {
+      absl::MutexLock l(&mu_);
       previous_status_ = tail.status();
       return;
     }
     previous_ = *std::move(tail);
   }
 
-  // The previous run's steps before `first` (this run's first), learned as
-  // Drain learns a step, with the catalog as it is now: the phases are
-  // registered before the first step.
-  void LearnPrevious(const StepRecord& first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // The previous run's steps before `first` (this run's first, in the ring:
+  // the drain has not taken it yet), learned as Drain learns a step, with
+  // the catalog as it is now (the phases are registered before the first
+  // step). In batches, so that mu_ (NextStepBounds, Counters, the hooks'
+  // error path) is never held for long: learning 1,024 steps takes ~80 ms.
+  void LearnPrevious(const StepRecord& first) ABSL_LOCKS_EXCLUDED(mu_) {
     const StepLog previous = *std::move(previous_);
     previous_.reset();
+    PhaseCatalog catalog;
+    {
+      absl::MutexLock l(&mu_);
+      catalog = catalog_;
+    }
     absl::StatusOr<std::vector<StepRecord>> steps =
-        internal::PreviousRunSteps(previous, first, catalog_, options_.learn_previous_steps);
+        internal::PreviousRunSteps(previous, first, catalog, options_.learn_previous_steps);
     if (!steps.ok()) {
+      absl::MutexLock l(&mu_);
       previous_status_ = absl::Status(
           steps.status().code(),
           absl::StrCat("not learned from ", previous_path_, ": ", steps.status().message()));
       return;
     }
-    for (const StepRecord& rec : *steps) {
-      if (!forecaster_.Observe(rec, catalog_).ok()) continue;
-      ++previous_learned_;
-      NoteIdleKinds(rec);
-      LearnWindows(rec);
-      prev_step_ = rec.step;
-      prev_end_ns_ = rec.end_ns;
+    constexpr size_t kBatch = 32;
+    for (size_t i = 0; i < steps->size(); i += kBatch) {
+      absl::MutexLock l(&mu_);
+      for (size_t j = i; j < std::min(i + kBatch, steps->size()); ++j) {
+        const StepRecord& rec = (*steps)[j];
+        if (!forecaster_.Observe(rec, catalog_).ok()) continue;
+        ++previous_learned_;
+        NoteIdleKinds(rec);
+        LearnWindows(rec);
+        prev_step_ = rec.step;
+        prev_end_ns_ = rec.end_ns;
+      }
     }
   }
 
@@ -885,7 +899,7 @@ class TelemetryImpl final : public Telemetry {
   // The previous run's log (LearnPrevious): where it was moved, its tail
   // until the first step is drained, and what was learned of it.
   std::string previous_path_;
-  std::optional<StepLog> previous_ ABSL_GUARDED_BY(mu_);
+  std::optional<StepLog> previous_;  // the worker's only
   int64_t previous_learned_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status previous_status_ ABSL_GUARDED_BY(mu_);
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
