@@ -2,7 +2,7 @@
 //
 //   omni info                      build configuration, NCCL / device probe
 //   omni stats LOG [--json]        step and phase statistics of a step log
-//   omni forecast LOG [--at-step N] [--k K] [--horizon-s S] [--json]
+//   omni forecast LOG [--at-step N] [--k K] [--horizon-s S] [--previous LOG2] [--json]
 //                                  the forecast the runtime would have published
 //   omni eval LOG [--stride N] [--k K] [--horizon-s S] [--notices-table-only]
 //            [--previous LOG2] [--json]
@@ -52,17 +52,21 @@ namespace {
 constexpr const char* kUsage =
     "usage: omni info\n"
     "       omni stats LOG [--window N] [--json]\n"
-    "       omni forecast LOG [--at-step N] [--k K] [--horizon-s S] [--window N] [--json]\n"
+    "       omni forecast LOG [--at-step N] [--k K] [--horizon-s S] [--window N] [--previous "
+    "LOG2]\n"
+    "                [--json]\n"
     "       omni eval LOG [--stride N] [--k K] [--horizon-s S] [--window N] [--horizon]\n"
     "                [--notices-table-only] [--previous LOG2] [--json]\n"
     "         (--horizon scores each forecast over its whole horizon instead of\n"
     "          while it is the current one; --window N: the forecaster learns from\n"
     "          the last N steps of the current regime, default 512, at least 8;\n"
     "          --notices-table-only: the live notices without the forecast's\n"
-    "          windows they are matched to; --previous LOG2: LOG is a resumed\n"
-    "          run's and LOG2 the run's before it, whose last 1024 steps before\n"
-    "          LOG's first are learned first, unscored, as the live telemetry does)\n"
+    "          windows they are matched to; --previous LOG2 (forecast, eval, plot):\n"
+    "          LOG is a resumed run's and LOG2 the run's before it, whose last 1024\n"
+    "          steps before LOG's first are learned first, unscored, as the live\n"
+    "          telemetry does)\n"
     "       omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N] [--k K] [--width PX]\n"
+    "                [--previous LOG2]\n"
     "       omni ckpt ls DIR\n"
     "       omni ckpt verify DIR|STEPDIR   (exit 1 naming the first bad file / key)\n"
     "       omni ckpt show STEPDIR\n"
@@ -288,7 +292,9 @@ int main(int argc, char** argv) {
     return Usage(err);
   }
   if (p.positional.size() != 1) return Usage(cmd + " takes exactly one step log");
-  if (p.flags.count("--previous") != 0 && cmd != "eval") return Usage("--previous is for eval");
+  if (p.flags.count("--previous") != 0 && cmd == "stats") {
+    return Usage("--previous is for forecast and eval");
+  }
   int64_t window = 200, at_step = -1, stride = 1;
   double k = 2.0, horizon_s = 300;
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
@@ -308,6 +314,13 @@ int main(int argc, char** argv) {
   auto log = omni::ReadStepLog(p.positional[0]);
   if (!log.ok()) return Fail(log.status());
   omni::cli::NoteUnfinishedTail(p.positional[0], *log);
+  // --previous: the run before this resumed one, whose end the live
+  // forecaster learned first (TelemetryOptions::learn_previous_steps).
+  absl::StatusOr<omni::StepLog> previous;
+  if (auto it = p.flags.find("--previous"); it != p.flags.end()) {
+    previous = omni::ReadStepLogTail(it->second, omni::EvaluateOptions().previous_steps);
+    if (!previous.ok()) return Fail(previous.status());
+  }
 
   omni::StepStatsOptions so;
   so.window = static_cast<int>(window);
@@ -327,12 +340,7 @@ int main(int argc, char** argv) {
     eo.stride_steps = static_cast<int>(stride);
     eo.scoring = p.horizon ? omni::Scoring::kHorizon : omni::Scoring::kLive;
     eo.notices.match_forecast = !p.notices_table_only;
-    absl::StatusOr<omni::StepLog> previous;
-    if (auto it = p.flags.find("--previous"); it != p.flags.end()) {
-      previous = omni::ReadStepLogTail(it->second, eo.previous_steps);
-      if (!previous.ok()) return Fail(previous.status());
-      eo.previous = &*previous;
-    }
+    if (previous.ok()) eo.previous = &*previous;
     auto rep = omni::Evaluate(*log, eo);
     if (!rep.ok()) return Fail(rep.status());
     std::printf("%s\n", p.json ? rep->ToJson().c_str() : rep->ToTable().c_str());
@@ -358,6 +366,14 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("--at-step ", static_cast<int64_t>(at_step), " is before the first step (",
                      log->steps.front().step, ") of ", p.positional[0])));
+  }
+  if (previous.ok()) {
+    auto learned = omni::PreviousRunSteps(*previous, log->steps.front(), log->header.phases,
+                                          omni::EvaluateOptions().previous_steps);
+    if (!learned.ok()) return Fail(learned.status());
+    for (const omni::StepRecord& rec : *learned) {
+      if (auto st = fc->Observe(rec, log->header.phases); !st.ok()) return Fail(st);
+    }
   }
   for (const omni::StepRecord& rec : log->steps) {
     if (at_step >= 0 && static_cast<double>(rec.step) > at_step) break;

@@ -15,6 +15,7 @@
 #include "cli_numbers.h"
 #include "nlohmann/json.hpp"
 #include "omni/evaluator.h"
+#include "omni/step_log.h"
 #include "svg.h"
 
 namespace omni::cli {
@@ -73,6 +74,14 @@ absl::StatusOr<std::vector<Span>> LiveForecast(const StepLog& log, const PlotOpt
   std::vector<Span> out;
   forecasts = 0;
   scored = {0, 0, IdleKind::kNone};
+  if (o.previous != nullptr) {
+    auto learned = PreviousRunSteps(*o.previous, log.steps.front(), log.header.phases,
+                                    EvaluateOptions().previous_steps);
+    if (!learned.ok()) return learned.status();
+    for (const StepRecord& rec : *learned) {
+      if (auto st = forecaster->Observe(rec, log.header.phases); !st.ok()) return st;
+    }
+  }
   // The same replay as omni eval: the forecaster learns each step as it
   // ends and forecasts from the past only.
   for (size_t i = 0; i < log.steps.size(); ++i) {
@@ -344,8 +353,9 @@ void NoteUnfinishedTail(const std::string& path, const StepLog& log) {
 int PlotCommand(int argc, char** argv) {
   const char* usage =
       "usage: omni plot LOG [--out FILE.svg] [--from-step N] [--to-step N] [--k K] "
-      "[--horizon-s S] [--window N] [--width PX] [--guest G.jsonl [--guest-label L]]\n";
-  std::string log_path, out, guest_path;
+      "[--horizon-s S] [--window N] [--width PX] [--guest G.jsonl [--guest-label L]] "
+      "[--previous LOG2]\n";
+  std::string log_path, out, guest_path, previous_path;
   PlotOptions o;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -368,6 +378,10 @@ int PlotCommand(int argc, char** argv) {
     }
     if (a == "--guest") {
       guest_path = v;
+      continue;
+    }
+    if (a == "--previous") {
+      previous_path = v;
       continue;
     }
     if (a == "--guest-label") {
@@ -431,6 +445,15 @@ int PlotCommand(int argc, char** argv) {
     }
     o.guest = *std::move(guest);
     o.guest.label = label;
+  }
+  absl::StatusOr<StepLog> previous;
+  if (!previous_path.empty()) {
+    previous = ReadStepLogTail(previous_path, EvaluateOptions().previous_steps);
+    if (!previous.ok()) {
+      std::fprintf(stderr, "omni: %s\n", std::string(previous.status().message()).c_str());
+      return 1;
+    }
+    o.previous = &*previous;
   }
   auto svg = PlotTimeline(*log, o);
   if (!svg.ok()) {

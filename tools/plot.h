@@ -39,6 +39,9 @@ struct PlotOptions {
   double width_px = 1400;
   std::string title;  // e.g. the log's path
   GuestTrack guest;   // drawn when it has units or marks
+  // A resumed run's log: the run before it, learned first as the live
+  // telemetry did (PreviousRunSteps); null: none.
+  const StepLog* previous = nullptr;
 };
 
 // The SVG document. InvalidArgument for an empty log or a step range with no

@@ -68,6 +68,24 @@ OMNI_EXPORT absl::StatusOr<StepLog> ReadStepLog(const std::string& path);
 // not read, so a step naming it is refused).
 OMNI_EXPORT absl::StatusOr<StepLog> ReadStepLogTail(const std::string& path, int max_steps);
 
+// A resumed run learns from the run before it (TelemetryOptions::
+// learn_previous_steps, EvaluateOptions::previous, `omni forecast|plot
+// --previous`): the steps of `previous` to learn before `first`, this run's
+// first step. Those numbered before it (a resume redoes the steps after its
+// checkpoint), at most the last `max_steps` of them, with their phases
+// renamed into `catalog` by name, and their times moved so that the last one
+// ends one usual gap (the median between its steps) before `first` starts:
+// the time between the runs is no part of the job's rhythm, and the two
+// runs' clocks may not be comparable (another host, a reboot). Steps that
+// would start before the clock's 0 are left out. Empty when none is before
+// `first`. Errors: FailedPrecondition naming a phase of `previous` that
+// `catalog` lacks or registers as another idle kind (the job changed:
+// nothing of the previous run is to be learned).
+OMNI_EXPORT absl::StatusOr<std::vector<StepRecord>> PreviousRunSteps(const StepLog& previous,
+                                                                     const StepRecord& first,
+                                                                     const PhaseCatalog& catalog,
+                                                                     int max_steps);
+
 class OMNI_EXPORT StepLogWriter {
   struct Private {};
 

@@ -444,8 +444,10 @@ py::dict ReadStepLogSummary(py::handle path_arg) {
 }
 
 py::object Evaluate(py::handle path_arg, int stride, double k, double horizon_s,
-                    double min_window_s, int window) {
+                    double min_window_s, int window, py::handle previous_arg) {
   const std::string path = PathArg("path", path_arg);
+  const std::string previous_path =
+      previous_arg.is_none() ? std::string() : PathArg("previous", previous_arg);
   if (stride < 1) throw py::value_error(absl::StrCat("stride must be >= 1, got ", stride));
   omni::EvaluateOptions options;
   options.stride_steps = stride;
@@ -457,8 +459,15 @@ py::object Evaluate(py::handle path_arg, int stride, double k, double horizon_s,
   {
     py::gil_scoped_release release;
     absl::StatusOr<omni::StepLog> log = omni::ReadStepLog(path);
+    absl::StatusOr<omni::StepLog> previous;
+    if (log.ok() && !previous_path.empty()) {
+      previous = omni::ReadStepLogTail(previous_path, options.previous_steps);
+      if (previous.ok()) options.previous = &*previous;
+    }
     if (!log.ok()) {
       json = log.status();
+    } else if (!previous_path.empty() && !previous.ok()) {
+      json = previous.status();
     } else {
       absl::StatusOr<omni::EvaluationReport> report = omni::Evaluate(*log, options);
       json = report.ok() ? absl::StatusOr<std::string>(report->ToJson())
@@ -548,8 +557,10 @@ void DefineTelemetry(py::module_& m) {
         py::arg("k") = eval_defaults.forecast.k,
         py::arg("horizon_s") = NanosToSeconds(eval_defaults.forecast.horizon_ns),
         py::arg("min_window_s") = NanosToSeconds(eval_defaults.forecast.min_window_ns),
-        py::arg("window") = eval_defaults.forecast.history_steps,
-        "Replays a step log against the forecasts it would have produced and scores them.");
+        py::arg("window") = eval_defaults.forecast.history_steps, py::arg("previous") = py::none(),
+        "Replays a step log against the forecasts it would have produced and scores them; "
+        "previous: the log of the run before a resumed one, learned first (omni eval "
+        "--previous).");
   m.def("probe_nccl", &ProbeNccl, "What the NCCL path can use on this host; raises otherwise.");
   m.def("nccl_library_version", &omni::NcclLibraryVersion,
         "The NCCL library version, without touching a device (0 when built without NCCL).");

@@ -82,6 +82,19 @@ def test_a_resumed_telemetry_forecasts_from_the_previous_attempts_steps(tmp_path
         tel.close()
 
 
+def test_evaluate_scores_a_resumed_log_after_the_previous_attempts_steps(tmp_path, clock):
+    log = tmp_path / "steps.jsonl"
+    for first, n in ((0, 60), (40, 30)):  # resumed from a checkpoint of step 39
+        tel = omni.Telemetry(clock=clock, step_log=log, **NO_WARMUP)
+        run_steps(tel, clock, n, first=first)
+        tel.close()
+    cold = omni.evaluate(log)
+    warm = omni.evaluate(log, previous=f"{log}.1")
+    assert warm["next_step_steps"] == 30 > cold["next_step_steps"]
+    with pytest.raises(FileNotFoundError, match="steps.jsonl.9"):
+        omni.evaluate(log, previous=f"{log}.9")
+
+
 def test_a_trace_cut_mid_event_is_read_up_to_the_last_whole_event(tmp_path, clock):
     trace = tmp_path / "trace.json"
     tel = omni.Telemetry(clock=clock, trace=trace, **NO_WARMUP)

@@ -12,7 +12,6 @@
 #include "absl/strings/str_format.h"
 #include "notice_replay.h"
 #include "omni/window_channel.h"
-#include "previous_run.h"
 #include "step_slots.h"
 
 namespace omni {
@@ -334,7 +333,7 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& input, const EvaluateOp
   StepLog combined;
   size_t first_scored = 0;
   if (options.previous != nullptr) {
-    absl::StatusOr<std::vector<StepRecord>> learned = internal::PreviousRunSteps(
+    absl::StatusOr<std::vector<StepRecord>> learned = PreviousRunSteps(
         *options.previous, input.steps.front(), input.header.phases, options.previous_steps);
     if (!learned.ok()) return learned.status();
     first_scored = learned->size();

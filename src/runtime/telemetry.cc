@@ -18,7 +18,6 @@
 #include "common/thread_name.h"
 #include "omni/step_log.h"
 #include "omni/window_channel.h"
-#include "runtime/previous_run.h"
 #include "runtime/quantile.h"
 #include "runtime/trace_writer.h"
 #include "runtime/worker_pacing.h"
@@ -592,7 +591,7 @@ class TelemetryImpl final : public Telemetry {
       catalog = catalog_;
     }
     absl::StatusOr<std::vector<StepRecord>> steps =
-        internal::PreviousRunSteps(previous, first, catalog, options_.learn_previous_steps);
+        PreviousRunSteps(previous, first, catalog, options_.learn_previous_steps);
     if (!steps.ok()) {
       absl::MutexLock l(&mu_);
       previous_status_ = absl::Status(

@@ -227,6 +227,20 @@ def test_a_resumed_runs_forecasts_are_scored_after_the_previous_runs_steps(tmp_p
     assert warm["next_step_steps"] == len(resumed)
     assert cold["next_step_steps"] < len(resumed)
     assert warm["forecasts"] > cold["forecasts"]
+    # What the live telemetry published after the resumed run's first step:
+    # from nothing, no forecast; with the earlier run learned, one.
+    def forecast(*extra):
+        return subprocess.run([str(OMNI), "forecast", str(steps), "--at-step",
+                               str(resumed[0]["step"]), "--json", *map(str, extra)],
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert forecast().returncode == 1
+    p = forecast("--previous", earlier)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["next_steps"]
+    p = subprocess.run([str(OMNI), "plot", str(steps), "--previous", str(earlier), "--out",
+                        str(tmp_path / "resumed.svg")], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert p.returncode == 0, p.stderr
     # Another job's log (a phase this job does not have) is refused, naming it.
     lines = earlier.read_text().splitlines()
     header = json.loads(lines[0])

@@ -411,5 +411,55 @@ TEST(StepLogTail, AnEndFilledWithZerosIsRefusedAfterReadingALinesWorth) {
   fs::remove(path);
 }
 
+TEST(PreviousRunSteps, TheStepsBeforeTheFirstRenamedAndEndingOneUsualGapBeforeIt) {
+  StepLog previous;
+  const PhaseId fetch = *previous.header.phases.Register("fetch", IdleKind::kDataStall);
+  // Steps of 8 ms every 10 ms, from 1,000 s on a clock of another boot.
+  for (int s = 0; s < 10; ++s) {
+    previous.steps.push_back(
+        MakeStep(s, 1'000'000 + 10 * s, 8, {{fetch, 0, 3}, {phase::kCompute, 3, 8}}));
+  }
+  PhaseCatalog now;
+  const PhaseId other = *now.Register("other", IdleKind::kHostSide);
+  const PhaseId fetch_now = *now.Register("fetch", IdleKind::kDataStall);
+  ASSERT_NE(fetch_now, fetch);
+  // Resumed from a checkpoint of step 5 (6-9 are redone), at 45 ms.
+  const StepRecord first = MakeStep(6, 45, 8, {});
+  absl::StatusOr<std::vector<StepRecord>> got = PreviousRunSteps(previous, first, now, 100);
+  ASSERT_TRUE(got.ok()) << got.status();
+  // 0-5, less those the move puts before the clock's 0: step 5 ends 2 ms
+  // (the usual gap) before 45 ms, so step 1 starts at -5 ms.
+  ASSERT_EQ(got->size(), 4u);
+  EXPECT_EQ(got->front().step, 2);
+  EXPECT_EQ(got->front().start_ns, 5'000'000);
+  EXPECT_EQ(got->back().step, 5);
+  EXPECT_EQ(got->back().end_ns, 43'000'000);
+  EXPECT_EQ(got->back().start_ns, 35'000'000);
+  EXPECT_EQ(got->back().spans[0].phase, fetch_now);
+  EXPECT_EQ(got->back().spans[0].start_ns, 35'000'000);
+  EXPECT_EQ(got->back().spans[1].phase, phase::kCompute);
+  EXPECT_TRUE(ValidateStepRecord(got->back(), now).ok());
+  // At most max_steps, the last ones.
+  got = PreviousRunSteps(previous, first, now, 2);
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->size(), 2u);
+  EXPECT_EQ(got->front().step, 4);
+  // A fresh start (step 0 first): nothing before it.
+  got = PreviousRunSteps(previous, MakeStep(0, 45, 8, {}), now, 100);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(got->empty());
+  // Another job's phases: nothing, and the phase named.
+  PhaseCatalog lacking;
+  got = PreviousRunSteps(previous, first, lacking, 100);
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("'fetch' is not registered"), absl::string_view::npos);
+  PhaseCatalog changed;
+  ASSERT_TRUE(changed.Register("fetch", IdleKind::kHostSide).ok());
+  got = PreviousRunSteps(previous, first, changed, 100);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
+  (void)other;
+}
+
 }  // namespace
 }  // namespace omni
