@@ -214,5 +214,31 @@ TEST(TelemetryOutputs, AnEarlierRunWithOtherPhasesOrAnUnreadableLogIsNotLearnedF
   }
 }
 
+// Steps of 20 µs: while the worker learns, the hooks fill the ring. It
+// learns no more of the previous run than a quarter of the ring's steps
+// give it time for (at ~100 µs a step): 256 / 4 × 20 µs / 100 µs = 12,
+// also where this run's first step compiled for 2 s.
+TEST(TelemetryOutputs, AResumedRunOfVeryShortStepsLearnsNoMoreThanTheRingGivesItTimeFor) {
+  TempDir dir;
+  FakeClock clock;
+  const auto run = [&](int64_t first, int n, int64_t* learned) {
+    auto t = Telemetry::Create(ForecastOptionsIn(dir), &clock);
+    ASSERT_TRUE(t.ok()) << t.status();
+    for (int64_t s = first; s < first + n; ++s) {
+      ASSERT_TRUE((*t)->BeginStep(s).ok());
+      clock.Advance(std::chrono::microseconds(s == 200 ? 2'000'000 : 20));
+      ASSERT_TRUE((*t)->EndStep().ok());
+    }
+    ASSERT_TRUE((*t)->Flush().ok());
+    *learned = (*t)->Counters().previous_steps_learned;
+    ASSERT_TRUE((*t)->Close().ok());
+  };
+  int64_t learned = -1;
+  run(0, 200, &learned);
+  EXPECT_EQ(learned, 0);
+  run(200, 1, &learned);
+  EXPECT_EQ(learned, 12);
+}
+
 }  // namespace
 }  // namespace omni
