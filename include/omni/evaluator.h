@@ -69,7 +69,9 @@ struct EvaluateOptions {
   // (TelemetryOptions::learn_previous_steps): the forecaster and the
   // notices' tables first learn the last `previous_steps` steps of the
   // previous run's log numbered before this log's first, which are not
-  // scored. Null: the log is scored on its own. Must outlive the call.
+  // scored (the live telemetry learns fewer where a job's steps are so short
+  // that its ring would fill meanwhile). Null: the log is scored on its
+  // own. Must outlive the call.
   const StepLog* previous = nullptr;
   int previous_steps = 1024;
 };
