@@ -58,8 +58,8 @@ OMNI_EXPORT absl::StatusOr<StepLog> ReadStepLog(const std::string& path);
 // Reads the header, the phase lines before the first step and the last
 // `max_steps` lines of a log, without reading what lies between: a resumed
 // job learns from the end of its previous run's log, which may be gigabytes
-// (TelemetryOptions::learn_previous_steps). At most 64 MiB of the end is
-// read (lines that long leave fewer steps). The lines read are checked as
+// (TelemetryOptions::learn_previous_steps). At most 64 MiB of the head
+// and of the end are read (lines that long leave fewer steps). The lines read are checked as
 // ReadStepLog checks them; errors as ReadStepLog's, with the line's byte
 // offset instead of its number in the tail, and InvalidArgument for
 // max_steps < 1, a stretch without a newline longer than a line may be (a

@@ -123,7 +123,8 @@ struct TelemetryCounters {
 class OMNI_EXPORT Telemetry {
  public:
   // Errors: InvalidArgument naming the option (window, warm-up, forecast
-  // options, ring capacity, window channel name or confidence); the step log
+  // options, ring capacity, window channel name or confidence,
+  // learn_previous_steps); the step log
   // or trace path not writable, or the window channel not creatable (naming
   // the path and the OS error).
   static absl::StatusOr<std::unique_ptr<Telemetry>> Create(const TelemetryOptions& options,

@@ -392,7 +392,7 @@ absl::Status ReadAt(int fd, int64_t offset, size_t len, std::string& out, const 
 
 }  // namespace
 
-// The most of a log's end ReadStepLogTail reads.
+// The most of a log's head, and of its end, that ReadStepLogTail reads.
 constexpr size_t kMaxTailBytes = size_t{64} << 20;
 
 absl::StatusOr<StepLog> ReadStepLogTail(const std::string& path, int max_steps) {
@@ -409,13 +409,15 @@ absl::StatusOr<StepLog> ReadStepLogTail(const std::string& path, int max_steps) 
   const auto size = static_cast<int64_t>(st.st_size);
   StepLog log;
   bool have_header = false;
-  // The head: the header and the phase lines before the first step.
+  // The head: the header and the phase lines before the first step (at
+  // most kMaxTailBytes of them: a log of lines of unknown types, which
+  // readers skip, is not read whole).
   constexpr size_t kChunk = size_t{1} << 16;
   int64_t head_end = 0;  // where the first step's line begins
   std::string chunk;
   std::string line;
   int lineno = 0;
-  for (bool done = false; !done && head_end < size;) {
+  for (bool done = false; !done && head_end < size && head_end < int64_t{kMaxTailBytes};) {
     const int64_t at = head_end + static_cast<int64_t>(line.size());
     if (absl::Status s = ReadAt(fd->get(), at, kChunk, chunk, path); !s.ok()) return s;
     if (chunk.empty()) break;

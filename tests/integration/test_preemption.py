@@ -178,13 +178,12 @@ def test_a_second_signal_saves_at_the_next_boundary(tmp_path, reference):
     assert final(finish(args, e).stdout) == ref_final
 
 
-def test_a_scheduler_notice_file_stops_the_job(tmp_path, reference):
-    ref_final, _ = reference
-    log = tmp_path / "loss.log"
-    notice = tmp_path / "notice.json"
-    args = cmd("--ckpt-dir", tmp_path / "ckpt", "--loss-log", log, "--notice-file", notice)
+def stop_by_notice_then_resume(tmp_path, args, log, notice, after_steps):
+    """Runs `args` (ending in --notice-file NOTICE) until `after_steps` steps
+    are logged, writes the notice, expects exit 75, and runs the job again
+    without the notice to its end."""
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert wait_for_steps(proc, log, 5)
+    assert wait_for_steps(proc, log, after_steps)
     tmp = tmp_path / "notice.tmp"
     # Room for a save measured on a loaded machine (0.2 s was seen to be
     # too little once: an honest exit 76).
@@ -192,7 +191,16 @@ def test_a_scheduler_notice_file_stops_the_job(tmp_path, reference):
     tmp.rename(notice)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_PREEMPTED, err
-    assert final(finish(args[:-2], env()).stdout) == ref_final
+    assert args[-2] == "--notice-file"
+    return finish(args[:-2], env())
+
+
+def test_a_scheduler_notice_file_stops_the_job(tmp_path, reference):
+    ref_final, _ = reference
+    log = tmp_path / "loss.log"
+    notice = tmp_path / "notice.json"
+    args = cmd("--ckpt-dir", tmp_path / "ckpt", "--loss-log", log, "--notice-file", notice)
+    assert final(stop_by_notice_then_resume(tmp_path, args, log, notice, 5).stdout) == ref_final
 
 
 def test_a_resumed_runs_forecasts_are_scored_after_the_previous_runs_steps(tmp_path, reference):
@@ -204,14 +212,7 @@ def test_a_resumed_runs_forecasts_are_scored_after_the_previous_runs_steps(tmp_p
     notice = tmp_path / "notice.json"
     args = cmd("--ckpt-dir", tmp_path / "ckpt", "--loss-log", log, "--log", steps,
                "--notice-file", notice)
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert wait_for_steps(proc, log, 40)
-    tmp = tmp_path / "notice.tmp"
-    tmp.write_text(json.dumps({"yield_in_s": 0.6}))
-    tmp.rename(notice)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == EXIT_PREEMPTED, err
-    assert final(finish(args[:-2], env()).stdout) == ref_final
+    assert final(stop_by_notice_then_resume(tmp_path, args, log, notice, 40).stdout) == ref_final
     earlier = tmp_path / "steps.jsonl.1"
     resumed = [json.loads(line) for line in steps.read_text().splitlines()]
     resumed = [r for r in resumed if r.get("type") == "step"]

@@ -184,34 +184,33 @@ TEST(TelemetryOutputs, AnEarlierRunWithOtherPhasesOrAnUnreadableLogIsNotLearnedF
     RunRhythm(**t, clock, 0, 60, *fetch);
     ASSERT_TRUE((*t)->Close().ok());
   }
-  {
+  // A resumed run of two steps from `first`: what its telemetry counted.
+  const auto resume = [&](int64_t first) {
+    TelemetryCounters c;
     auto t = Telemetry::Create(ForecastOptionsIn(dir), &clock);
-    ASSERT_TRUE(t.ok()) << t.status();
-    RunRhythm(**t, clock, 60, 2, phase::kDataWait);
-    ASSERT_TRUE((*t)->Flush().ok());
-    const TelemetryCounters c = (*t)->Counters();
-    EXPECT_EQ(c.previous_steps_learned, 0);
-    EXPECT_EQ(c.previous_log_status.code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_NE(c.previous_log_status.message().find("'fetch'"), absl::string_view::npos)
-        << c.previous_log_status;
-    EXPECT_EQ(c.export_errors, 0);
-    ASSERT_TRUE((*t)->Close().ok());
-    EXPECT_EQ(ReadStepLog(dir / "steps.jsonl")->steps.size(), 2U);
-  }
-  {
-    std::ofstream(dir / "steps.jsonl") << "not a step log\n";
-    auto t = Telemetry::Create(ForecastOptionsIn(dir), &clock);
-    ASSERT_TRUE(t.ok()) << t.status();
-    RunRhythm(**t, clock, 62, 2, phase::kDataWait);
-    ASSERT_TRUE((*t)->Flush().ok());
-    const TelemetryCounters c = (*t)->Counters();
-    EXPECT_EQ(c.previous_steps_learned, 0);
-    EXPECT_EQ(c.previous_log_status.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(c.previous_log_status.message().find("steps.jsonl.2"), absl::string_view::npos)
-        << c.previous_log_status;
-    ASSERT_TRUE((*t)->Close().ok());
-    EXPECT_EQ(Read(dir / "steps.jsonl.2"), "not a step log\n");  // left as it was
-  }
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return c;
+    RunRhythm(**t, clock, first, 2, phase::kDataWait);
+    EXPECT_TRUE((*t)->Flush().ok());
+    c = (*t)->Counters();
+    EXPECT_TRUE((*t)->Close().ok());
+    return c;
+  };
+  TelemetryCounters c = resume(60);
+  EXPECT_EQ(c.previous_steps_learned, 0);
+  EXPECT_EQ(c.previous_log_status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(c.previous_log_status.message().find("'fetch'"), absl::string_view::npos)
+      << c.previous_log_status;
+  EXPECT_EQ(c.export_errors, 0);
+  EXPECT_EQ(ReadStepLog(dir / "steps.jsonl")->steps.size(), 2U);
+
+  std::ofstream(dir / "steps.jsonl") << "not a step log\n";
+  c = resume(62);
+  EXPECT_EQ(c.previous_steps_learned, 0);
+  EXPECT_EQ(c.previous_log_status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.previous_log_status.message().find("steps.jsonl.2"), absl::string_view::npos)
+      << c.previous_log_status;
+  EXPECT_EQ(Read(dir / "steps.jsonl.2"), "not a step log\n");  // left as it was
 }
 
 // Steps of 20 µs: while the worker learns, the hooks fill the ring. It
