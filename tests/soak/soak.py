@@ -9,6 +9,9 @@ restarted as they die:
            --ckpt-dir: it restores its own newest checkpoint and rejoins,
            receiving the group's state). With --shared-ckpt every replica
            gives one --ckpt-dir (job-level checkpoints, written together).
+           Each replica id keeps a step log (--log): a restart moves the
+           one before it aside and learns its end (resumed_step_logs
+           counts them).
   stop     SIGSTOP of a replica for 0.1 .. 1.2 s, then SIGCONT (below the peer
            timeout a stall, above it an eviction and a rejoin).
   stall    store latency: the driver takes the FileStore's own lock
@@ -154,6 +157,10 @@ class Replica:
             "--ckpt-every", job.args.ckpt_every,
             "--notice-file", job.notice, "--loss-log", self.loss_path,
             "--params-out", self.params_path,
+            # One step log per replica id: a restart moves the one before it
+            # aside and its telemetry learns that run's end
+            # (TelemetryOptions::learn_previous_steps), under every fault.
+            "--log", job.out / f"steps-{rid}.jsonl",
             "--min-replicas", 1, "--max-replicas", job.args.replicas,
             "--heartbeat-ms", 50, "--peer-timeout-ms", 600)
         env = dict(os.environ, OMNI_PREEMPT_GRACE_S="4")
@@ -567,6 +574,8 @@ def main():
     result["caught_up"] = sum(e.count("caught up with the checkpoint of step") for e in errs)
     result["saves_abandoned"] = sum(e.count(" abandoned: ") for e in errs)
     result["processes_started"] = len(soak.history)
+    # Restarts that found their replica's earlier step log (moved aside).
+    result["resumed_step_logs"] = len(list(soak.out.glob("steps-*.jsonl.*")))
     result["teardown_kills"] = soak.teardown_kills
     result["unexpected_exits"] = sum(1 for f in soak.findings if "replica" in f)
     result["hung"] = soak.hung
