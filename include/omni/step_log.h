@@ -80,7 +80,9 @@ OMNI_EXPORT absl::StatusOr<StepLog> ReadStepLogTail(const std::string& path, int
 // would start before the clock's 0 are left out. Empty when none is before
 // `first`. Errors: FailedPrecondition naming a phase of `previous` that
 // `catalog` lacks or registers as another idle kind (the job changed:
-// nothing of the previous run is to be learned).
+// nothing of the previous run is to be learned); InvalidArgument for a
+// step of `previous` that ValidateStepRecord refuses, or steps out of
+// order (a log built in code).
 OMNI_EXPORT absl::StatusOr<std::vector<StepRecord>> PreviousRunSteps(const StepLog& previous,
                                                                      const StepRecord& first,
                                                                      const PhaseCatalog& catalog,

@@ -304,7 +304,7 @@ double EvaluationReport::BoundScore::coverage() const {
                    : std::numeric_limits<double>::quiet_NaN();
 }
 
-absl::StatusOr<EvaluationReport> Evaluate(const StepLog& input, const EvaluateOptions& options) {
+absl::StatusOr<EvaluationReport> Evaluate(const StepLog& log, const EvaluateOptions& options) {
   if (options.stride_steps <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("stride_steps must be positive, got ", options.stride_steps));
@@ -327,21 +327,16 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& input, const EvaluateOp
     return absl::InvalidArgumentError(
         absl::StrCat("notices.poll_ns must be at most 2^62, got ", n.poll_ns));
   }
-  if (input.steps.empty()) return absl::InvalidArgumentError("step log has no steps");
-  // A resumed run: the previous run's steps learned first (the live
-  // telemetry's LearnPrevious), and not scored.
-  StepLog combined;
-  size_t first_scored = 0;
+  if (log.steps.empty()) return absl::InvalidArgumentError("step log has no steps");
+  // A resumed run: the previous run's steps, learned first (the live
+  // telemetry's LearnPrevious) and not scored.
+  std::vector<StepRecord> learned;
   if (options.previous != nullptr) {
-    absl::StatusOr<std::vector<StepRecord>> learned = PreviousRunSteps(
-        *options.previous, input.steps.front(), input.header.phases, options.previous_steps);
-    if (!learned.ok()) return learned.status();
-    first_scored = learned->size();
-    combined.header = input.header;
-    combined.steps = *std::move(learned);
-    combined.steps.insert(combined.steps.end(), input.steps.begin(), input.steps.end());
+    absl::StatusOr<std::vector<StepRecord>> prev = PreviousRunSteps(
+        *options.previous, log.steps.front(), log.header.phases, options.previous_steps);
+    if (!prev.ok()) return prev.status();
+    learned = *std::move(prev);
   }
-  const StepLog& log = options.previous != nullptr ? combined : input;
   // A log built in code, not read by ReadStepLog: the step numbers and
   // clock readings below are reckoned with before the forecaster sees them.
   for (const StepRecord& rec : log.steps) {
@@ -362,6 +357,9 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& input, const EvaluateOp
   }
   auto forecaster = Forecaster::Create(fo);
   if (!forecaster.ok()) return forecaster.status();
+  for (const StepRecord& rec : learned) {
+    if (auto st = forecaster->Observe(rec, log.header.phases); !st.ok()) return st;
+  }
 
   // Real idle time: the innermost-phase rule inside steps, and the gaps
   // between consecutive steps (host-side). Known time: the logged steps and
@@ -413,7 +411,7 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& input, const EvaluateOp
     const StepRecord& rec = log.steps[i];
     // The bound for this step, from the past only.
     const int64_t ahead = rec.step - forecaster->last_step();
-    if (i >= first_scored && forecaster->last_step() >= 0 && ahead >= 1 && ahead <= 4096) {
+    if (forecaster->last_step() >= 0 && ahead >= 1 && ahead <= 4096) {
       auto b = forecaster->NextStepBounds(static_cast<int>(ahead));
       if (b.ok() && !b->empty() && b->back().step == rec.step) {
         all_bounds.Add(b->back(), rec.duration_ns());
@@ -421,7 +419,6 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& input, const EvaluateOp
       }
     }
     if (auto st = forecaster->Observe(rec, log.header.phases); !st.ok()) return st;
-    if (i < first_scored) continue;  // learned only, as LearnPrevious does
     const int64_t now = rec.end_ns;
     int64_t end = std::min(now + fo.horizon_ns, log_end);
     if (options.scoring == Scoring::kLive && i + stride < log.steps.size()) {
@@ -514,7 +511,7 @@ absl::StatusOr<EvaluationReport> Evaluate(const StepLog& input, const EvaluateOp
   report.notice_options = options.notices;
   std::vector<NoticeClaim> notice_claims;
   report.notices =
-      ReplayNotices(log, first_scored, options.notices, fo.min_window_ns,
+      ReplayNotices(log, learned, options.notices, fo.min_window_ns,
                     options.notices.match_forecast ? &outlook_claims : nullptr, &notice_claims);
   ScoreCombined(forecast_claims, notice_claims, truth, known, scored_from,
                 options.keep_notice_claims, report);

@@ -62,7 +62,8 @@ void ScoreWindow(const DurationQuantiles& q, int64_t guaranteed, int64_t origin,
 
 }  // namespace
 
-EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, size_t first_scored,
+EvaluationReport::NoticeScore ReplayNotices(const StepLog& log,
+                                            const std::vector<StepRecord>& learned,
                                             const NoticeReplayOptions& o, int64_t min_window_ns,
                                             const std::vector<std::vector<ForecastClaim>>* forecast,
                                             std::vector<NoticeClaim>* claims) {
@@ -92,12 +93,18 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, size_t first_sco
   };
   std::vector<Matched> matched;
   std::vector<PhaseWindow> windows;
-  for (size_t i = 0; i < log.steps.size(); ++i) {
-    const StepRecord& rec = log.steps[i];
+  // The learned steps, then the log's: step j of the log is i = j + nl.
+  const size_t nl = learned.size();
+  const auto at = [&](size_t i) -> const StepRecord& {
+    return i < nl ? learned[i] : log.steps[i - nl];
+  };
+  for (size_t i = 0; i < nl + log.steps.size(); ++i) {
+    const StepRecord& rec = at(i);
+    const bool scored = i >= nl;
     windows.clear();
     PhaseWindow gap;
     const bool gap_known =
-        i > 0 && GapWindowBefore(log.steps[i - 1].step, log.steps[i - 1].end_ns, rec, &gap);
+        i > 0 && i != nl && GapWindowBefore(at(i - 1).step, at(i - 1).end_ns, rec, &gap);
     if (gap_known) windows.push_back(gap);
     ForEachPhaseWindow(rec, catalog, [&](const PhaseWindow& w) { windows.push_back(w); });
     matched.assign(windows.size(), Matched{});
@@ -107,13 +114,13 @@ EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, size_t first_sco
       if (kind == IdleKind::kNone) continue;
       const int64_t d = w.end_ns - w.start_ns;
       EvaluationReport::Score& s = out.by_kind[static_cast<int>(kind)];
-      if (i < first_scored) continue;  // learned below, not scored
+      if (!scored) continue;  // learned below, not scored
       s.real_ns += d;
       // No notice for a gap while none of the last ones was long.
       const bool announced = w.phase != kBetweenStepsPhase || long_gaps.mean() > 0;
       int64_t guaranteed = 0;
-      if (forecast != nullptr && i < forecast->size()) {
-        const std::vector<ForecastClaim>& c = (*forecast)[i];
+      if (forecast != nullptr && i - nl < forecast->size()) {
+        const std::vector<ForecastClaim>& c = (*forecast)[i - nl];
         guaranteed = ClaimFor(c.data(), c.data() + c.size(), rec.step, w.phase, kind, w.ordinal);
       }
       // The table (the fourth and later windows share one); none below

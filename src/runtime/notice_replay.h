@@ -27,9 +27,11 @@ namespace omni {
 // made after the step before, none when it could not be made); a window
 // matched to one is claimed as the channel reader claims it
 // (WithForecastClaim).
-// The steps before `first_scored` are learned from only (a previous run's,
-// EvaluateOptions::previous).
-EvaluationReport::NoticeScore ReplayNotices(const StepLog& log, size_t first_scored,
+// `learned`: steps before the log's, learned from only (a previous run's,
+// EvaluateOptions::previous; the gap between them and the log's first step
+// is neither learned nor scored).
+EvaluationReport::NoticeScore ReplayNotices(const StepLog& log,
+                                            const std::vector<StepRecord>& learned,
                                             const NoticeReplayOptions& o, int64_t min_window_ns,
                                             const std::vector<std::vector<ForecastClaim>>* forecast,
                                             std::vector<NoticeClaim>* claims);

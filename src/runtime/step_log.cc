@@ -608,6 +608,17 @@ absl::StatusOr<std::vector<StepRecord>> PreviousRunSteps(const StepLog& previous
   const auto begin = end - std::min<std::ptrdiff_t>(end - steps.begin(), std::max(max_steps, 0));
   std::vector<StepRecord> out;
   if (begin == end) return out;
+  // A log built in code, not read by ReadStepLog: its phases are renamed
+  // and its clock moved below.
+  for (auto it = begin; it < end; ++it) {
+    if (auto st = ValidateStepRecord(*it, was); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("the previous run's ", st.message()));
+    }
+    if (it != begin && (it->step <= (it - 1)->step || it->start_ns < (it - 1)->start_ns)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the previous run's step ", it->step, " is out of order after step ", (it - 1)->step));
+    }
+  }
   // The usual gap between two logged steps (a sampled log's gaps include the
   // steps it left out: the gap between the runs is then as long).
   std::vector<int64_t> gaps;

@@ -458,6 +458,12 @@ TEST(PreviousRunSteps, TheStepsBeforeTheFirstRenamedAndEndingOneUsualGapBeforeIt
   got = PreviousRunSteps(previous, first, changed, 100);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
+  // A log built in code with a span of a phase it never registered.
+  StepLog built = previous;
+  built.steps[4].spans[0].phase = static_cast<PhaseId>(previous.header.phases.size());
+  got = PreviousRunSteps(built, first, now, 100);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
   (void)other;
 }
 
